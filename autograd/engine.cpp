@@ -1,0 +1,231 @@
+// The backward engine.
+//
+// backward() collects the nodes reachable from the roots, sorts them by sequence number
+// (descending: reverse tape order; every node's inputs were recorded before it, so each node
+// runs after all its consumers have delivered their gradients), and runs each exactly once
+// with its summed input gradients. Leaves are reached through AccumulateGrad nodes, which run
+// once per backward however often the leaf was used: that is where a leaf's gradient becomes
+// final and its post-accumulate-grad hooks fire.
+#include "autograd/engine.h"
+
+#include <algorithm>
+#include <deque>
+#include <unordered_map>
+
+#include "autograd/hooks.h"
+#include "autograd/ops.h"
+
+namespace tandem::autograd {
+
+struct EngineAccess {
+  static std::vector<Node*>& nodes(GraphTask& t) { return t.nodes_sorted_; }
+};
+
+bool GraphTask::reaches(const Node* node) const {
+  return std::binary_search(nodes_sorted_.begin(), nodes_sorted_.end(), node);
+}
+
+bool GraphTask::reaches(const Tensor& leaf) const {
+  auto* m = meta(leaf);
+  if (!m) return false;
+  if (m->grad_fn) return reaches(m->grad_fn.get());
+  auto acc = m->grad_accumulator.lock();
+  return acc && reaches(acc.get());
+}
+
+namespace {
+
+struct BackwardState {
+  std::deque<std::function<void()>> callbacks;
+};
+thread_local BackwardState* current_backward = nullptr;
+thread_local std::vector<std::pair<uint64_t, std::function<void(const GraphTask&)>>> start_observers;
+thread_local uint64_t next_observer_id = 1;
+
+// Applies the tensor hooks registered on a node output (or a leaf) in registration order.
+Tensor run_tensor_hooks(const HookList<TensorHook>* hooks, Tensor grad, const OutputMeta& expected) {
+  if (!hooks || hooks->hooks.empty()) return grad;
+  // Copy: a hook may remove itself (or others) while running.
+  auto snapshot = hooks->hooks;
+  for (auto& [id, fn] : snapshot) {
+    Tensor replaced = fn(grad);
+    if (replaced.defined()) {
+      TANDEM_CHECK(replaced.shape() == expected.shape,
+                   "[hook] a gradient hook returned a tensor of shape {}, but the gradient has shape {}",
+                   replaced.shape(), expected.shape);
+      TANDEM_CHECK(replaced.dtype() == expected.dtype,
+                   "[hook] a gradient hook returned dtype {}, but the gradient has dtype {}", replaced.dtype(),
+                   expected.dtype);
+      grad = std::move(replaced);
+    }
+  }
+  return grad;
+}
+
+void check_gradient(const Tensor& g, const OutputMeta& expected, const Node& producer, const Node& consumer) {
+  if (g.shape() != expected.shape || g.dtype() != expected.dtype || g.device() != expected.device) [[unlikely]] {
+    fail("[autograd] {} produced a gradient of shape {} ({}, {}) for an input of {} that has shape {} ({}, {})",
+         producer.name(), g.shape(), g.dtype(), g.device(), consumer.name(), expected.shape, expected.dtype,
+         expected.device);
+  }
+}
+
+Tensor ones_for(const Tensor& root) { return ones(root.shape(), TensorOptions(root.dtype(), root.device())); }
+
+}  // namespace
+
+AccumulateGrad::AccumulateGrad(std::shared_ptr<TensorImpl> leaf) : leaf_(std::move(leaf)) {}
+
+TensorList AccumulateGrad::apply(TensorList&& grads) {
+  Tensor leaf(leaf_);
+  auto& m = ensure_meta(leaf);
+  Tensor g = run_tensor_hooks(m.leaf_hooks.get(), std::move(grads[0]), outputs[0]);
+  if (!m.grad.defined()) {
+    // Steal the incoming gradient when nobody else can see it; otherwise copy, so .grad never
+    // aliases a tensor that another node or the user still holds.
+    bool unique = g.impl_ptr().use_count() == 1 && g.storage().use_count() == 1 && g.is_contiguous();
+    m.grad = unique ? g : clone(g);
+  } else {
+    TANDEM_CHECK(m.grad.shape() == g.shape() && m.grad.dtype() == g.dtype(),
+                 "[autograd] cannot accumulate a gradient of shape {} ({}) into .grad of shape {} ({})", g.shape(),
+                 g.dtype(), m.grad.shape(), m.grad.dtype());
+    add_(m.grad, g);  // in place: a .grad that is a view into a bucket stays one
+  }
+  if (m.post_accumulate_hooks) {
+    auto snapshot = m.post_accumulate_hooks->hooks;
+    for (auto& [id, fn] : snapshot) fn(leaf);
+  }
+  return {};
+}
+
+void backward(const TensorList& roots, const TensorList& grads, bool retain_graph) {
+  TANDEM_CHECK(!roots.empty(), "[backward] no tensors given");
+  TANDEM_CHECK(grads.empty() || grads.size() == roots.size(), "[backward] got {} roots but {} gradients",
+               roots.size(), grads.size());
+  // Root edges and their gradients.
+  std::vector<std::pair<Edge, Tensor>> seeds;
+  for (size_t i = 0; i < roots.size(); ++i) {
+    const Tensor& r = roots[i];
+    TANDEM_CHECK(r.defined(), "[backward] root {} is an undefined tensor", i);
+    TANDEM_CHECK(requires_grad(r),
+                 "[backward] element {} of the roots does not require grad and has no grad_fn", i);
+    Tensor g = grads.empty() ? Tensor() : grads[i];
+    if (!g.defined()) {
+      TANDEM_CHECK(r.numel() == 1,
+                   "[backward] grad can be implicitly created only for scalar outputs; the root has shape {}",
+                   r.shape());
+      g = ones_for(r);
+    } else {
+      TANDEM_CHECK(g.shape() == r.shape(), "[backward] gradient has shape {} but the root has shape {}", g.shape(),
+                   r.shape());
+    }
+    seeds.emplace_back(gradient_edge(r), std::move(g));
+  }
+
+  // Reachable nodes.
+  std::vector<Node*> order;
+  std::vector<std::shared_ptr<Node>> keep_alive;  // nodes must live until they ran
+  {
+    std::vector<Node*> stack;
+    std::unordered_map<Node*, bool> seen;
+    for (auto& [e, g] : seeds) {
+      if (!seen[e.fn.get()]) {
+        seen[e.fn.get()] = true;
+        stack.push_back(e.fn.get());
+        keep_alive.push_back(e.fn);
+      }
+    }
+    while (!stack.empty()) {
+      Node* n = stack.back();
+      stack.pop_back();
+      order.push_back(n);
+      for (const Edge& e : n->next_edges) {
+        if (e.fn && !seen[e.fn.get()]) {
+          seen[e.fn.get()] = true;
+          stack.push_back(e.fn.get());
+        }
+      }
+    }
+  }
+  std::sort(order.begin(), order.end(), [](Node* a, Node* b) { return a->sequence_nr() > b->sequence_nr(); });
+
+  GraphTask task;
+  EngineAccess::nodes(task) = order;
+  std::sort(EngineAccess::nodes(task).begin(), EngineAccess::nodes(task).end());
+
+  std::unordered_map<Node*, TensorList> buffers;
+  buffers.reserve(order.size());
+  auto deliver = [&](Node* to, uint32_t slot, Tensor g, const Node* from) {
+    TensorList& buf = buffers[to];
+    if (buf.empty()) buf.resize(to->outputs.size());
+    if (from) check_gradient(g, to->outputs[slot], *from, *to);
+    if (!buf[slot].defined()) {
+      buf[slot] = std::move(g);
+    } else {
+      buf[slot] = add(buf[slot], g);
+    }
+  };
+
+  BackwardState state;
+  BackwardState* outer = current_backward;
+  current_backward = &state;
+  struct Restore {
+    BackwardState* outer;
+    ~Restore() { current_backward = outer; }
+  } restore{outer};
+
+  GradModeGuard no_grad(false);
+  for (auto& [e, g] : seeds) deliver(e.fn.get(), e.input_nr, std::move(g), nullptr);
+  for (auto& [id, fn] : std::vector(start_observers)) fn(task);
+
+  for (Node* node : order) {
+    auto it = buffers.find(node);
+    if (it == buffers.end()) continue;  // reachable, but no gradient arrived (all inputs undefined)
+    TensorList in = std::move(it->second);
+    buffers.erase(it);
+    in.resize(node->outputs.size());
+    for (size_t k = 0; k < in.size(); ++k) {
+      if (!in[k].defined()) {
+        const auto& om = node->outputs[k];
+        in[k] = zeros(om.shape, TensorOptions(om.dtype, om.device));
+      }
+      if (k < node->output_hooks.size()) in[k] = run_tensor_hooks(node->output_hooks[k].get(), in[k], node->outputs[k]);
+    }
+    TensorList out = node->apply(std::move(in));
+    if (!retain_graph) node->release_saved();
+    TANDEM_CHECK(out.size() == node->next_edges.size() || dynamic_cast<AccumulateGrad*>(node),
+                 "[autograd] {} returned {} gradients for {} inputs", node->name(), out.size(),
+                 node->next_edges.size());
+    for (size_t i = 0; i < out.size(); ++i) {
+      const Edge& e = node->next_edges[i];
+      if (!e.fn || !out[i].defined()) continue;
+      deliver(e.fn.get(), e.input_nr, std::move(out[i]), node);
+    }
+  }
+
+  // End-of-backward callbacks, in order; a callback may queue more.
+  while (!state.callbacks.empty()) {
+    auto fn = std::move(state.callbacks.front());
+    state.callbacks.pop_front();
+    fn();
+  }
+}
+
+void queue_callback(std::function<void()> fn) {
+  TANDEM_CHECK(current_backward != nullptr, "[queue_callback] can only be called while a backward is running");
+  current_backward->callbacks.push_back(std::move(fn));
+}
+
+bool in_backward() { return current_backward != nullptr; }
+
+uint64_t add_backward_start_observer(std::function<void(const GraphTask&)> fn) {
+  uint64_t id = next_observer_id++;
+  start_observers.emplace_back(id, std::move(fn));
+  return id;
+}
+
+void remove_backward_start_observer(uint64_t id) {
+  std::erase_if(start_observers, [id](const auto& p) { return p.first == id; });
+}
+
+}  // namespace tandem::autograd

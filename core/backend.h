@@ -1,0 +1,37 @@
+// The seam between core and device backends.
+//
+// core calls a Backend for memory and for the kernels of non-CPU devices; the CPU backend is
+// built in, and the CUDA backend (cuda/) registers itself when Tandem is built with CUDA. A
+// build without it throws "[op] tandem was built without CUDA" the moment a CUDA tensor would
+// be created, so no CUDA tensor can exist there.
+#pragma once
+
+#include <cstddef>
+
+#include "core/device.h"
+
+namespace tandem {
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual DeviceType type() const = 0;
+  virtual int device_count() const = 0;
+  virtual void* allocate(size_t nbytes, Device device) = 0;
+  virtual void deallocate(void* ptr, size_t nbytes, Device device) noexcept = 0;
+  // Copies nbytes between two raw buffers, either of which may live on this backend's device.
+  virtual void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, size_t nbytes) = 0;
+};
+
+// The backend for `device`; `op` names the caller in the error when there is none.
+Backend& backend_for(Device device, const char* op);
+bool has_backend(DeviceType type);
+void register_backend(DeviceType type, Backend* backend);
+
+// Intra-op threads (our kernels and OpenBLAS). Defaults to TANDEM_NUM_THREADS, else the cores
+// divided by the ranks on this node (OMPI_COMM_WORLD_LOCAL_SIZE), so several ranks on one node
+// do not oversubscribe it.
+int get_num_threads();
+void set_num_threads(int n);
+
+}  // namespace tandem

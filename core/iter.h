@@ -1,0 +1,93 @@
+// Strided iteration over N operands that share one (broadcast) shape.
+//
+// Every CPU elementwise kernel goes through `strided_loop`: it merges dims that are contiguous
+// for all operands, then hands the kernel 1-D runs (pointers, byte strides, length), so the
+// common contiguous case is one run the compiler vectorises.
+#pragma once
+
+#include <array>
+#include <cstdint>
+
+#include "core/tensor.h"
+
+namespace tandem {
+
+template <size_t N>
+struct StridedRun {
+  std::array<char*, N> ptr;
+  std::array<int64_t, N> stride;  // bytes
+  int64_t n;
+};
+
+// Strides of `t` viewed as `shape` (which t broadcasts to), in elements: broadcast dims get 0.
+Strides broadcast_strides(const Tensor& t, const Shape& shape);
+
+template <size_t N, class Kernel>
+void strided_loop(const Shape& shape, const std::array<Strides, N>& elem_strides,
+                  const std::array<char*, N>& base, const std::array<int64_t, N>& itemsizes,
+                  Kernel&& kernel) {
+  const size_t nd = shape.size();
+  int64_t numel = 1;
+  for (int64_t d : shape) numel *= d;
+  if (numel == 0) return;
+  // Coalesce: walk from the innermost dim outwards, merging dim i into the current one when
+  // every operand's stride satisfies stride[i] == stride[cur] * size[cur].
+  int64_t sizes[64];
+  int64_t strides[N][64];
+  int nd_c = 0;
+  for (size_t k = nd; k-- > 0;) {
+    if (shape[k] == 1) continue;
+    if (nd_c > 0) {
+      bool merge = true;
+      for (size_t j = 0; j < N; ++j)
+        if (elem_strides[j][k] != strides[j][nd_c - 1] * sizes[nd_c - 1]) merge = false;
+      if (merge) {
+        sizes[nd_c - 1] *= shape[k];
+        continue;
+      }
+    }
+    TANDEM_CHECK(nd_c < 64, "[iter] too many dims ({})", nd);
+    sizes[nd_c] = shape[k];
+    for (size_t j = 0; j < N; ++j) strides[j][nd_c] = elem_strides[j][k];
+    ++nd_c;
+  }
+  if (nd_c == 0) {  // a single element
+    sizes[0] = 1;
+    for (size_t j = 0; j < N; ++j) strides[j][0] = 0;
+    nd_c = 1;
+  }
+  StridedRun<N> run;
+  for (size_t j = 0; j < N; ++j) run.stride[j] = strides[j][0] * itemsizes[j];
+  run.n = sizes[0];
+  int64_t outer = numel / sizes[0];
+  int64_t counter[64] = {0};
+  std::array<char*, N> ptr = base;
+  for (int64_t o = 0; o < outer; ++o) {
+    run.ptr = ptr;
+    kernel(run);
+    // advance the outer counter (dims 1..nd_c-1, innermost first)
+    for (int d = 1; d < nd_c; ++d) {
+      ++counter[d];
+      for (size_t j = 0; j < N; ++j) ptr[j] += strides[j][d] * itemsizes[j];
+      if (counter[d] < sizes[d]) break;
+      for (size_t j = 0; j < N; ++j) ptr[j] -= strides[j][d] * itemsizes[j] * sizes[d];
+      counter[d] = 0;
+    }
+  }
+}
+
+// Convenience: iterate tensors that all have `shape` (or broadcast to it).
+template <size_t N, class Kernel>
+void for_each_run(const Shape& shape, const std::array<const Tensor*, N>& ts, Kernel&& kernel) {
+  std::array<Strides, N> st;
+  std::array<char*, N> base;
+  std::array<int64_t, N> isz;
+  for (size_t j = 0; j < N; ++j) {
+    st[j] = broadcast_strides(*ts[j], shape);
+    base[j] = static_cast<char*>(ts[j]->data_ptr());
+    isz[j] = static_cast<int64_t>(ts[j]->element_size());
+  }
+  strided_loop<N>(shape, st, base, isz, std::forward<Kernel>(kernel));
+}
+
+}  // namespace tandem
