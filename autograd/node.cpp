@@ -1,5 +1,7 @@
 #include "autograd/node.h"
 
+#include <atomic>
+
 #include "autograd/ops.h"
 
 namespace tandem::autograd {
@@ -9,7 +11,12 @@ namespace {
 thread_local uint64_t next_sequence_nr = 0;
 }  // namespace
 
-Node::Node() : sequence_nr_(next_sequence_nr++) {}
+
+std::atomic<int64_t> live_nodes{0};
+
+Node::Node() : sequence_nr_(next_sequence_nr++) { live_nodes.fetch_add(1, std::memory_order_relaxed); }
+Node::~Node() { live_nodes.fetch_sub(1, std::memory_order_relaxed); }
+int64_t live_node_count() { return live_nodes.load(std::memory_order_relaxed); }
 
 SavedTensor::SavedTensor(const Tensor& t, bool is_output) {
   if (!t.defined()) return;

@@ -57,10 +57,13 @@ class SavedTensor {
   bool released_ = false;
 };
 
+// Nodes alive in the process (all threads): tests use it to prove the tape keeps nothing.
+int64_t live_node_count();
+
 class Node : public std::enable_shared_from_this<Node> {
  public:
   Node();
-  virtual ~Node() = default;
+  virtual ~Node();
   Node(const Node&) = delete;
   Node& operator=(const Node&) = delete;
 

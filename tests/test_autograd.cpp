@@ -1,0 +1,246 @@
+// The tape: backward order, accumulation, retain_graph, grad mode, hooks, callbacks, custom
+// functions, error messages, and flat memory.
+#include <catch2/catch.hpp>
+
+#include "tandem.h"
+
+using namespace tandem;
+
+namespace {
+Tensor leaf(std::vector<double> v, Shape shape) {
+  Tensor t = from_vector(v, shape);
+  t.requires_grad_();
+  return t;
+}
+}  // namespace
+
+TEST_CASE("backward accumulates over every use of a leaf", "[autograd]") {
+  Tensor x = leaf({1, 2, 3}, {3});
+  Tensor y = (x * x + x * 3).sum();  // dy/dx = 2x + 3
+  y.backward();
+  REQUIRE(x.grad().to_vector<double>() == std::vector<double>{5, 7, 9});
+  // A second graph accumulates into .grad.
+  (x * 2).sum().backward();
+  REQUIRE(x.grad().to_vector<double>() == std::vector<double>{7, 9, 11});
+}
+
+TEST_CASE("backward runs only what the root needs", "[autograd]") {
+  Tensor a = leaf({1}, {1});
+  Tensor b = leaf({2}, {1});
+  Tensor ya = (a * 2).sum();
+  Tensor yb = (b * 3).sum();
+  (void)yb;
+  ya.backward();
+  REQUIRE(a.grad().defined());
+  REQUIRE_FALSE(b.grad().defined());
+}
+
+TEST_CASE("non-scalar backward needs a gradient", "[autograd]") {
+  Tensor x = leaf({1, 2}, {2});
+  Tensor y = x * 2;
+  REQUIRE_THROWS_WITH(y.backward(), Catch::Contains("[backward] grad can be implicitly created only for scalar outputs") &&
+                                        Catch::Contains("[2]"));
+  y.backward(from_vector<double>({1, 10}, {2}));
+  REQUIRE(x.grad().to_vector<double>() == std::vector<double>{2, 20});
+  REQUIRE_THROWS_WITH(Tensor(from_vector<double>({1}, {1})).backward(),
+                      Catch::Contains("does not require grad"));
+}
+
+TEST_CASE("backward through a freed graph is an error; retain_graph keeps it", "[autograd]") {
+  Tensor x = leaf({1, 2}, {2});
+  Tensor y = (x * x).sum();
+  y.backward({}, /*retain_graph=*/true);
+  y.backward();
+  REQUIRE(x.grad().to_vector<double>() == std::vector<double>{4, 8});
+  REQUIRE_THROWS_WITH(y.backward(), Catch::Contains("a second time") && Catch::Contains("retain_graph"));
+}
+
+TEST_CASE("in-place change of a saved tensor is an error at backward", "[autograd]") {
+  Tensor x = leaf({1, 2}, {2});
+  Tensor w = from_vector<double>({3, 4}, {2});
+  Tensor y = (x * w).sum();  // saves w
+  w.mul_(2);
+  REQUIRE_THROWS_WITH(y.backward(), Catch::Contains("modified by an in-place operation") &&
+                                        Catch::Contains("version 1") && Catch::Contains("version 0"));
+}
+
+TEST_CASE("in-place on a leaf that requires grad is an error in grad mode, fine under no_grad", "[autograd]") {
+  Tensor x = leaf({1, 2}, {2});
+  REQUIRE_THROWS_WITH(x.add_(1.0), Catch::Contains("[add_] a leaf tensor that requires grad"));
+  {
+    NoGradGuard ng;
+    x.add_(1.0);
+  }
+  REQUIRE(x.to_vector<double>() == std::vector<double>{2, 3});
+}
+
+TEST_CASE("grad mode guards nest and are per thread", "[autograd]") {
+  Tensor x = leaf({1}, {1});
+  {
+    NoGradGuard ng;
+    REQUIRE_FALSE((x * 2).requires_grad());
+    {
+      EnableGradGuard eg;
+      REQUIRE((x * 2).requires_grad());
+    }
+    REQUIRE_FALSE((x * 2).requires_grad());
+  }
+  REQUIRE((x * 2).requires_grad());
+  REQUIRE_FALSE(x.detach().requires_grad());
+  REQUIRE(x.is_leaf());
+  REQUIRE_FALSE((x * 2).is_leaf());
+}
+
+TEST_CASE("tensor hooks see and may replace the gradient", "[autograd]") {
+  Tensor x = leaf({1, 2}, {2});
+  Tensor y = x * 3;
+  std::vector<double> seen;
+  auto h1 = register_hook(y, [&](const Tensor& g) {
+    seen = g.to_vector<double>();
+    return g * 10;  // replace
+  });
+  auto h2 = register_hook(x, [&](const Tensor& g) { return Tensor(); });
+  y.sum().backward();
+  REQUIRE(seen == std::vector<double>{1, 1});
+  REQUIRE(x.grad().to_vector<double>() == std::vector<double>{30, 30});
+
+  // Dropping the handle removes the hook.
+  h1.remove();
+  x.set_grad(Tensor());
+  Tensor z = x * 3;
+  auto bad = register_hook(z, [](const Tensor& g) { return sum(g); });
+  REQUIRE_THROWS_WITH(z.sum().backward(), Catch::Contains("[hook]") && Catch::Contains("shape []") &&
+                                              Catch::Contains("[2]"));
+}
+
+TEST_CASE("post-accumulate-grad hooks fire once per backward, when the gradient is final", "[autograd]") {
+  Tensor w = leaf({1, 2}, {2});
+  int fired = 0;
+  std::vector<double> at_fire;
+  auto h = register_post_accumulate_grad_hook(w, [&](const Tensor& p) {
+    ++fired;
+    at_fire = p.grad().to_vector<double>();
+  });
+  // Used three times, across two forwards, before one backward.
+  Tensor a = (w * 2).sum();
+  Tensor b = (w * w).sum() + (w * 1).sum();
+  (a + b).backward();
+  REQUIRE(fired == 1);
+  REQUIRE(at_fire == std::vector<double>{5, 7});  // 2 + 2w + 1
+  {
+    HookHandle moved = std::move(h);
+  }
+  (w * 2).sum().backward();
+  REQUIRE(fired == 1);
+  REQUIRE_THROWS_WITH(register_post_accumulate_grad_hook(w * 2, [](const Tensor&) {}),
+                      Catch::Contains("only leaf tensors"));
+}
+
+TEST_CASE("queue_callback runs after backward, in order", "[autograd]") {
+  Tensor w = leaf({1}, {1});
+  std::vector<int> order;
+  auto h = register_post_accumulate_grad_hook(w, [&](const Tensor&) {
+    order.push_back(1);
+    autograd::queue_callback([&] {
+      order.push_back(3);
+      autograd::queue_callback([&] { order.push_back(4); });
+    });
+    autograd::queue_callback([&] { order.push_back(5); });
+    order.push_back(2);
+  });
+  (w * 2).sum().backward();
+  REQUIRE(order == std::vector<int>{1, 2, 3, 5, 4});
+  REQUIRE_THROWS_WITH(autograd::queue_callback([] {}), Catch::Contains("[queue_callback]"));
+}
+
+TEST_CASE("backward-start observers know which leaves are reached", "[autograd]") {
+  Tensor a = leaf({1}, {1});
+  Tensor b = leaf({1}, {1});
+  Tensor c = leaf({1}, {1});
+  (void)(c * 2);  // recorded but not part of the loss
+  bool reaches_a = false, reaches_b = true, reaches_c = true;
+  uint64_t id = autograd::add_backward_start_observer([&](const autograd::GraphTask& t) {
+    reaches_a = t.reaches(a);
+    reaches_b = t.reaches(b);
+    reaches_c = t.reaches(c);
+  });
+  (a * 2 + b * 0).sum().backward();
+  REQUIRE(reaches_a);
+  REQUIRE(reaches_b);
+  (a * 2).sum().backward();
+  REQUIRE_FALSE(reaches_b);
+  REQUIRE_FALSE(reaches_c);
+  autograd::remove_backward_start_observer(id);
+}
+
+TEST_CASE("retain_grad keeps a non-leaf gradient", "[autograd]") {
+  Tensor x = leaf({1, 2}, {2});
+  Tensor y = x * 2;
+  y.retain_grad();
+  (y * y).sum().backward();
+  REQUIRE(y.grad().to_vector<double>() == std::vector<double>{4, 8});
+}
+
+namespace {
+struct CubeFn : autograd::Function<CubeFn> {
+  static Tensor forward(autograd::AutogradContext& ctx, const Tensor& x, double scale) {
+    ctx.save_for_backward({x});
+    ctx.data["scale"] = scale;
+    return x * x * x * scale;
+  }
+  static TensorList backward(autograd::AutogradContext& ctx, const TensorList& g) {
+    Tensor x = ctx.saved()[0];
+    double scale = std::any_cast<double>(ctx.data["scale"]);
+    return {g[0] * x * x * (3 * scale)};
+  }
+};
+struct WrongShapeFn : autograd::Function<WrongShapeFn> {
+  static Tensor forward(autograd::AutogradContext&, const Tensor& x) { return x * 1; }
+  static TensorList backward(autograd::AutogradContext&, const TensorList& g) { return {sum(g[0])}; }
+};
+}  // namespace
+
+TEST_CASE("custom functions join the tape and are gradchecked", "[autograd]") {
+  Tensor x = leaf({1, -2, 0.5}, {3});
+  Tensor y = CubeFn::apply(x, 2.0);
+  REQUIRE(y.grad_fn() != nullptr);
+  y.sum().backward();
+  REQUIRE(x.grad().to_vector<double>() == std::vector<double>{6, 24, 1.5});
+  auto r = gradcheck([](const TensorList& in) { return CubeFn::apply(in[0], 0.5); }, {x});
+  INFO(r.report);
+  REQUIRE(r.ok);
+  Tensor z = WrongShapeFn::apply(x);
+  REQUIRE_THROWS_WITH(z.sum().backward(), Catch::Contains("[Function]") && Catch::Contains("shape []"));
+}
+
+TEST_CASE("gradcheck catches a wrong backward and names the worst element", "[autograd]") {
+  struct BadSquare : autograd::Function<BadSquare> {
+    static Tensor forward(autograd::AutogradContext& ctx, const Tensor& x) {
+      ctx.save_for_backward({x});
+      return x * x;
+    }
+    static TensorList backward(autograd::AutogradContext& ctx, const TensorList& g) {
+      return {g[0] * ctx.saved()[0] * 2.1};  // should be 2
+    }
+  };
+  Tensor x = leaf({1, 2, 3}, {3});
+  auto r = gradcheck([](const TensorList& in) { return BadSquare::apply(in[0]); }, {x});
+  REQUIRE_FALSE(r.ok);
+  REQUIRE_THAT(r.report, Catch::Contains("input 0") && Catch::Contains("element"));
+}
+
+TEST_CASE("graphs that are never backwarded, and trained ones, keep nothing alive", "[autograd]") {
+  Tensor w = leaf({1, 2, 3, 4}, {4});
+  int64_t live_before = autograd::live_node_count();
+  std::weak_ptr<autograd::Node> first_node;
+  for (int step = 0; step < 100000; ++step) {
+    Tensor y = (w * 2 + 1).sum();
+    if (step == 0) first_node = y.grad_fn();
+    if (step % 2 == 0) {
+      y.backward();
+    }
+  }
+  REQUIRE(first_node.expired());
+  REQUIRE(autograd::live_node_count() == live_before);
+  REQUIRE(w.grad().defined());
+}

@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# The main job: installs what is missing, builds, and trains the built-in default model on the
+# built-in synthetic dataset. Extra arguments go to tools/train (see `train --help`).
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+build=${TANDEM_BUILD_DIR:-$root/build}
+"$root/tools/deps.sh"
+launcher=()
+command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release "${launcher[@]}" >/dev/null
+cmake --build "$build" -j "$(nproc)" --target train
+exec "$build/tools/train" "$@"
