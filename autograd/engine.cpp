@@ -9,8 +9,8 @@
 #include "autograd/engine.h"
 
 #include <algorithm>
+#include <atomic>
 #include <deque>
-#include <unordered_map>
 
 #include "autograd/hooks.h"
 #include "autograd/ops.h"
@@ -122,17 +122,17 @@ void backward(const TensorList& roots, const TensorList& grads, bool retain_grap
     seeds.emplace_back(gradient_edge(r), std::move(g));
   }
 
-  // Reachable nodes.
+  // Reachable nodes, marked with this backward's epoch instead of a hash set (the hot path of
+  // small graphs).
+  static std::atomic<uint64_t> epochs{1};
+  const uint64_t epoch = epochs.fetch_add(1, std::memory_order_relaxed);
   std::vector<Node*> order;
-  std::vector<std::shared_ptr<Node>> keep_alive;  // nodes must live until they ran
   {
     std::vector<Node*> stack;
-    std::unordered_map<Node*, bool> seen;
     for (auto& [e, g] : seeds) {
-      if (!seen[e.fn.get()]) {
-        seen[e.fn.get()] = true;
+      if (e.fn->visit_epoch != epoch) {
+        e.fn->visit_epoch = epoch;
         stack.push_back(e.fn.get());
-        keep_alive.push_back(e.fn);
       }
     }
     while (!stack.empty()) {
@@ -140,23 +140,25 @@ void backward(const TensorList& roots, const TensorList& grads, bool retain_grap
       stack.pop_back();
       order.push_back(n);
       for (const Edge& e : n->next_edges) {
-        if (e.fn && !seen[e.fn.get()]) {
-          seen[e.fn.get()] = true;
+        if (e.fn && e.fn->visit_epoch != epoch) {
+          e.fn->visit_epoch = epoch;
           stack.push_back(e.fn.get());
         }
       }
     }
   }
   std::sort(order.begin(), order.end(), [](Node* a, Node* b) { return a->sequence_nr() > b->sequence_nr(); });
+  for (size_t i = 0; i < order.size(); ++i) order[i]->task_slot = static_cast<uint32_t>(i);
 
   GraphTask task;
-  EngineAccess::nodes(task) = order;
-  std::sort(EngineAccess::nodes(task).begin(), EngineAccess::nodes(task).end());
+  if (!start_observers.empty()) {
+    EngineAccess::nodes(task) = order;
+    std::sort(EngineAccess::nodes(task).begin(), EngineAccess::nodes(task).end());
+  }
 
-  std::unordered_map<Node*, TensorList> buffers;
-  buffers.reserve(order.size());
+  std::vector<TensorList> buffers(order.size());
   auto deliver = [&](Node* to, uint32_t slot, Tensor g, const Node* from) {
-    TensorList& buf = buffers[to];
+    TensorList& buf = buffers[to->task_slot];
     if (buf.empty()) buf.resize(to->outputs.size());
     if (from) check_gradient(g, to->outputs[slot], *from, *to);
     if (!buf[slot].defined()) {
@@ -179,10 +181,8 @@ void backward(const TensorList& roots, const TensorList& grads, bool retain_grap
   for (auto& [id, fn] : std::vector(start_observers)) fn(task);
 
   for (Node* node : order) {
-    auto it = buffers.find(node);
-    if (it == buffers.end()) continue;  // reachable, but no gradient arrived (all inputs undefined)
-    TensorList in = std::move(it->second);
-    buffers.erase(it);
+    TensorList in = std::move(buffers[node->task_slot]);
+    if (in.empty()) continue;  // reachable, but no gradient arrived (every path gave none)
     in.resize(node->outputs.size());
     for (size_t k = 0; k < in.size(); ++k) {
       if (!in[k].defined()) {

@@ -18,8 +18,13 @@ Tensor zeros_like(const Tensor& t);
 Tensor ones_like(const Tensor& t);
 Tensor empty_like(const Tensor& t);
 Tensor full_like(const Tensor& t, const Scalar& value);
-Tensor arange(const Scalar& end, TensorOptions opts = i64);
-Tensor arange(const Scalar& start, const Scalar& end, const Scalar& step = 1, TensorOptions opts = i64);
+// Without options the dtype follows PyTorch: i64 when start, end and step are all integral,
+// else the default float (f32).
+Tensor arange(const Scalar& end);
+Tensor arange(const Scalar& end, TensorOptions opts);
+Tensor arange(const Scalar& start, const Scalar& end, const Scalar& step = 1);
+Tensor arange(const Scalar& start, const Scalar& end, TensorOptions opts);
+Tensor arange(const Scalar& start, const Scalar& end, const Scalar& step, TensorOptions opts);
 Tensor linspace(double start, double end, int64_t steps, TensorOptions opts = {});
 Tensor eye(int64_t n, TensorOptions opts = {});
 Tensor scalar_tensor(const Scalar& value, TensorOptions opts = {});

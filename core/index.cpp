@@ -1,0 +1,535 @@
+#include "core/index.h"
+
+#include <cstring>
+#include <numeric>
+#include <type_traits>
+
+#include "core/backend.h"
+#include "core/iter.h"
+
+namespace tandem::index_kernels {
+
+namespace {
+
+void check_defined(const Tensor& t, const char* op, const char* what) {
+  TANDEM_CHECK(t.defined(), "[{}] {} is an undefined tensor", op, what);
+}
+
+// Only CPU kernels exist: a tensor elsewhere gets the backend's "built without CUDA" error, or,
+// in a CUDA build, a plain statement that this op has no kernel there yet.
+void require_cpu(const char* op, std::initializer_list<const Tensor*> ts) {
+  const Device dev = (*ts.begin())->device();
+  for (const Tensor* t : ts)
+    TANDEM_CHECK(t->device() == dev, "[{}] tensors must be on one device, got {} and {}", op, dev, t->device());
+  if (!dev.is_cpu()) {
+    backend_for(dev, op);
+    fail("[{}] has no kernel for {} tensors yet", op, dev);
+  }
+}
+
+void check_index_dtype(const Tensor& index, const char* op, const char* what) {
+  TANDEM_CHECK(index.dtype() == i64 || index.dtype() == i32, "[{}] {} must be i64 or i32, got {} (shape {})", op,
+               what, index.dtype(), index.shape());
+}
+
+// Binds index_t (through the tag's type) to the C++ type of an i64/i32 index tensor.
+template <class F>
+void dispatch_index(Dtype dt, const char* op, F&& f) {
+  if (dt == i64) {
+    f(int64_t{});
+  } else if (dt == i32) {
+    f(int32_t{});
+  } else {
+    fail("[{}] index must be i64 or i32, got {}", op, dt);
+  }
+}
+
+// Conversion through the accumulation types, so the 2-byte floats go via float.
+template <class D, class S>
+inline D convert(S s) {
+  if constexpr (std::is_same_v<D, S>) {
+    return s;
+  } else {
+    return static_cast<D>(static_cast<acc_t<D>>(static_cast<acc_t<S>>(s)));
+  }
+}
+
+template <class T>
+inline T from_scalar(const Scalar& s) {
+  return static_cast<T>(static_cast<acc_t<T>>(s.value));
+}
+
+template <class T>
+void copy_run(const StridedRun<2>& r) {
+  char* d = r.ptr[0];
+  const char* s = r.ptr[1];
+  if (r.stride[0] == static_cast<int64_t>(sizeof(T)) && r.stride[1] == static_cast<int64_t>(sizeof(T))) {
+    std::memcpy(d, s, static_cast<size_t>(r.n) * sizeof(T));
+    return;
+  }
+  for (int64_t i = 0; i < r.n; ++i, d += r.stride[0], s += r.stride[1])
+    *reinterpret_cast<T*>(d) = *reinterpret_cast<const T*>(s);
+}
+
+template <class T>
+void add_run(const StridedRun<2>& r) {
+  char* d = r.ptr[0];
+  const char* s = r.ptr[1];
+  if (r.stride[0] == static_cast<int64_t>(sizeof(T)) && r.stride[1] == static_cast<int64_t>(sizeof(T))) {
+    T* dp = reinterpret_cast<T*>(d);
+    const T* sp = reinterpret_cast<const T*>(s);
+    for (int64_t i = 0; i < r.n; ++i) dp[i] = static_cast<T>(static_cast<acc_t<T>>(dp[i]) + static_cast<acc_t<T>>(sp[i]));
+    return;
+  }
+  for (int64_t i = 0; i < r.n; ++i, d += r.stride[0], s += r.stride[1]) {
+    T& dv = *reinterpret_cast<T*>(d);
+    dv = static_cast<T>(static_cast<acc_t<T>>(dv) + static_cast<acc_t<T>>(*reinterpret_cast<const T*>(s)));
+  }
+}
+
+// The geometry of `t` with `dim` removed: what one slice along dim looks like.
+void slice_geometry(const Tensor& t, int64_t dim, Shape& shape, Strides& strides) {
+  shape = Shape();
+  strides = Strides();
+  for (int64_t d = 0; d < t.dim(); ++d) {
+    if (d == dim) continue;
+    shape.push_back(t.size(d));
+    strides.push_back(t.stride(d));
+  }
+}
+
+// out.select(dim, k) = a.select(dim, idx[k]) for every k. Raw strided loops per slice (no
+// TensorImpl per row): embedding lookups copy many short rows.
+void select_slices(const Tensor& out, const Tensor& a, int64_t dim, const std::vector<int64_t>& idx, const char* op) {
+  Shape shape;
+  Strides os, as;
+  slice_geometry(out, dim, shape, os);
+  slice_geometry(a, dim, shape, as);
+  const int64_t isz = static_cast<int64_t>(a.element_size());
+  char* ob = static_cast<char*>(out.data_ptr());
+  char* ab = static_cast<char*>(a.data_ptr());
+  const int64_t ostep = out.stride(dim) * isz, astep = a.stride(dim) * isz;
+  TANDEM_DISPATCH_ALL(a.dtype(), op, [&] {
+    for (size_t k = 0; k < idx.size(); ++k) {
+      strided_loop<2>(shape, {os, as}, {ob + static_cast<int64_t>(k) * ostep, ab + idx[k] * astep}, {isz, isz},
+                      [](const StridedRun<2>& r) { copy_run<scalar_t>(r); });
+    }
+  });
+}
+
+// out.select(dim, idx[k]) += src.select(dim, k) for every k, in order (repeated indices add up).
+void add_slices(const Tensor& out, int64_t dim, const std::vector<int64_t>& idx, const Tensor& src, const char* op) {
+  Shape shape;
+  Strides os, ss;
+  slice_geometry(out, dim, shape, os);
+  slice_geometry(src, dim, shape, ss);
+  const int64_t isz = static_cast<int64_t>(out.element_size());
+  char* ob = static_cast<char*>(out.data_ptr());
+  char* sb = static_cast<char*>(src.data_ptr());
+  const int64_t ostep = out.stride(dim) * isz, sstep = src.stride(dim) * isz;
+  TANDEM_DISPATCH_NUMERIC(out.dtype(), op, [&] {
+    for (size_t k = 0; k < idx.size(); ++k) {
+      strided_loop<2>(shape, {os, ss}, {ob + idx[k] * ostep, sb + static_cast<int64_t>(k) * sstep}, {isz, isz},
+                      [](const StridedRun<2>& r) { add_run<scalar_t>(r); });
+    }
+  });
+}
+
+Tensor as_1d(const Tensor& t) { return t.dim() == 0 ? make_view(t, Shape{1}, Strides{1}, t.storage_offset()) : t; }
+
+// out (index's shape) = a gathered along dim at index. dim is wrapped; shapes are validated.
+void gather_into(const Tensor& out_in, const Tensor& a_in, int64_t dim, const Tensor& index_in, const char* op) {
+  const Tensor out = as_1d(out_in), a = as_1d(a_in), index = as_1d(index_in);
+  Strides st = a.strides();
+  const int64_t step = st[dim];
+  st[dim] = 0;  // the dim walked by the index values, not by the iterator
+  const Tensor a_r = make_view(a, index.shape(), st, a.storage_offset());
+  const int64_t limit = a.size(dim);
+  TANDEM_DISPATCH_ALL(a.dtype(), op, [&] {
+    dispatch_index(index.dtype(), op, [&](auto tag) {
+      using index_t = decltype(tag);
+      const int64_t jump = step * static_cast<int64_t>(sizeof(scalar_t));
+      for_each_run<3>(index.shape(), {&out, &a_r, &index}, [&](const StridedRun<3>& r) {
+        char* o = r.ptr[0];
+        const char* s = r.ptr[1];
+        const char* ix = r.ptr[2];
+        for (int64_t i = 0; i < r.n; ++i, o += r.stride[0], s += r.stride[1], ix += r.stride[2]) {
+          const int64_t k = *reinterpret_cast<const index_t*>(ix);
+          if (k < 0 || k >= limit) [[unlikely]]
+            fail("[{}] index {} is out of range for dim {} of size {} (input {})", op, k, dim, limit, a_in.shape());
+          *reinterpret_cast<scalar_t*>(o) = *reinterpret_cast<const scalar_t*>(s + k * jump);
+        }
+      });
+    });
+  });
+}
+
+// out[... index[p] ...] += src[p] over the positions p of index. dim is wrapped; shapes validated.
+void scatter_add_into(const Tensor& out_in, int64_t dim, const Tensor& index_in, const Tensor& src_in, const char* op) {
+  const Tensor out = as_1d(out_in), index = as_1d(index_in), src = as_1d(src_in);
+  Strides st = out.strides();
+  const int64_t step = st[dim];
+  st[dim] = 0;
+  const Tensor out_r = make_view(out, index.shape(), st, out.storage_offset());
+  // src may be larger than index in any dim: only its leading index-shaped block is read.
+  const Tensor src_r = make_view(src, index.shape(), src.strides(), src.storage_offset());
+  const int64_t limit = out.size(dim);
+  TANDEM_DISPATCH_NUMERIC(out.dtype(), op, [&] {
+    dispatch_index(index.dtype(), op, [&](auto tag) {
+      using index_t = decltype(tag);
+      const int64_t jump = step * static_cast<int64_t>(sizeof(scalar_t));
+      for_each_run<3>(index.shape(), {&out_r, &src_r, &index}, [&](const StridedRun<3>& r) {
+        char* o = r.ptr[0];
+        const char* s = r.ptr[1];
+        const char* ix = r.ptr[2];
+        for (int64_t i = 0; i < r.n; ++i, o += r.stride[0], s += r.stride[1], ix += r.stride[2]) {
+          const int64_t k = *reinterpret_cast<const index_t*>(ix);
+          if (k < 0 || k >= limit) [[unlikely]]
+            fail("[{}] index {} is out of range for dim {} of size {} (input {})", op, k, dim, limit, out_in.shape());
+          scalar_t& dv = *reinterpret_cast<scalar_t*>(o + k * jump);
+          dv = static_cast<scalar_t>(static_cast<acc_t<scalar_t>>(dv) +
+                                     static_cast<acc_t<scalar_t>>(*reinterpret_cast<const scalar_t*>(s)));
+        }
+      });
+    });
+  });
+}
+
+// Validates gather/scatter_add index geometry against a (and src): same ndim, and no larger
+// than a outside dim.
+void check_index_geometry(const Tensor& a, int64_t dim, const Tensor& index, const char* op) {
+  for (int64_t d = 0; d < a.dim(); ++d) {
+    if (d == dim) continue;
+    TANDEM_CHECK(index.size(d) <= a.size(d),
+                 "[{}] index {} is larger than the input {} in dim {} (only dim {} may be larger)", op, index.shape(),
+                 a.shape(), d, dim);
+  }
+}
+
+}  // namespace
+
+// ---- geometry ----
+
+Tensor narrow_view(const Tensor& a, int64_t dim, int64_t start, int64_t length) {
+  Shape shape = a.shape();
+  shape[dim] = length;
+  return make_view(a, shape, a.strides(), a.storage_offset() + start * a.stride(dim));
+}
+
+Tensor select_view(const Tensor& a, int64_t dim, int64_t index) {
+  Shape shape;
+  Strides strides;
+  slice_geometry(a, dim, shape, strides);
+  return make_view(a, shape, strides, a.storage_offset() + index * a.stride(dim));
+}
+
+Tensor unsqueeze_view(const Tensor& a, int64_t dim) {
+  Shape shape = a.shape();
+  Strides strides = a.strides();
+  // Any stride is valid for a size-1 dim; this one keeps a contiguous tensor contiguous.
+  const int64_t st = dim < a.dim() ? a.stride(dim) * a.size(dim) : 1;
+  shape.insert(static_cast<size_t>(dim), 1);
+  strides.insert(static_cast<size_t>(dim), st);
+  return make_view(a, shape, strides, a.storage_offset());
+}
+
+Tensor zeros_of(const Shape& shape, Dtype dtype, Device device, const char* op) {
+  if (!device.is_cpu()) {
+    backend_for(device, op);
+    fail("[{}] has no kernel for {} tensors yet", op, device);
+  }
+  Tensor out = make_empty(shape, dtype, device, op);
+  // All-zero bytes are zero (or false) in every dtype, the 2-byte floats included.
+  if (out.numel() > 0) std::memset(out.data_ptr(), 0, out.nbytes());
+  return out;
+}
+
+void copy_into(const Tensor& dst, const Tensor& src, const char* op) {
+  TANDEM_CHECK(dst.shape() == src.shape(), "[{}] internal: copy from {} into {}", op, src.shape(), dst.shape());
+  require_cpu(op, {&dst, &src});
+  if (dst.numel() == 0) return;
+  if (dst.dtype() == src.dtype()) {
+    if (dst.is_contiguous() && src.is_contiguous()) {
+      std::memcpy(dst.data_ptr(), src.data_ptr(), dst.nbytes());
+      return;
+    }
+    TANDEM_DISPATCH_ALL(dst.dtype(), op, [&] {
+      for_each_run<2>(dst.shape(), {&dst, &src}, [](const StridedRun<2>& r) { copy_run<scalar_t>(r); });
+    });
+    return;
+  }
+  TANDEM_DISPATCH_ALL(dst.dtype(), op, [&] {
+    using dst_t = scalar_t;
+    TANDEM_DISPATCH_ALL(src.dtype(), op, [&] {
+      using src_t = scalar_t;
+      for_each_run<2>(dst.shape(), {&dst, &src}, [](const StridedRun<2>& r) {
+        char* d = r.ptr[0];
+        const char* s = r.ptr[1];
+        for (int64_t i = 0; i < r.n; ++i, d += r.stride[0], s += r.stride[1])
+          *reinterpret_cast<dst_t*>(d) = convert<dst_t>(*reinterpret_cast<const src_t*>(s));
+      });
+    });
+  });
+}
+
+Tensor cast_copy(const Tensor& src, Dtype dtype, const char* op, bool force) {
+  if (!force && src.dtype() == dtype && src.is_contiguous()) return src;
+  Tensor out = make_empty(src.shape(), dtype, src.device(), op);
+  copy_into(out, src, op);
+  return out;
+}
+
+// ---- embedding / index_select ----
+
+Tensor embedding(const Tensor& weight, const Tensor& indices) {
+  const char* op = "embedding";
+  check_defined(weight, op, "weight");
+  check_defined(indices, op, "indices");
+  TANDEM_CHECK(weight.dim() == 2, "[embedding] weight must be 2-D [num_embeddings, embedding_dim], got {}",
+               weight.shape());
+  check_index_dtype(indices, op, "indices");
+  require_cpu(op, {&weight, &indices});
+  const int64_t rows = weight.size(0), cols = weight.size(1);
+  const std::vector<int64_t> idx = indices.to_vector<int64_t>();
+  for (size_t k = 0; k < idx.size(); ++k)
+    TANDEM_CHECK(idx[k] >= 0 && idx[k] < rows,
+                 "[embedding] index {} (at flat position {}) is out of range for an embedding table of {} rows "
+                 "(weight {})",
+                 idx[k], k, rows, weight.shape());
+  Shape out_shape = indices.shape();
+  out_shape.push_back(cols);
+  Tensor out = make_empty(out_shape, weight.dtype(), weight.device(), op);
+  const int64_t n = static_cast<int64_t>(idx.size());
+  select_slices(make_view(out, Shape{n, cols}, Strides{cols, 1}, 0), weight, 0, idx, op);
+  return out;
+}
+
+Tensor embedding_backward(const Tensor& grad, const Tensor& indices, int64_t num_rows) {
+  const char* op = "embedding_backward";
+  const int64_t cols = grad.size(-1);
+  const std::vector<int64_t> idx = indices.to_vector<int64_t>();
+  const int64_t n = static_cast<int64_t>(idx.size());
+  const Tensor g = cast_copy(grad, grad.dtype(), op);  // contiguous, so it views as [n, cols]
+  Tensor out = zeros_of(Shape{num_rows, cols}, grad.dtype(), grad.device(), op);
+  add_slices(out, 0, idx, make_view(g, Shape{n, cols}, Strides{cols, 1}, g.storage_offset()), op);
+  return out;
+}
+
+Tensor index_select(const Tensor& a, int64_t dim, const Tensor& index) {
+  const char* op = "index_select";
+  check_defined(a, op, "input");
+  check_defined(index, op, "index");
+  check_index_dtype(index, op, "index");
+  TANDEM_CHECK(index.dim() <= 1, "[index_select] index must be 0-D or 1-D, got shape {}", index.shape());
+  require_cpu(op, {&a, &index});
+  dim = wrap_dim(dim, a.dim(), op);
+  const std::vector<int64_t> idx = index.to_vector<int64_t>();
+  if (a.dim() == 0)
+    TANDEM_CHECK(idx.size() == 1, "[index_select] a 0-dim input takes exactly one index, got {}", idx.size());
+  const Tensor src = as_1d(a);
+  const int64_t n = src.size(dim);
+  for (int64_t k : idx)
+    TANDEM_CHECK(k >= 0 && k < n, "[index_select] index {} is out of range for dim {} of size {} (input {})", k, dim,
+                 n, a.shape());
+  Shape out_shape = src.shape();
+  out_shape[dim] = static_cast<int64_t>(idx.size());
+  Tensor out = make_empty(out_shape, a.dtype(), a.device(), op);
+  select_slices(out, src, dim, idx, op);
+  return a.dim() == 0 ? make_view(out, Shape{}, Strides{}, 0) : out;
+}
+
+Tensor index_add_zeros(const Shape& shape, int64_t dim, const Tensor& index, const Tensor& src) {
+  const char* op = "index_select_backward";
+  const std::vector<int64_t> idx = index.to_vector<int64_t>();
+  Tensor out = zeros_of(shape, src.dtype(), src.device(), op);
+  add_slices(as_1d(out), dim, idx, as_1d(src), op);
+  return out;
+}
+
+// ---- gather / scatter_add ----
+
+Tensor gather(const Tensor& a, int64_t dim, const Tensor& index) {
+  const char* op = "gather";
+  check_defined(a, op, "input");
+  check_defined(index, op, "index");
+  check_index_dtype(index, op, "index");
+  require_cpu(op, {&a, &index});
+  TANDEM_CHECK(index.dim() == a.dim(), "[gather] index must have as many dims as the input: index is {}, input is {}",
+               index.shape(), a.shape());
+  dim = wrap_dim(dim, a.dim(), op);
+  check_index_geometry(a, dim, index, op);
+  Tensor out = make_empty(index.shape(), a.dtype(), a.device(), op);
+  gather_into(out, a, dim, index, op);
+  return out;
+}
+
+Tensor scatter_add(const Tensor& a, int64_t dim, const Tensor& index, const Tensor& src) {
+  const char* op = "scatter_add";
+  check_defined(a, op, "input");
+  check_defined(index, op, "index");
+  check_defined(src, op, "src");
+  check_index_dtype(index, op, "index");
+  require_cpu(op, {&a, &index, &src});
+  TANDEM_CHECK(src.dtype() == a.dtype(), "[scatter_add] src must have the input's dtype: input is {}, src is {}",
+               a.dtype(), src.dtype());
+  TANDEM_CHECK(index.dim() == a.dim() && src.dim() == a.dim(),
+               "[scatter_add] input, index and src must have the same number of dims: input is {}, index is {}, "
+               "src is {}",
+               a.shape(), index.shape(), src.shape());
+  dim = wrap_dim(dim, a.dim(), op);
+  for (int64_t d = 0; d < a.dim(); ++d)
+    TANDEM_CHECK(index.size(d) <= src.size(d), "[scatter_add] index {} is larger than src {} in dim {}",
+                 index.shape(), src.shape(), d);
+  check_index_geometry(a, dim, index, op);
+  Tensor out = cast_copy(a, a.dtype(), op, /*force=*/true);
+  scatter_add_into(out, dim, index, src, op);
+  return out;
+}
+
+Tensor gather_padded(const Tensor& grad, int64_t dim, const Tensor& index, const Shape& src_shape) {
+  const char* op = "scatter_add_backward";
+  Tensor out = zeros_of(src_shape, grad.dtype(), grad.device(), op);
+  gather_into(make_view(out, index.shape(), out.strides(), 0), grad, dim, index, op);
+  return out;
+}
+
+// ---- masked_fill ----
+
+Tensor masked_fill(const Tensor& a, const Tensor& mask, const Scalar& value) {
+  const char* op = "masked_fill";
+  check_defined(a, op, "input");
+  check_defined(mask, op, "mask");
+  TANDEM_CHECK(mask.dtype() == boolean, "[masked_fill] mask must be bool, got {} (shape {})", mask.dtype(),
+               mask.shape());
+  require_cpu(op, {&a, &mask});
+  bool fits = mask.dim() <= a.dim();
+  for (int64_t i = 0; fits && i < mask.dim(); ++i) {
+    const int64_t m = mask.size(mask.dim() - 1 - i), s = a.size(a.dim() - 1 - i);
+    fits = m == s || m == 1;
+  }
+  TANDEM_CHECK(fits, "[masked_fill] mask of shape {} cannot be broadcast to the input's shape {}", mask.shape(),
+               a.shape());
+  Tensor out = make_empty(a.shape(), a.dtype(), a.device(), op);
+  TANDEM_DISPATCH_ALL(a.dtype(), op, [&] {
+    const scalar_t v = from_scalar<scalar_t>(value);
+    for_each_run<3>(a.shape(), {&out, &a, &mask}, [v](const StridedRun<3>& r) {
+      char* o = r.ptr[0];
+      const char* x = r.ptr[1];
+      const char* m = r.ptr[2];
+      for (int64_t i = 0; i < r.n; ++i, o += r.stride[0], x += r.stride[1], m += r.stride[2])
+        *reinterpret_cast<scalar_t*>(o) = *reinterpret_cast<const bool*>(m) ? v : *reinterpret_cast<const scalar_t*>(x);
+    });
+  });
+  return out;
+}
+
+// ---- cat / stack ----
+
+Tensor cat(const TensorList& tensors, int64_t dim, const char* op) {
+  TANDEM_CHECK(!tensors.empty(), "[{}] expected a non-empty list of tensors", op);
+  for (size_t i = 0; i < tensors.size(); ++i) TANDEM_CHECK(tensors[i].defined(), "[{}] tensor {} is undefined", op, i);
+  Dtype dtype = tensors[0].dtype();
+  const Device device = tensors[0].device();
+  int64_t ref = -1;  // the first tensor that is not skipped sets the geometry
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const Tensor& t = tensors[i];
+    dtype = promote_types(dtype, t.dtype());
+    TANDEM_CHECK(t.device() == device, "[{}] tensors must be on one device: tensor 0 is on {}, tensor {} is on {}", op,
+                 device, i, t.device());
+    TANDEM_CHECK(t.dim() > 0, "[{}] zero-dimensional tensor (at index {}) cannot be concatenated", op, i);
+    if (ref < 0 && !cat_skips(t)) ref = static_cast<int64_t>(i);
+  }
+  if (ref < 0) {  // only empty 1-D tensors: the result is one too
+    wrap_dim(dim, 1, op);
+    return zeros_of(Shape{0}, dtype, device, op);
+  }
+  const Tensor& r = tensors[static_cast<size_t>(ref)];
+  const int64_t nd = r.dim();
+  dim = wrap_dim(dim, nd, op);
+  Shape out_shape = r.shape();
+  out_shape[dim] = 0;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const Tensor& t = tensors[i];
+    if (cat_skips(t)) continue;
+    TANDEM_CHECK(t.dim() == nd, "[{}] tensors must have the same number of dims: tensor {} is {}, tensor {} is {}", op,
+                 ref, r.shape(), i, t.shape());
+    for (int64_t d = 0; d < nd; ++d) {
+      if (d == dim) continue;
+      TANDEM_CHECK(t.size(d) == r.size(d), "[{}] sizes must match except in dim {}: tensor {} is {}, tensor {} is {}",
+                   op, dim, ref, r.shape(), i, t.shape());
+    }
+    out_shape[dim] += t.size(dim);
+  }
+  if (!device.is_cpu()) {
+    backend_for(device, op);
+    fail("[{}] has no kernel for {} tensors yet", op, device);
+  }
+  Tensor out = make_empty(out_shape, dtype, device, op);
+  int64_t offset = 0;
+  for (const Tensor& t : tensors) {
+    if (cat_skips(t)) continue;
+    const int64_t len = t.size(dim);
+    if (len > 0) copy_into(narrow_view(out, dim, offset, len), t, op);
+    offset += len;
+  }
+  return out;
+}
+
+Tensor stack(const TensorList& tensors, int64_t dim) {
+  const char* op = "stack";
+  TANDEM_CHECK(!tensors.empty(), "[stack] expected a non-empty list of tensors");
+  for (size_t i = 0; i < tensors.size(); ++i) TANDEM_CHECK(tensors[i].defined(), "[stack] tensor {} is undefined", i);
+  for (size_t i = 1; i < tensors.size(); ++i)
+    TANDEM_CHECK(tensors[i].shape() == tensors[0].shape(),
+                 "[stack] all tensors must have the same shape: tensor 0 is {}, tensor {} is {}", tensors[0].shape(), i,
+                 tensors[i].shape());
+  dim = wrap_dim(dim, tensors[0].dim() + 1, op);
+  TensorList expanded;
+  expanded.reserve(tensors.size());
+  for (const Tensor& t : tensors) expanded.push_back(unsqueeze_view(t, dim));
+  return cat(expanded, dim, op);
+}
+
+// ---- split / chunk ----
+
+std::vector<int64_t> split_sizes(int64_t n, int64_t split_size) {
+  TANDEM_CHECK(split_size >= 0, "[split] split_size must be non-negative, got {}", split_size);
+  TANDEM_CHECK(split_size > 0 || n == 0, "[split] split_size can only be 0 when the dim has size 0, got size {}", n);
+  if (n == 0) return {0};  // one empty piece, as in PyTorch
+  const int64_t pieces = (n + split_size - 1) / split_size;
+  std::vector<int64_t> sizes(static_cast<size_t>(pieces), split_size);
+  sizes.back() = n - split_size * (pieces - 1);
+  return sizes;
+}
+
+std::vector<int64_t> chunk_sizes(int64_t n, int64_t chunks) {
+  TANDEM_CHECK(chunks > 0, "[chunk] chunks must be positive, got {}", chunks);
+  const int64_t size = (n + chunks - 1) / chunks;
+  // An empty dim gives `chunks` empty pieces (PyTorch); otherwise pieces of ceil(n / chunks),
+  // which may be fewer than `chunks`.
+  if (n == 0) return std::vector<int64_t>(static_cast<size_t>(chunks), 0);
+  return split_sizes(n, size);
+}
+
+TensorList split_with_sizes(const Tensor& a, const std::vector<int64_t>& sizes, int64_t dim, const char* op) {
+  check_defined(a, op, "input");
+  TANDEM_CHECK(a.dim() > 0, "[{}] expects a tensor with at least one dim, got a 0-dim tensor", op);
+  dim = wrap_dim(dim, a.dim(), op);
+  int64_t total = 0;
+  for (int64_t s : sizes) {
+    TANDEM_CHECK(s >= 0, "[{}] sizes must be non-negative, got {}", op, fmt::join(sizes, ", "));
+    total += s;
+  }
+  TANDEM_CHECK(total == a.size(dim), "[{}] sizes [{}] sum to {} but dim {} of the input {} has size {}", op,
+               fmt::join(sizes, ", "), total, dim, a.shape(), a.size(dim));
+  TensorList out;
+  out.reserve(sizes.size());
+  int64_t start = 0;
+  for (int64_t s : sizes) {
+    out.push_back(narrow_view(a, dim, start, s));
+    start += s;
+  }
+  return out;
+}
+
+}  // namespace tandem::index_kernels

@@ -1,0 +1,48 @@
+// Matrix products (matmul, mm, bmm, linear, addmm): forward kernels and the GEMM-only backward
+// kernels their autograd rules use. No autograd here (autograd/matmul_grad.cpp).
+//
+// Everything funnels into one strided batched GEMM. f32/f64 go to CBLAS (OpenBLAS); an operand
+// whose rows or columns are unit-stride is passed with a leading dimension and a transpose flag
+// instead of being copied, so x.matmul(w.t()) copies nothing. f16/bf16 are computed through f32,
+// integers with a plain loop.
+#pragma once
+
+#include <array>
+#include <cstdint>
+
+#include "core/tensor.h"
+
+namespace tandem::detail {
+
+// One operand of a batched GEMM: element strides of its batch dims (aligned with the batch
+// shape, 0 where it is broadcast) and of its rows and columns.
+struct MatOperand {
+  const void* data = nullptr;  // element [0, ..., 0]
+  Strides batch_strides;
+  int64_t s0 = 0, s1 = 0;
+  MatOperand transposed() const { return {data, batch_strides, s1, s0}; }
+};
+
+// C[i] = (accumulate ? C[i] : 0) + A[i] B[i] over every batch index i, A[i] being M x K and
+// B[i] K x N. C's rows are contiguous (ldc = N); its batch strides may be 0, in which case the
+// products of that dim are summed into it (C must then span c_numel elements to be zeroed).
+// Batch dims that fold into M (B shared across the batch) or into K (C shared) become one GEMM.
+void batched_gemm(Dtype dtype, const Shape& batch, int64_t M, int64_t N, int64_t K, const MatOperand& a,
+                  const MatOperand& b, void* c, const Strides& c_batch_strides, int64_t c_numel, bool accumulate,
+                  const char* op);
+
+Tensor matmul_kernel(const Tensor& a, const Tensor& b, const char* op = "matmul");
+Tensor mm_kernel(const Tensor& a, const Tensor& b);
+Tensor bmm_kernel(const Tensor& a, const Tensor& b);
+Tensor linear_kernel(const Tensor& x, const Tensor& weight, const Tensor& bias);
+Tensor addmm_kernel(const Tensor& bias, const Tensor& a, const Tensor& b);
+
+// grad_a = g b^T and grad_b = a^T g, reduced over broadcast batch dims, shaped like a and b
+// (undefined where not needed).
+std::array<Tensor, 2> matmul_backward(const Tensor& g, const Tensor& a, const Tensor& b, bool need_a, bool need_b);
+// grad_x = g W, grad_W = g^T x (one GEMM over the flattened leading dims), grad_b = sum of g
+// over the leading dims.
+std::array<Tensor, 3> linear_backward(const Tensor& g, const Tensor& x, const Tensor& weight, bool need_x,
+                                      bool need_w, bool need_b);
+
+}  // namespace tandem::detail

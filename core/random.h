@@ -1,0 +1,93 @@
+// The random-number generator state and the element transforms shared by every random op.
+//
+// The generator is per thread: (seed, offset). An op reserves `counters` consecutive Philox
+// blocks starting at `offset` and advances it, so element i of its output depends only on
+// (seed, offset, i) -- never on the thread count, the device, or the tensor's strides. The
+// CUDA kernels use the same reservation and the same transforms below, so CPU and GPU give the
+// same uniforms bit for bit (normals too, up to a last-ulp difference of the device libm).
+//
+// Layout per op (words_per_element words of block (i * words_per_element) / 4):
+//   f32/f16/bf16 uniform, i32/i64 randint with a range < 2^32: one word per element;
+//   f64 uniform, randint with a range >= 2^32:                   two words per element;
+//   normal (f32/f16/bf16): one word per element, Box-Muller over word pairs (0,1) and (2,3);
+//   normal f64: two words per element, Box-Muller over the block's two 53-bit uniforms.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "core/macros.h"
+#include "core/philox.h"
+#include "core/tensor.h"
+
+namespace tandem {
+
+inline constexpr uint64_t kDefaultSeed = 67280421310721ull;
+
+struct PhiloxState {
+  uint64_t seed = kDefaultSeed;
+  uint64_t offset = 0;
+};
+
+// Returns the calling thread's state and advances its offset by `counters` blocks.
+PhiloxState philox_reserve(uint64_t counters);
+// The calling thread's state, and restoring one (to replay a random op exactly).
+PhiloxState get_rng_state();
+void set_rng_state(PhiloxState state);
+
+// Blocks needed for `numel` elements taking `words_per_element` 32-bit words each.
+constexpr uint64_t philox_blocks(int64_t numel, int words_per_element) {
+  return (static_cast<uint64_t>(numel) * static_cast<uint64_t>(words_per_element) + 3) / 4;
+}
+
+namespace rng {
+
+// [0, 1) from the top 24 bits: every value exactly representable in f32.
+TANDEM_HOST_DEVICE inline float uniform_f32(uint32_t x) { return static_cast<float>(x >> 8) * 0x1.0p-24f; }
+// [0, 1) with 53 random bits from two words.
+TANDEM_HOST_DEVICE inline double uniform_f64(uint32_t lo, uint32_t hi) {
+  uint64_t bits = (static_cast<uint64_t>(hi) << 32 | lo) >> 11;
+  return static_cast<double>(bits) * 0x1.0p-53;
+}
+// [0, 1) with as many bits as the 2-byte types hold (11 for f16, 8 for bf16), so the rounding to
+// the narrow type can never produce 1.
+TANDEM_HOST_DEVICE inline float uniform_f16(uint32_t x) { return static_cast<float>(x >> 21) * 0x1.0p-11f; }
+TANDEM_HOST_DEVICE inline float uniform_bf16(uint32_t x) { return static_cast<float>(x >> 24) * 0x1.0p-8f; }
+
+struct NormalPair {
+  double z0, z1;
+};
+// Box-Muller from two uniforms in [0, 1): u1 is flipped into (0, 1] so log never sees 0. Done in
+// double for every dtype so f32 results are correctly rounded on both devices.
+TANDEM_HOST_DEVICE inline NormalPair box_muller(double u1, double u2) {
+  constexpr double kTwoPi = 6.283185307179586476925286766559;
+  double r = std::sqrt(-2.0 * std::log(1.0 - u1));
+  double theta = kTwoPi * u2;
+  return {r * std::cos(theta), r * std::sin(theta)};
+}
+
+// Normal number k (0..3) of a block, for the one-word-per-element layout.
+TANDEM_HOST_DEVICE inline double normal_from_block(const philox::Counter& b, int k) {
+  int pair = k >> 1;
+  double u1 = uniform_f32(b.w[2 * pair]);
+  double u2 = uniform_f32(b.w[2 * pair + 1]);
+  NormalPair p = box_muller(u1, u2);
+  return (k & 1) ? p.z1 : p.z0;
+}
+// Normal number k (0..1) of a block, for the two-words-per-element (f64) layout.
+TANDEM_HOST_DEVICE inline double normal_f64_from_block(const philox::Counter& b, int k) {
+  NormalPair p = box_muller(uniform_f64(b.w[0], b.w[1]), uniform_f64(b.w[2], b.w[3]));
+  return k ? p.z1 : p.z0;
+}
+
+}  // namespace rng
+
+namespace raw {
+// Fill `t` (any strides, no overlapping elements) in logical order; no autograd checks (the
+// public in-place ops in autograd/random_inplace.cpp make them).
+void fill_uniform(const Tensor& t, double lo, double hi, const char* op);
+void fill_normal(const Tensor& t, double mean, double std, const char* op);
+void fill_randint(const Tensor& t, int64_t low, int64_t high, const char* op);
+}  // namespace raw
+
+}  // namespace tandem

@@ -1,0 +1,102 @@
+// Reductions (sum, mean, max/min, arg*, var/std, logsumexp, norm): forward kernels and the raw
+// backward kernels their autograd rules use. No autograd here; autograd/reduce_grad.cpp wires
+// these into the public ops of autograd/ops.h.
+//
+// Every reduction is planned the same way: the kept dims become an "outer" loop (one output
+// element each, in the output's contiguous order) and the reduced dims are coalesced into as
+// few strided dims as possible. When they coalesce to one dim (the usual case: last dim, all
+// elements of a contiguous tensor, any adjacent block) each output reads one strided slice in
+// place; otherwise the slice is gathered into a small buffer first.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace tandem::detail {
+
+// Pairwise summation over load(begin .. begin+n): error grows with log(n) instead of n. The
+// base case keeps 8 independent partial sums so the compiler can vectorise it.
+template <class Acc, class Load>
+Acc pairwise_sum(int64_t begin, int64_t n, const Load& load) {
+  constexpr int64_t kBase = 128;
+  if (n <= kBase) {
+    Acc s[8] = {};
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+      for (int k = 0; k < 8; ++k) s[k] += load(begin + i + k);
+    Acc rest = Acc(0);
+    for (; i < n; ++i) rest += load(begin + i);
+    return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7])) + rest;
+  }
+  int64_t half = (n / 2 + 7) & ~int64_t(7);
+  return pairwise_sum<Acc>(begin, half, load) + pairwise_sum<Acc>(begin + half, n - half, load);
+}
+
+struct ReducePlan {
+  std::vector<bool> reduced;  // per input dim
+  Shape out_shape;            // the result's shape (keepdim applied)
+  Shape keep_shape;           // input rank, 1 at reduced dims
+  int64_t count = 1;          // elements reduced into each output
+  int64_t out_numel = 1;
+  bool keepdim = false;
+  Shape outer_sizes;          // kept dims of size > 1, outermost first
+  Strides outer_strides;      // their input strides (elements)
+  Shape inner_sizes;          // reduced dims of size > 1, coalesced, outermost first
+  Strides inner_strides;
+};
+
+// Wraps and validates `dims` ("[op] dim 1 appears more than once in dims [1, -1]"); an empty
+// list reduces every dim, as in PyTorch.
+ReducePlan plan_reduction(const Tensor& a, const Shape& dims, bool keepdim, const char* op);
+ReducePlan plan_full_reduction(const Tensor& a, const char* op);
+// The same reduction (dims, keepdim) planned for another tensor of the same shape.
+ReducePlan replan(const Tensor& t, const ReducePlan& like);
+
+// Throws "[op] tensor on cuda:0 ..." for tensors without a CPU kernel here.
+void require_cpu(const Tensor& t, const char* op);
+// A contiguous copy (the tensor itself when already contiguous).
+Tensor materialize(const Tensor& t, const char* op);
+// A copy converted to `dtype` (contiguous).
+Tensor convert(const Tensor& t, Dtype dtype, const char* op);
+// `r` (the result of a reduction planned by `plan`) viewed with the input's rank: reduced dims
+// become size-1 dims, so for_each_run over the input shape broadcasts it.
+Tensor keepdim_view(const Tensor& r, const ReducePlan& plan);
+
+// Result dtype of sum: i64 for integers and bool, the input dtype for floats.
+Dtype sum_dtype(Dtype in);
+
+// ---- forward kernels ----
+Tensor sum_kernel(const Tensor& a, const ReducePlan& plan);
+Tensor mean_kernel(const Tensor& a, const ReducePlan& plan);  // floating inputs only
+// Sums `g` down to `shape` (which g broadcasts from): the reduction of broadcast gradients.
+Tensor sum_to_shape(const Tensor& g, const Shape& shape, const char* op);
+enum class Extreme { max, min };
+// amax/amin: NaN propagates. Throws for empty reductions.
+Tensor extreme_kernel(const Tensor& a, const ReducePlan& plan, Extreme which, const char* op);
+// Values and i64 indices (first occurrence; a NaN wins) of the extreme over the plan's
+// reduced dims, indices counted in the row-major order of those dims.
+std::pair<Tensor, Tensor> extreme_with_index_kernel(const Tensor& a, const ReducePlan& plan, Extreme which,
+                                                    bool want_values, const char* op);
+Tensor var_kernel(const Tensor& a, const ReducePlan& plan, int64_t correction, bool take_sqrt);
+Tensor logsumexp_kernel(const Tensor& a, const ReducePlan& plan);
+Tensor norm_kernel(const Tensor& a, const ReducePlan& plan);
+
+// ---- backward kernels (all return a fresh contiguous tensor of a's shape) ----
+// g (shaped like the reduction's result) broadcast back over the reduced dims, times scale.
+Tensor expand_grad(const Tensor& g, const ReducePlan& plan, const Shape& in_shape, double scale);
+// amax/amin/full max/min: g split evenly among the elements equal to the result.
+Tensor extreme_grad(const Tensor& g, const Tensor& a, const Tensor& result, const ReducePlan& plan);
+// max/min over one dim: g placed at the saved indices, zero elsewhere.
+Tensor index_grad(const Tensor& g, const Tensor& indices, const ReducePlan& plan, const Shape& in_shape,
+                  int64_t dim);
+// var: g * 2 (x - mean) / (N - c); std: g (x - mean) / ((N - c) std).
+Tensor var_grad(const Tensor& g, const Tensor& a, const Tensor& result, const ReducePlan& plan, int64_t correction,
+                bool is_std);
+// logsumexp: g * exp(x - result).
+Tensor logsumexp_grad(const Tensor& g, const Tensor& a, const Tensor& result, const ReducePlan& plan);
+// norm: g * x / norm (zero where the norm is zero, the subgradient PyTorch picks).
+Tensor norm_grad(const Tensor& g, const Tensor& a, const Tensor& result, const ReducePlan& plan);
+
+}  // namespace tandem::detail

@@ -1,0 +1,233 @@
+// Philox known answers, the (seed, offset, index) layout, determinism, distributions, errors.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <thread>
+
+#include "core/philox.h"
+#include "core/random.h"
+#include "tandem.h"
+
+using namespace tandem;
+
+namespace {
+struct Moments {
+  double mean, var;
+};
+Moments moments(const Tensor& t) {
+  auto v = t.to_vector<double>();
+  double s = 0, s2 = 0;
+  for (double x : v) s += x;
+  double mean = s / v.size();
+  for (double x : v) s2 += (x - mean) * (x - mean);
+  return {mean, s2 / (v.size() - 1)};
+}
+void require_block(philox::Counter c, philox::Key k, std::array<uint32_t, 4> expected) {
+  philox::Counter r = philox::philox4x32_10(c, k);
+  for (int i = 0; i < 4; ++i) {
+    INFO("word " << i);
+    REQUIRE(r.w[i] == expected[i]);
+  }
+}
+}  // namespace
+
+TEST_CASE("Philox-4x32-10 matches the Random123 known-answer vectors", "[random]") {
+  require_block({{0, 0, 0, 0}}, {{0, 0}}, {0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8});
+  require_block({{0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff}}, {{0xffffffff, 0xffffffff}},
+                {0x408f276d, 0x41c83b0e, 0xa20bc7c6, 0x6d5451fd});
+  require_block({{0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344}}, {{0xa4093822, 0x299f31d0}},
+                {0xd16cfe09, 0x94fdcceb, 0x5001e420, 0x24126ea1});
+}
+
+TEST_CASE("rand values are pinned to Philox blocks of (seed, offset + i / 4)", "[random]") {
+  manual_seed(0);
+  Tensor r = rand({5});
+  auto v = r.to_vector<float>();
+  // Block 0 under key 0 is the first known-answer vector.
+  const uint32_t b0[4] = {0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8};
+  for (int i = 0; i < 4; ++i) REQUIRE(v[i] == static_cast<float>(b0[i] >> 8) * 0x1.0p-24f);
+  REQUIRE(v[4] == rng::uniform_f32(philox::block(0, 1).w[0]));
+  REQUIRE(get_rng_state().offset == 2);  // ceil(5 / 4) blocks consumed
+
+  manual_seed(0);
+  double d0 = rand({1}, f64).item<double>();
+  uint64_t bits = (static_cast<uint64_t>(0xe169c58du) << 32 | 0x6627e8d5u) >> 11;
+  REQUIRE(d0 == static_cast<double>(bits) * 0x1.0p-53);
+  REQUIRE(get_rng_state().offset == 1);
+}
+
+TEST_CASE("manual_seed makes every random op reproducible", "[random]") {
+  for (Dtype dt : {f32, f64, f16, bf16}) {
+    INFO(dtype_name(dt));
+    manual_seed(1234);
+    Tensor a = rand({3, 7}, dt), b = randn({11}, dt);
+    manual_seed(1234);
+    Tensor c = rand({3, 7}, dt), d = randn({11}, dt);
+    REQUIRE(equal(a, c));
+    REQUIRE(equal(b, d));
+    REQUIRE_FALSE(equal(a, rand({3, 7}, dt)));  // the stream moved on
+  }
+  manual_seed(9);
+  Tensor i1 = randint(0, 100, {50});
+  manual_seed(9);
+  REQUIRE(equal(i1, randint(0, 100, {50})));
+}
+
+TEST_CASE("element i depends only on seed, offset and i", "[random]") {
+  manual_seed(77);
+  auto flat = rand({12}).to_vector<float>();
+  manual_seed(77);
+  REQUIRE(rand({3, 4}).to_vector<float>() == flat);
+  manual_seed(77);
+  auto first = rand({6}).to_vector<float>();
+  REQUIRE(std::vector<float>(flat.begin(), flat.begin() + 6) == first);
+
+  // A strided destination is filled in logical order, like a contiguous one of its shape.
+  manual_seed(5);
+  Tensor t = zeros({4, 6}).t();
+  REQUIRE_FALSE(t.is_contiguous());
+  {
+    NoGradGuard ng;
+    t.uniform_();
+  }
+  manual_seed(5);
+  REQUIRE(equal(t, rand({6, 4})));
+  manual_seed(5);
+  Tensor n = zeros({4, 6}).t();
+  n.normal_(2, 3);
+  manual_seed(5);
+  auto z = randn({6, 4}).to_vector<float>();
+  auto nv = n.to_vector<float>();
+  for (size_t i = 0; i < z.size(); ++i) REQUIRE(nv[i] == Approx(2.0f + 3.0f * z[i]).epsilon(1e-6));
+}
+
+TEST_CASE("different seeds give different streams", "[random]") {
+  manual_seed(1);
+  Tensor a = rand({64});
+  manual_seed(2);
+  Tensor b = rand({64});
+  auto va = a.to_vector<float>(), vb = b.to_vector<float>();
+  int same = 0;
+  for (size_t i = 0; i < va.size(); ++i) same += va[i] == vb[i];
+  REQUIRE(same < 2);
+}
+
+TEST_CASE("the generator is per thread", "[random]") {
+  manual_seed(3);
+  auto expected = rand({8}).to_vector<float>();
+  manual_seed(3);
+  std::vector<float> other;
+  std::thread th([&] {
+    manual_seed(99);
+    other = rand({8}).to_vector<float>();
+  });
+  th.join();
+  REQUIRE(rand({8}).to_vector<float>() == expected);  // the other thread did not move ours
+  REQUIRE(other != expected);
+}
+
+TEST_CASE("uniform and normal moments over 1e6 samples", "[random]") {
+  manual_seed(2024);
+  for (Dtype dt : {f32, f64}) {
+    INFO(dtype_name(dt));
+    Tensor u = rand({1000000}, dt);
+    auto vu = u.to_vector<double>();
+    REQUIRE(*std::min_element(vu.begin(), vu.end()) >= 0.0);
+    REQUIRE(*std::max_element(vu.begin(), vu.end()) < 1.0);
+    Moments mu = moments(u);
+    REQUIRE(mu.mean == Approx(0.5).margin(2e-3));
+    REQUIRE(mu.var == Approx(1.0 / 12).margin(1e-3));
+
+    Tensor n = randn({1000000}, dt);
+    Moments mn = moments(n);
+    REQUIRE(mn.mean == Approx(0.0).margin(5e-3));
+    REQUIRE(std::sqrt(mn.var) == Approx(1.0).margin(5e-3));
+    auto vn = n.to_vector<double>();
+    double tail = 0;
+    for (double x : vn) tail += std::abs(x) > 2.0;
+    REQUIRE(tail / vn.size() == Approx(0.0455).margin(2e-3));  // P(|z| > 2)
+  }
+  Tensor x = zeros({1000000}, f64);
+  x.uniform_(-2, 6);
+  Moments m = moments(x);
+  REQUIRE(m.mean == Approx(2.0).margin(0.02));
+  REQUIRE(m.var == Approx(64.0 / 12).margin(0.05));
+  x.normal_(10, 0.5);
+  m = moments(x);
+  REQUIRE(m.mean == Approx(10.0).margin(3e-3));
+  REQUIRE(std::sqrt(m.var) == Approx(0.5).margin(3e-3));
+}
+
+TEST_CASE("2-byte floats: rand stays below 1 and randn is sane", "[random]") {
+  manual_seed(11);
+  for (Dtype dt : {f16, bf16}) {
+    INFO(dtype_name(dt));
+    auto v = rand({100000}, dt).to_vector<double>();
+    REQUIRE(*std::max_element(v.begin(), v.end()) < 1.0);
+    REQUIRE(*std::min_element(v.begin(), v.end()) >= 0.0);
+    Moments m = moments(randn({100000}, dt));
+    REQUIRE(m.mean == Approx(0.0).margin(0.02));
+    REQUIRE(std::sqrt(m.var) == Approx(1.0).margin(0.02));
+  }
+}
+
+TEST_CASE("randint stays in [low, high) and covers it", "[random]") {
+  manual_seed(8);
+  Tensor r = randint(-3, 5, {20000});
+  REQUIRE(r.dtype() == i64);
+  auto v = r.to_vector<int64_t>();
+  std::vector<int> hits(8, 0);
+  for (int64_t x : v) {
+    REQUIRE(x >= -3);
+    REQUIRE(x < 5);
+    ++hits[x + 3];
+  }
+  for (int h : hits) REQUIRE(h > 2000);  // each of 8 values expects 2500
+
+  auto v32 = randint(0, 10, {1000}, i32).to_vector<int32_t>();
+  for (int32_t x : v32) REQUIRE((x >= 0 && x < 10));
+
+  // A range beyond 32 bits draws 64-bit words.
+  const int64_t big = int64_t{1} << 40;
+  auto vb = randint(0, big, {1000}).to_vector<int64_t>();
+  int above32 = 0;
+  for (int64_t x : vb) {
+    REQUIRE((x >= 0 && x < big));
+    above32 += x > (int64_t{1} << 32);
+  }
+  REQUIRE(above32 > 900);
+
+  auto vf = randint(2, 4, {100}, f32).to_vector<float>();
+  for (float x : vf) REQUIRE((x == 2.0f || x == 3.0f));
+}
+
+TEST_CASE("random ops reject bad arguments", "[random]") {
+  REQUIRE_THROWS_WITH(rand({2}, i64), Catch::Contains("[rand]") && Catch::Contains("floating"));
+  REQUIRE_THROWS_WITH(randn({2}, i32), Catch::Contains("[randn]") && Catch::Contains("i32"));
+  REQUIRE_THROWS_WITH(randint(5, 5, {2}), Catch::Contains("[randint] high (5) must be greater than low (5)"));
+  REQUIRE_THROWS_WITH(randint(0, int64_t{1} << 33, {2}, i32), Catch::Contains("[randint]") && Catch::Contains("i32"));
+  Tensor z = zeros({3});
+  REQUIRE_THROWS_WITH(z.uniform_(2, 1), Catch::Contains("[uniform_]"));
+  REQUIRE_THROWS_WITH(z.normal_(0, -1), Catch::Contains("[normal_]") && Catch::Contains("std"));
+  REQUIRE_THROWS_WITH(zeros({3}, i64).uniform_(), Catch::Contains("[uniform_]") && Catch::Contains("i64"));
+  Tensor e = zeros({1, 3}).expand({4, 3});
+  REQUIRE_THROWS_WITH(e.normal_(), Catch::Contains("[normal_]") && Catch::Contains("same memory location"));
+  REQUIRE_THROWS_WITH(rand({2}, Device::cuda()), Catch::Contains("[rand]") && Catch::Contains("CUDA"));
+}
+
+TEST_CASE("in-place random fills respect autograd and bump the version", "[random]") {
+  Tensor w = zeros({4}, f64);
+  w.requires_grad_();
+  REQUIRE_THROWS_WITH(w.uniform_(), Catch::Contains("[uniform_]") && Catch::Contains("leaf"));
+  REQUIRE_THROWS_WITH(w.normal_(), Catch::Contains("[normal_]"));
+  uint64_t v0 = w.version();
+  {
+    NoGradGuard ng;
+    w.uniform_(-1, 1);
+  }
+  REQUIRE(w.version() == v0 + 1);
+  for (double x : w.to_vector<double>()) REQUIRE((x >= -1 && x < 1));
+  Tensor r = rand({3}, TensorOptions(f64).with_requires_grad());
+  REQUIRE(r.requires_grad());
+  REQUIRE(r.is_leaf());
+}
