@@ -32,7 +32,6 @@ void finish_custom_function(const std::shared_ptr<CustomNode>& node, const Tenso
                             bool any_grad) {
   if (!any_grad) return;
   node->ctx.node_ = node.get();
-  node->next_edges = collect_edges(inputs);
   for (const Edge& e : node->next_edges) node->ctx.needs_.push_back(e.valid());
   // Outputs that alias an input would get a new history while the input keeps its own;
   // make them distinct tensors first.

@@ -66,9 +66,12 @@ struct Function {
     TensorList inputs;
     (collect(inputs, args), ...);
     bool any_grad = any_requires_grad(inputs);
+    // Edges before the node: a leaf's AccumulateGrad created here must precede it in tape order.
+    std::vector<Edge> edges = any_grad ? collect_edges(inputs) : std::vector<Edge>{};
     auto node = std::make_shared<CustomNode>(typeid(Derived).name(), [](AutogradContext& c, const TensorList& g) {
       return Derived::backward(c, g);
     });
+    node->next_edges = std::move(edges);
     using Out = decltype(Derived::forward(node->ctx, std::forward<Args>(args)...));
     Out out;
     {

@@ -116,9 +116,13 @@ namespace {
 template <class Inputs, class Outputs>
 void record_impl(const char* name, const Inputs& inputs, size_t n_in, const Outputs& set_outputs,
                  BackwardFn backward, TensorList&& saved_inputs, TensorList&& saved_outputs) {
+  // Edges first: gradient_edge may create a leaf's AccumulateGrad, which must get a smaller
+  // sequence number than this node so that it runs after it.
+  std::vector<Edge> edges;
+  edges.reserve(n_in);
+  for (const auto& in : inputs) edges.push_back(gradient_edge(in));
   auto node = std::make_shared<FunctionNode>(name, std::move(backward));
-  node->next_edges.reserve(n_in);
-  for (const auto& in : inputs) node->next_edges.push_back(gradient_edge(in));
+  node->next_edges = std::move(edges);
   node->saved.reserve(saved_inputs.size() + saved_outputs.size());
   for (auto& t : saved_inputs) node->saved.emplace_back(t, false);
   set_outputs(node);

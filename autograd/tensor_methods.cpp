@@ -3,10 +3,23 @@
 #include "autograd/engine.h"
 #include "autograd/hooks.h"
 #include "autograd/ops.h"
+#include "core/print.h"
 
 namespace tandem {
 
 using namespace autograd;
+
+namespace {
+// Printing shows autograd state as PyTorch does: grad_fn=<Name> or requires_grad=True.
+std::vector<std::string> autograd_suffixes(const Tensor& t) {
+  auto* m = meta(t);
+  if (!m) return {};
+  if (m->grad_fn) return {fmt::format("grad_fn=<{}>", m->grad_fn->name())};
+  if (m->requires_grad) return {"requires_grad=True"};
+  return {};
+}
+const bool suffixes_registered = (set_str_suffix_provider(&autograd_suffixes), true);
+}  // namespace
 
 bool Tensor::requires_grad() const { return autograd::requires_grad(*this); }
 

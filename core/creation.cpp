@@ -98,7 +98,7 @@ Tensor arange(const Scalar& start, const Scalar& end, const Scalar& step, Tensor
                a, b, s);
   TANDEM_CHECK(opts.dtype != boolean, "[arange] dtype bool is not supported");
   const bool integral = start.integral && end.integral && step.integral;
-  // Integral bounds: exact integer length and values (doubles would round beyond 2^53).
+  // Integral bounds: integer length and values, no accumulated floating error.
   int64_t n;
   if (integral) {
     auto ia = static_cast<int64_t>(a), ib = static_cast<int64_t>(b), is = static_cast<int64_t>(s);
@@ -133,7 +133,7 @@ Tensor linspace(double start, double end, int64_t steps, TensorOptions opts) {
   const double step = steps > 1 ? (end - start) / static_cast<double>(steps - 1) : 0.0;
   // Like PyTorch: the first half counts up from start, the second half down from end, so both
   // endpoints come out exact.
-  const int64_t half = steps / 2;
+  const int64_t half = steps == 1 ? 1 : steps / 2;
   TANDEM_DISPATCH_NUMERIC(t.dtype(), "linspace", [&] {
     scalar_t* p = static_cast<scalar_t*>(t.data_ptr());
     for (int64_t i = 0; i < steps; ++i) {

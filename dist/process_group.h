@@ -1,0 +1,140 @@
+// ProcessGroup: the communication interface the rest of dist (and users) talk to, and Work, the
+// handle of one asynchronous collective.
+//
+// Every collective is issued by the caller, gets the group's next sequence number, and runs on
+// the group's communication thread in issue order; the caller gets a Work at once. Tensors handed
+// to a collective must not be touched until its Work completes. All ranks of a group must issue
+// the same collectives in the same order with matching dtypes and shapes (TANDEM_DIST_DEBUG=detail
+// checks this); a collective that does not complete within the group's timeout fails, naming the
+// collective, its sequence number and the ranks that did not arrive (where the backend knows).
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace tandem::dist {
+
+using Milliseconds = std::chrono::milliseconds;
+
+// avg divides the sum by the group size (floating dtypes only). On bool, sum/max are logical or
+// and product/min logical and.
+enum class ReduceOp : uint8_t { sum, avg, min, max, product };
+std::string_view reduce_op_name(ReduceOp op);
+
+class Work;
+using WorkPtr = std::shared_ptr<Work>;
+
+// The handle of one asynchronous operation: completes with result tensors or fails with an
+// exception, which wait() rethrows. Continuations added with then() run once it completes (on the
+// thread that completes it, usually the communication thread, or at once if already complete).
+class Work : public std::enable_shared_from_this<Work> {
+ public:
+  explicit Work(std::string description);
+  Work(const Work&) = delete;
+  Work& operator=(const Work&) = delete;
+
+  // A Work that is already complete with `result` (e.g. for a comm hook that skips communication).
+  static WorkPtr completed(TensorList result, std::string description = "completed");
+
+  // Blocks until complete and rethrows its error. The collective's own timeout bounds the wait.
+  void wait() const;
+  // As wait(), but throws "[dist] wait on <op> timed out after <t> ms" when not complete in time
+  // (the operation itself keeps running).
+  void wait(Milliseconds timeout) const;
+  bool is_completed() const;
+  bool is_success() const;  // completed without error
+  std::exception_ptr exception() const;  // null while running or on success
+  // The result tensors (the output tensors of the collective); waits first.
+  const TensorList& result() const;
+  const std::string& description() const { return description_; }
+
+  // A Work completed with fn(*this)'s return value once this completes successfully. If this fails
+  // or fn throws, the returned Work fails with that error.
+  WorkPtr then(std::function<TensorList(Work&)> fn);
+
+  // Completion, by whoever runs the operation. Exactly one of the two, once.
+  void mark_completed(TensorList result);
+  void mark_failed(std::exception_ptr error);
+
+ private:
+  void finish(TensorList result, std::exception_ptr error);
+
+  std::string description_;
+  mutable std::mutex mutex_;
+  mutable std::condition_variable cv_;
+  bool done_ = false;
+  std::exception_ptr error_;
+  TensorList result_;
+  std::vector<std::function<void()>> continuations_;
+};
+
+struct AllToAllSplits {
+  std::vector<int64_t> output;  // rows (dim 0) received from each rank; empty = equal split
+  std::vector<int64_t> input;   // rows sent to each rank; empty = equal split
+};
+
+// The communication interface. Issue methods validate their arguments at once (throwing
+// "[allreduce] ..." etc. without consuming a sequence number) and return a Work.
+class ProcessGroup {
+ public:
+  virtual ~ProcessGroup() = default;
+
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual std::string_view backend() const = 0;  // "threads", "mpi"
+  virtual std::string name() const = 0;           // "world", "world/1", ...
+
+  // The time a collective may take before it fails (and, where it cannot be cancelled, breaks the
+  // group). Default 300 s, or TANDEM_DIST_TIMEOUT (seconds) at group creation.
+  virtual void set_timeout(Milliseconds timeout) = 0;
+  virtual Milliseconds timeout() const = 0;
+  // Cross-rank fingerprint checks of every collective (op, sequence number, dtype, shapes);
+  // on by default when TANDEM_DIST_DEBUG=detail. Must be set the same way on every rank.
+  virtual void set_debug_checks(bool on) = 0;
+  virtual bool debug_checks() const = 0;
+  // A broken group (after a collective timed out and could not be cancelled) fails every later
+  // operation at once with the reason.
+  virtual bool is_broken() const = 0;
+
+  // In place: every rank ends with the reduction of all ranks' tensors.
+  virtual WorkPtr allreduce(const Tensor& tensor, ReduceOp op = ReduceOp::sum) = 0;
+  // In place on each tensor of the list (one dtype), as one operation.
+  virtual WorkPtr allreduce_coalesced(const TensorList& tensors, ReduceOp op = ReduceOp::sum) = 0;
+  // In place: every rank ends with root's tensor.
+  virtual WorkPtr broadcast(const Tensor& tensor, int root = 0) = 0;
+  // outputs[i] (one per rank, each shaped like input) gets rank i's input.
+  virtual WorkPtr allgather(const TensorList& outputs, const Tensor& input) = 0;
+  // output (size() * input.numel() elements) gets the inputs concatenated in rank order.
+  virtual WorkPtr allgather_into(const Tensor& output, const Tensor& input) = 0;
+  // output gets the reduction over ranks of inputs[rank()] (one input per rank, shaped like output).
+  virtual WorkPtr reduce_scatter(const Tensor& output, const TensorList& inputs, ReduceOp op = ReduceOp::sum) = 0;
+  // output gets the reduction of chunk rank() of input (size() * output.numel() elements).
+  virtual WorkPtr reduce_scatter_tensor(const Tensor& output, const Tensor& input, ReduceOp op = ReduceOp::sum) = 0;
+  // Splits input along dim 0 and sends part i to rank i; output receives rank i's part at
+  // position i. Equal splits need dim 0 divisible by size(); uneven ones list rows per rank.
+  virtual WorkPtr all_to_all(const Tensor& output, const Tensor& input, const AllToAllSplits& splits = {}) = 0;
+  virtual WorkPtr barrier() = 0;
+  // Point to point (in issue order with the collectives; not fingerprinted). The receiver's
+  // tensor must match the sender's dtype and element count.
+  virtual WorkPtr send(const Tensor& tensor, int dst, int tag = 0) = 0;
+  virtual WorkPtr recv(const Tensor& tensor, int src, int tag = 0) = 0;
+
+  // A sub-group of the listed ranks of this group (in that order: ranks[i] becomes rank i).
+  // Collective over this group: every rank calls it with the same list; ranks not in the list get
+  // nullptr. Blocks until the group exists.
+  virtual std::shared_ptr<ProcessGroup> new_group(const std::vector<int>& ranks) = 0;
+};
+
+using ProcessGroupPtr = std::shared_ptr<ProcessGroup>;
+
+}  // namespace tandem::dist

@@ -1,0 +1,142 @@
+// The part every backend shares: argument validation, sequence numbers, fingerprints, the
+// communication thread that runs operations in issue order, and the broken state.
+//
+// A backend derives from QueuedGroup and implements execute(), which runs one operation on the
+// communication thread (with its deadline) and either returns or throws. A TimeoutError marks the
+// group broken unless the backend says the group survived it.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "dist/process_group.h"
+
+namespace tandem::dist {
+
+enum class OpKind : uint8_t {
+  allreduce,
+  allreduce_coalesced,
+  broadcast,
+  allgather,       // list output
+  allgather_into,  // flat output
+  reduce_scatter,  // list input
+  reduce_scatter_tensor,
+  all_to_all,
+  barrier,
+  send,
+  recv,
+  new_group,
+};
+std::string_view op_kind_name(OpKind k);
+
+using Clock = std::chrono::steady_clock;
+
+// One operation as issued. Inputs/outputs are CPU tensors (staging of device tensors happens
+// before execute sees them).
+struct Op {
+  OpKind kind = OpKind::barrier;
+  uint64_t seq = 0;  // collective sequence number, or p2p number for send/recv
+  ReduceOp reduce = ReduceOp::sum;
+  int root = 0;      // broadcast root, send dst, recv src
+  int tag = 0;
+  TensorList inputs;   // allreduce*: the tensors (in place); broadcast: the tensor; ...
+  TensorList outputs;  // allgather*, reduce_scatter*, all_to_all: the outputs
+  std::vector<int64_t> out_splits, in_splits;  // all_to_all rows per rank (filled in for equal)
+  std::vector<int> ranks;                       // new_group
+  std::string fingerprint;                      // what this rank called, comparable across ranks
+  Clock::time_point deadline;
+  Milliseconds timeout{0};
+  ProcessGroupPtr created;  // new_group result
+  WorkPtr work;
+};
+
+// Thrown by execute() when an operation missed its deadline. `group_survives` is true when the
+// backend could cancel everything (e.g. a receive), so the group stays usable.
+class TimeoutError : public Error {
+ public:
+  TimeoutError(std::string message, bool group_survives)
+      : Error(std::move(message)), group_survives_(group_survives) {}
+  bool group_survives() const { return group_survives_; }
+
+ private:
+  bool group_survives_;
+};
+
+class QueuedGroup : public ProcessGroup {
+ public:
+  QueuedGroup(int rank, int size, std::string name);
+  ~QueuedGroup() override;
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::string name() const override { return name_; }
+  void set_timeout(Milliseconds timeout) override;
+  Milliseconds timeout() const override { return Milliseconds(timeout_ms_.load()); }
+  void set_debug_checks(bool on) override { debug_.store(on); }
+  bool debug_checks() const override { return debug_.load(); }
+  bool is_broken() const override;
+
+  WorkPtr allreduce(const Tensor& tensor, ReduceOp op) override;
+  WorkPtr allreduce_coalesced(const TensorList& tensors, ReduceOp op) override;
+  WorkPtr broadcast(const Tensor& tensor, int root) override;
+  WorkPtr allgather(const TensorList& outputs, const Tensor& input) override;
+  WorkPtr allgather_into(const Tensor& output, const Tensor& input) override;
+  WorkPtr reduce_scatter(const Tensor& output, const TensorList& inputs, ReduceOp op) override;
+  WorkPtr reduce_scatter_tensor(const Tensor& output, const Tensor& input, ReduceOp op) override;
+  WorkPtr all_to_all(const Tensor& output, const Tensor& input, const AllToAllSplits& splits) override;
+  WorkPtr barrier() override;
+  WorkPtr send(const Tensor& tensor, int dst, int tag) override;
+  WorkPtr recv(const Tensor& tensor, int src, int tag) override;
+  ProcessGroupPtr new_group(const std::vector<int>& ranks) override;
+
+  // "allreduce #3 on group world (threads, rank 1 of 4)"
+  std::string describe(const Op& op) const;
+  // The mismatch error every rank raises when fingerprints differ (fingerprints[i] = rank i's).
+  [[noreturn]] void fail_mismatch(const Op& op, const std::vector<std::string>& fingerprints) const;
+
+ protected:
+  // Runs `op` on the communication thread; returns when done or throws.
+  virtual void execute(Op& op) = 0;
+  // Backends call this first in their destructor so the thread stops before their state dies.
+  void stop_comm_thread();
+  // Makes the worker run until the queue drains, then stops it (for MPI finalize).
+  bool comm_thread_running() const { return thread_.joinable(); }
+
+ private:
+  WorkPtr issue(Op op, bool collective);
+  void run_loop();
+  void run_one(Op& op);
+
+  int rank_;
+  int size_;
+  std::string name_;
+  std::atomic<int64_t> timeout_ms_;
+  std::atomic<bool> debug_;
+
+  std::mutex issue_mutex_;  // sequence numbers follow queue order
+  uint64_t next_seq_ = 0;
+  uint64_t next_p2p_ = 0;
+
+  mutable std::mutex queue_mutex_;
+  std::condition_variable queue_cv_;
+  std::deque<Op> queue_;
+  bool stopping_ = false;
+  std::string broken_reason_;  // non-empty once broken
+  std::thread thread_;
+  std::thread::id thread_id_;
+};
+
+// Rows per rank of an equal all_to_all split, validated.
+std::vector<int64_t> equal_splits(int64_t rows, int size, const char* what);
+
+// The process-wide defaults read from the environment.
+Milliseconds default_timeout();
+bool default_debug_checks();
+
+}  // namespace tandem::dist

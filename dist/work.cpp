@@ -1,0 +1,118 @@
+#include "dist/process_group.h"
+
+#include "dist/comm_thread.h"
+
+namespace tandem::dist {
+
+std::string_view reduce_op_name(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::sum: return "sum";
+    case ReduceOp::avg: return "avg";
+    case ReduceOp::min: return "min";
+    case ReduceOp::max: return "max";
+    case ReduceOp::product: return "product";
+  }
+  return "?";
+}
+
+Work::Work(std::string description) : description_(std::move(description)) {}
+
+WorkPtr Work::completed(TensorList result, std::string description) {
+  auto w = std::make_shared<Work>(std::move(description));
+  w->mark_completed(std::move(result));
+  return w;
+}
+
+void Work::wait() const {
+  std::unique_lock lock(mutex_);
+  if (!done_) {
+    // A continuation or hook running on a communication thread that waits for work queued behind
+    // it would wait for itself.
+    TANDEM_CHECK(!on_comm_thread(), "[dist] wait on {} from a communication thread (inside a continuation) would "
+                 "deadlock; chain it with then() instead", description_);
+    cv_.wait(lock, [&] { return done_; });
+  }
+  if (error_) std::rethrow_exception(error_);
+}
+
+void Work::wait(Milliseconds timeout) const {
+  std::unique_lock lock(mutex_);
+  if (!done_) {
+    TANDEM_CHECK(!on_comm_thread(), "[dist] wait on {} from a communication thread (inside a continuation) would "
+                 "deadlock; chain it with then() instead", description_);
+    if (!cv_.wait_for(lock, timeout, [&] { return done_; })) {
+      fail("[dist] wait on {} timed out after {} ms (the operation is still running)", description_, timeout.count());
+    }
+  }
+  if (error_) std::rethrow_exception(error_);
+}
+
+bool Work::is_completed() const {
+  std::lock_guard lock(mutex_);
+  return done_;
+}
+
+bool Work::is_success() const {
+  std::lock_guard lock(mutex_);
+  return done_ && !error_;
+}
+
+std::exception_ptr Work::exception() const {
+  std::lock_guard lock(mutex_);
+  return error_;
+}
+
+const TensorList& Work::result() const {
+  wait();
+  return result_;  // immutable once done
+}
+
+WorkPtr Work::then(std::function<TensorList(Work&)> fn) {
+  TANDEM_CHECK(fn != nullptr, "[dist] then() on {} needs a function", description_);
+  auto next = std::make_shared<Work>(description_ + " (then)");
+  auto self = shared_from_this();
+  auto run = [self, next, fn = std::move(fn)] {
+    if (self->error_) {
+      next->mark_failed(self->error_);
+      return;
+    }
+    try {
+      next->mark_completed(fn(*self));
+    } catch (...) {
+      next->mark_failed(std::current_exception());
+    }
+  };
+  {
+    std::lock_guard lock(mutex_);
+    if (!done_) {
+      continuations_.push_back(std::move(run));
+      return next;
+    }
+  }
+  run();
+  return next;
+}
+
+void Work::mark_completed(TensorList result) { finish(std::move(result), nullptr); }
+
+void Work::mark_failed(std::exception_ptr error) {
+  TANDEM_CHECK(error != nullptr, "[dist] mark_failed on {} needs an exception", description_);
+  finish({}, std::move(error));
+}
+
+void Work::finish(TensorList result, std::exception_ptr error) {
+  std::vector<std::function<void()>> continuations;
+  {
+    std::lock_guard lock(mutex_);
+    TANDEM_CHECK(!done_, "[dist] {} completed twice", description_);
+    result_ = std::move(result);
+    error_ = std::move(error);
+    done_ = true;
+    continuations.swap(continuations_);
+  }
+  cv_.notify_all();
+  // Outside the lock: a continuation may call then() or is_completed() on this Work.
+  for (auto& c : continuations) c();
+}
+
+}  // namespace tandem::dist

@@ -1,0 +1,327 @@
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <limits>
+#include <numeric>
+
+#include "tandem.h"
+
+using namespace tandem;
+using Catch::Contains;
+
+namespace {
+
+std::vector<double> vals(const Tensor& t) { return t.to_vector<double>(); }
+
+void require_close(const std::vector<double>& got, const std::vector<double>& want, double tol = 1e-12) {
+  REQUIRE(got.size() == want.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    INFO("element " << i << ": got " << got[i] << ", want " << want[i]);
+    if (std::isnan(want[i])) {
+      REQUIRE(std::isnan(got[i]));
+    } else {
+      REQUIRE(std::abs(got[i] - want[i]) <= tol * (1 + std::abs(want[i])));
+    }
+  }
+}
+
+// For every element of a row-major tensor of `shape`, the row-major index of its output when
+// the dims flagged in `reduced` are reduced.
+std::vector<int64_t> output_index(const Shape& shape, const std::vector<bool>& reduced) {
+  int64_t n = numel_of(shape);
+  std::vector<int64_t> out(n);
+  for (int64_t flat = 0; flat < n; ++flat) {
+    int64_t rem = flat, o = 0, mul = 1;
+    for (size_t d = shape.size(); d-- > 0;) {
+      int64_t c = rem % shape[d];
+      rem /= shape[d];
+      if (!reduced[d]) {
+        o += c * mul;
+        mul *= shape[d];
+      }
+    }
+    out[flat] = o;
+  }
+  return out;
+}
+
+int64_t out_count(const Shape& shape, const std::vector<bool>& reduced) {
+  int64_t n = 1;
+  for (size_t d = 0; d < shape.size(); ++d)
+    if (!reduced[d]) n *= shape[d];
+  return n;
+}
+
+std::vector<double> naive_sum(const Tensor& a, const std::vector<bool>& red) {
+  auto x = vals(a);
+  auto idx = output_index(a.shape(), red);
+  std::vector<double> out(out_count(a.shape(), red), 0.0);
+  for (size_t i = 0; i < x.size(); ++i) out[idx[i]] += x[i];
+  return out;
+}
+
+std::vector<double> naive_max(const Tensor& a, const std::vector<bool>& red) {
+  auto x = vals(a);
+  auto idx = output_index(a.shape(), red);
+  std::vector<double> out(out_count(a.shape(), red), -std::numeric_limits<double>::infinity());
+  for (size_t i = 0; i < x.size(); ++i) out[idx[i]] = std::max(out[idx[i]], x[i]);
+  return out;
+}
+
+Tensor leaf(const Tensor& t) {
+  t.requires_grad_();
+  return t;
+}
+
+}  // namespace
+
+TEST_CASE("sum: full, over dims, keepdim, negative dims") {
+  Tensor a = from_vector<double>({1, 2, 3, 4, 5, 6}, {2, 3});
+  REQUIRE(sum(a).dim() == 0);
+  REQUIRE(sum(a).item<double>() == 21);
+  Tensor s0 = sum(a, {0});
+  REQUIRE(s0.shape() == Shape{3});
+  require_close(vals(s0), {5, 7, 9});
+  Tensor s1 = sum(a, {-1}, true);
+  REQUIRE(s1.shape() == Shape{2, 1});
+  require_close(vals(s1), {6, 15});
+  REQUIRE(sum(a, {0, 1}).item<double>() == 21);
+  REQUIRE(sum(a, {}).item<double>() == 21);  // an empty dim list reduces everything, like PyTorch
+  REQUIRE(sum(a, {1, 0}, true).shape() == Shape{1, 1});
+  REQUIRE(a.sum({1}).shape() == Shape{2});
+}
+
+TEST_CASE("sum: bad dims are errors naming the op") {
+  Tensor a = zeros({2, 3});
+  REQUIRE_THROWS_WITH(sum(a, {1, -1}), Contains("[sum]") && Contains("more than once"));
+  REQUIRE_THROWS_WITH(sum(a, {2}), Contains("[sum]") && Contains("out of range"));
+  REQUIRE_THROWS_WITH(mean(a, {-3}), Contains("[mean]"));
+  REQUIRE_THROWS_WITH(amax(a, {0, 0}), Contains("[amax]") && Contains("more than once"));
+}
+
+TEST_CASE("sum: integer and bool inputs give i64, mean of integers is an error") {
+  Tensor a = from_vector<int32_t>({1, 2, 3, 2147483647}, {4});
+  Tensor s = sum(a);
+  REQUIRE(s.dtype() == i64);
+  REQUIRE(s.item<int64_t>() == 2147483653LL);  // no i32 overflow
+  Tensor b = from_vector<bool>({true, false, true, true}, {2, 2});
+  Tensor sb = sum(b, {1});
+  REQUIRE(sb.dtype() == i64);
+  REQUIRE(sb.to_vector<int64_t>() == std::vector<int64_t>{1, 2});
+  REQUIRE_THROWS_WITH(mean(a), Contains("[mean]") && Contains("i32"));
+  REQUIRE_THROWS_WITH(var(a), Contains("[var]"));
+}
+
+TEST_CASE("sum: f32 is accurate over many elements, f16 accumulates in f32") {
+  // Naive f32 accumulation of 10^6 copies of 0.1 is off by ~1%; pairwise is within a few ulp.
+  const int64_t n = 1000000;
+  Tensor a = full({n}, 0.1, f32);
+  double want = n * static_cast<double>(0.1f);
+  REQUIRE(std::abs(sum(a).item<double>() - want) / want < 1e-6);
+  REQUIRE(std::abs(mean(a).item<double>() - 0.1f) < 1e-7);
+  // Same over rows of a contiguous 2-D tensor (the last-dim fast path) and over columns.
+  Tensor b = full({4, n / 4}, 0.1, f32);
+  for (double v : vals(sum(b, {1}))) REQUIRE(std::abs(v - want / 4) / (want / 4) < 1e-6);
+  Tensor c = full({n / 4, 4}, 0.1, f32);
+  for (double v : vals(sum(c, {0}))) REQUIRE(std::abs(v - want / 4) / (want / 4) < 1e-6);
+  // f16 counting to 4096 stalls at 2048 when accumulated in f16.
+  Tensor h = ones({4096}, f16);
+  Tensor hs = sum(h);
+  REQUIRE(hs.dtype() == f16);
+  REQUIRE(hs.item<float>() == 4096.0f);
+  Tensor bf = ones({2, 4096}, bf16);
+  require_close(vals(sum(bf, {1})), {4096, 4096});
+}
+
+TEST_CASE("sum and mean match a naive reference on every reduction layout") {
+  manual_seed(3);
+  Tensor a = randn({3, 4, 5}, f64);
+  std::vector<std::vector<bool>> masks = {{true, false, false}, {false, true, false}, {false, false, true},
+                                          {true, true, false},  {true, false, true},  {false, true, true},
+                                          {true, true, true}};
+  for (const auto& m : masks) {
+    Shape dims;
+    for (int64_t d = 0; d < 3; ++d)
+      if (m[d]) dims.push_back(d);
+    INFO("dims " << shape_str(dims));
+    require_close(vals(sum(a, dims)), naive_sum(a, m));
+    auto ref = naive_sum(a, m);
+    double cnt = static_cast<double>(a.numel()) / static_cast<double>(ref.size());
+    for (auto& v : ref) v /= cnt;
+    require_close(vals(mean(a, dims, true)), ref);
+    // Non-contiguous input: the same values through a permuted view.
+    Tensor p = a.permute({2, 0, 1});
+    std::vector<bool> pm = {m[2], m[0], m[1]};
+    Shape pdims;
+    for (int64_t d = 0; d < 3; ++d)
+      if (pm[d]) pdims.push_back(d);
+    require_close(vals(sum(p, pdims)), naive_sum(p.contiguous(), pm));
+    require_close(vals(amax(p, pdims)), naive_max(p.contiguous(), pm));
+  }
+}
+
+TEST_CASE("reductions over empty tensors") {
+  Tensor e = zeros({0, 3});
+  Tensor s = sum(e, {0});
+  REQUIRE(s.shape() == Shape{3});
+  require_close(vals(s), {0, 0, 0});
+  REQUIRE(sum(e, {1}).shape() == Shape{0});
+  REQUIRE(std::isnan(mean(e).item<double>()));
+  REQUIRE_THROWS_WITH(max(e), Contains("[max]") && Contains("empty"));
+  REQUIRE_THROWS_WITH(amin(e, {0}), Contains("[amin]"));
+  REQUIRE_THROWS_WITH(argmax(e), Contains("[argmax]"));
+  REQUIRE(std::isinf(logsumexp(e, {0}).to_vector<double>()[0]));
+}
+
+TEST_CASE("max/min: full, per dim with indices, NaN and ties") {
+  Tensor a = from_vector<double>({3, 7, 7, -1, 0, 5}, {2, 3});
+  REQUIRE(max(a).item<double>() == 7);
+  REQUIRE(min(a).item<double>() == -1);
+  auto [v, i] = max(a, 1);
+  require_close(vals(v), {7, 5});
+  REQUIRE(i.dtype() == i64);
+  REQUIRE(i.to_vector<int64_t>() == std::vector<int64_t>{1, 2});  // first of the tied 7s
+  auto [mv, mi] = min(a, 0, true);
+  REQUIRE(mv.shape() == Shape{1, 3});
+  require_close(vals(mv), {-1, 0, 5});
+  REQUIRE(mi.to_vector<int64_t>() == std::vector<int64_t>{1, 1, 1});
+  REQUIRE(argmax(a).item<int64_t>() == 1);
+  REQUIRE(argmin(a).item<int64_t>() == 3);
+  REQUIRE(argmax(a, 0).to_vector<int64_t>() == std::vector<int64_t>{0, 0, 0});
+  REQUIRE(argmin(a, -1, true).shape() == Shape{2, 1});
+  require_close(vals(amax(a, {0})), {3, 7, 7});
+  require_close(vals(amin(a, {1}, true)), {3, -1});
+  // Flattened argmax of a transposed view counts in the view's logical order.
+  REQUIRE(argmax(a.t()).item<int64_t>() == 2);
+  double nan = std::numeric_limits<double>::quiet_NaN();
+  Tensor n = from_vector<double>({1, nan, 3}, {3});
+  REQUIRE(std::isnan(max(n).item<double>()));
+  REQUIRE(argmax(n).item<int64_t>() == 1);
+  Tensor ints = from_vector<int64_t>({4, -9, 2}, {3});
+  REQUIRE(max(ints).item<int64_t>() == 4);
+  REQUIRE(min(ints).dtype() == i64);
+  Tensor h = from_vector<float>({1.5f, -2.0f, 8.25f}, {3}).to(f16);
+  REQUIRE(max(h).item<float>() == 8.25f);
+}
+
+TEST_CASE("var, std, logsumexp and norm values") {
+  Tensor a = from_vector<double>({1, 2, 3, 4, 10, 20, 30, 40}, {2, 4});
+  // Row 0: mean 2.5, squared deviations 5; row 1: mean 25, squared deviations 500.
+  require_close(vals(var(a, {1})), {5.0 / 3, 500.0 / 3});
+  require_close(vals(var(a, {1}, 0)), {5.0 / 4, 500.0 / 4});
+  require_close(vals(tandem::std(a, {1}, 1, true)), {std::sqrt(5.0 / 3), std::sqrt(500.0 / 3)});
+  std::vector<double> x = vals(a);
+  double m = std::accumulate(x.begin(), x.end(), 0.0) / 8, ss = 0;
+  for (double v : x) ss += (v - m) * (v - m);
+  require_close({var(a).item<double>()}, {ss / 7});
+  require_close({tandem::std(a, 0).item<double>()}, {std::sqrt(ss / 8)});
+  REQUIRE(std::isnan(var(from_vector<double>({2.0}, {1})).item<double>()));  // 0 / 0, as in PyTorch
+  // Stable logsumexp: exp(1000) overflows, the shifted form does not.
+  Tensor big = from_vector<double>({1000, 1000, -5, -5}, {2, 2});
+  require_close(vals(logsumexp(big, {1})), {1000 + std::log(2.0), -5 + std::log(2.0)});
+  Tensor bigf = from_vector<float>({100, 100}, {2});
+  REQUIRE(std::abs(logsumexp(bigf, {0}).item<double>() - (100 + std::log(2.0))) < 1e-4);
+  double inf = std::numeric_limits<double>::infinity();
+  Tensor ninf = from_vector<double>({-inf, -inf}, {2});
+  REQUIRE(logsumexp(ninf, {0}).item<double>() == -inf);
+  require_close({norm(from_vector<double>({3, 4, 12}, {3})).item<double>()}, {13});
+}
+
+TEST_CASE("reductions reject devices and dtypes they cannot handle") {
+  Tensor b = from_vector<bool>({true, false}, {2});
+  REQUIRE_THROWS_WITH(logsumexp(b, {0}), Contains("[logsumexp]"));
+  REQUIRE_THROWS_WITH(norm(from_vector<int64_t>({1, 2}, {2})), Contains("[norm]"));
+}
+
+TEST_CASE("gradcheck: sum and mean") {
+  manual_seed(11);
+  Tensor a = leaf(randn({3, 4}, f64));
+  for (auto fn : std::vector<std::function<Tensor(const TensorList&)>>{
+           [](const TensorList& in) { return sum(in[0]); },
+           [](const TensorList& in) { return sum(in[0], {1}); },
+           [](const TensorList& in) { return sum(in[0], {0}, true); },
+           [](const TensorList& in) { return mean(in[0]); },
+           [](const TensorList& in) { return mean(in[0], {-1}, true); },
+       }) {
+    auto r = gradcheck(fn, {a});
+    INFO(r.report);
+    REQUIRE(r.ok);
+  }
+  // Non-contiguous input and a reduction over non-adjacent dims.
+  // (gradcheck clones its inputs contiguous, so the view is taken inside the function.)
+  Tensor p = leaf(randn({4, 3, 5}, f64));
+  auto r = gradcheck([](const TensorList& in) { return sum(in[0].permute({1, 2, 0}), {0, 2}); }, {p});
+  INFO(r.report);
+  REQUIRE(r.ok);
+  r = gradcheck([](const TensorList& in) { return mean(in[0].permute({1, 2, 0}), {1}); }, {p});
+  INFO(r.report);
+  REQUIRE(r.ok);
+}
+
+TEST_CASE("gradcheck: max/min/amax/amin") {
+  manual_seed(12);
+  Tensor a = leaf(randn({3, 5}, f64));
+  std::vector<std::function<Tensor(const TensorList&)>> fns = {
+      [](const TensorList& in) { return max(in[0]); },
+      [](const TensorList& in) { return min(in[0]); },
+      [](const TensorList& in) { return max(in[0], 1).first; },
+      [](const TensorList& in) { return min(in[0], 0, true).first; },
+      [](const TensorList& in) { return amax(in[0], {0}); },
+      [](const TensorList& in) { return amin(in[0], {1}, true); },
+  };
+  for (auto& fn : fns) {
+    auto r = gradcheck(fn, {a});
+    INFO(r.report);
+    REQUIRE(r.ok);
+  }
+  Tensor t = leaf(randn({5, 3}, f64));
+  auto r = gradcheck([](const TensorList& in) { return max(in[0].t(), -1).first; }, {t});
+  INFO(r.report);
+  REQUIRE(r.ok);
+}
+
+TEST_CASE("max/min backward: ties share the gradient for full and amax, go to the index per dim") {
+  Tensor a = leaf(from_vector<double>({1, 3, 3, 2}, {4}));
+  max(a).backward();
+  require_close(vals(a.grad()), {0, 0.5, 0.5, 0});
+  Tensor b = leaf(from_vector<double>({1, 3, 3, 2, 2, 0}, {2, 3}));
+  amax(b, {1}).sum().backward();
+  require_close(vals(b.grad()), {0, 0.5, 0.5, 0.5, 0.5, 0});
+  Tensor c = leaf(from_vector<double>({1, 3, 3, 2, 2, 0}, {2, 3}));
+  max(c, 1).first.sum().backward();
+  require_close(vals(c.grad()), {0, 1, 0, 1, 0, 0});
+}
+
+TEST_CASE("gradcheck: var, std, logsumexp, norm") {
+  manual_seed(13);
+  Tensor a = leaf(randn({3, 4}, f64));
+  std::vector<std::function<Tensor(const TensorList&)>> fns = {
+      [](const TensorList& in) { return var(in[0]); },
+      [](const TensorList& in) { return var(in[0], {1}); },
+      [](const TensorList& in) { return var(in[0], {0}, 0, true); },
+      [](const TensorList& in) { return tandem::std(in[0]); },
+      [](const TensorList& in) { return tandem::std(in[0], {-1}, 1, true); },
+      [](const TensorList& in) { return logsumexp(in[0], {1}); },
+      [](const TensorList& in) { return logsumexp(in[0], {0, -1}, true); },
+      [](const TensorList& in) { return norm(in[0]); },
+  };
+  Tensor t = leaf(randn({3, 2, 4}, f64));
+  for (auto& fn : fns) {
+    auto r = gradcheck(fn, {a});
+    INFO(r.report);
+    REQUIRE(r.ok);
+    // The same reduction of a non-contiguous [4, 2, 3] view.
+    r = gradcheck([&fn](const TensorList& in) { return fn({in[0].transpose(0, 2)}); }, {t});
+    INFO(r.report);
+    REQUIRE(r.ok);
+  }
+}
+
+TEST_CASE("logsumexp backward is softmax; norm backward at zero is zero") {
+  Tensor a = leaf(from_vector<double>({0, std::log(3.0)}, {2}));
+  logsumexp(a, {0}).backward();
+  require_close(vals(a.grad()), {0.25, 0.75});
+  Tensor z = leaf(zeros({3}, f64));
+  norm(z).backward();
+  require_close(vals(z.grad()), {0, 0, 0});
+}
