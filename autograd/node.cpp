@@ -36,7 +36,7 @@ Tensor SavedTensor::unpack(const Node& owner) const {
   }
   if (tensor_.defined() && tensor_.version() != version_) {
     fail("[autograd] a tensor saved by {} for backward was modified by an in-place operation "
-         "(its version is {}, it was saved at version {}); use the out-of-place op or clone it first",
+         "(now at version {}, saved at version {}); use the out-of-place op or clone it first",
          owner.name(), tensor_.version(), version_);
   }
   return tensor_;

@@ -110,6 +110,26 @@ T* out_ptr(const Tensor& t) {
   return static_cast<T*>(t.data_ptr());
 }
 
+// Column sums of a contiguous rows x cols block into out, pairwise over the rows (whole rows
+// at a time, so the inner loop is a vectorisable row add).
+template <class T, class Acc>
+void column_sums(const T* __restrict x, int64_t rows, int64_t cols, Acc* __restrict out) {
+  constexpr int64_t kBase = 64;
+  if (rows <= kBase) {
+    std::fill(out, out + cols, Acc(0));
+    for (int64_t r = 0; r < rows; ++r) {
+      const T* __restrict row = x + r * cols;
+      for (int64_t j = 0; j < cols; ++j) out[j] += static_cast<Acc>(row[j]);
+    }
+    return;
+  }
+  const int64_t half = rows / 2;
+  std::vector<Acc> upper(cols);
+  column_sums<T, Acc>(x, half, cols, out);
+  column_sums<T, Acc>(x + half * cols, rows - half, cols, upper.data());
+  for (int64_t j = 0; j < cols; ++j) out[j] += upper[j];
+}
+
 // Writes sum / divisor of each slice into `out` (contiguous, plan.out_numel elements).
 void sum_into(const Tensor& a, const ReducePlan& pl, const Tensor& out, double divisor) {
   TANDEM_DISPATCH_ALL(a.dtype(), "sum", [&] {
@@ -135,19 +155,8 @@ void sum_into(const Tensor& a, const ReducePlan& pl, const Tensor& out, double d
     const int64_t cols = pl.out_numel;
     if (prefix && cols > 1 && pl.count > 1) {
       const T* x = static_cast<const T*>(a.data_ptr());
-      const int64_t rows = pl.count;
-      std::vector<Acc> total(cols, Acc(0)), block(cols);
-      constexpr int64_t kBlock = 128;
-      for (int64_t r0 = 0; r0 < rows; r0 += kBlock) {
-        std::fill(block.begin(), block.end(), Acc(0));
-        int64_t r1 = std::min(rows, r0 + kBlock);
-        for (int64_t r = r0; r < r1; ++r) {
-          const T* row = x + r * cols;
-          Acc* b = block.data();
-          for (int64_t j = 0; j < cols; ++j) b[j] += static_cast<Acc>(row[j]);
-        }
-        for (int64_t j = 0; j < cols; ++j) total[j] += block[j];
-      }
+      std::vector<Acc> total(cols);
+      column_sums<T, Acc>(x, pl.count, cols, total.data());
       for (int64_t j = 0; j < cols; ++j) o[j] = finish(total[j]);
       return;
     }
@@ -314,21 +323,28 @@ Tensor extreme_kernel(const Tensor& a, const ReducePlan& pl, Extreme which, cons
     using Acc = acc_t<T>;
     T* o = out_ptr<T>(out);
     auto run = [&](auto is_max) {
+      // Branch-free select so the loop vectorises; a NaN, once taken, is never replaced
+      // (every comparison with it is false), which is how NaN propagates.
+      auto pick = [](Acc best, Acc v) {
+        if constexpr (decltype(is_max)::value) {
+          return (v > best || is_nan(v)) ? v : best;
+        } else {
+          return (v < best || is_nan(v)) ? v : best;
+        }
+      };
       for_each_slice<T>(pl, a, [&](int64_t i, const T* p, int64_t stride, int64_t n) {
         Acc best = static_cast<Acc>(p[0]);
-        if (!is_nan(best)) {
-          for (int64_t k = 1; k < n; ++k) {
-            Acc v = static_cast<Acc>(p[k * stride]);
-            if (is_nan(v)) {
-              best = v;
-              break;
-            }
-            if constexpr (decltype(is_max)::value) {
-              if (v > best) best = v;
-            } else {
-              if (v < best) best = v;
-            }
-          }
+        if (stride == 1) {
+          // Eight independent lanes break the loop-carried dependency (max is order-free).
+          Acc lane[8];
+          for (int k = 0; k < 8; ++k) lane[k] = best;
+          int64_t k = 1;
+          for (; k + 8 <= n; k += 8)
+            for (int l = 0; l < 8; ++l) lane[l] = pick(lane[l], static_cast<Acc>(p[k + l]));
+          for (; k < n; ++k) best = pick(best, static_cast<Acc>(p[k]));
+          for (int l = 0; l < 8; ++l) best = pick(best, lane[l]);
+        } else {
+          for (int64_t k = 1; k < n; ++k) best = pick(best, static_cast<Acc>(p[k * stride]));
         }
         o[i] = static_cast<T>(best);
       });

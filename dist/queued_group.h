@@ -10,6 +10,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <deque>
+#include <map>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -52,7 +53,6 @@ struct Op {
   std::string fingerprint;                      // what this rank called, comparable across ranks
   Clock::time_point deadline;
   Milliseconds timeout{0};
-  ProcessGroupPtr created;  // new_group result
   WorkPtr work;
 };
 
@@ -105,8 +105,8 @@ class QueuedGroup : public ProcessGroup {
   virtual void execute(Op& op) = 0;
   // Backends call this first in their destructor so the thread stops before their state dies.
   void stop_comm_thread();
-  // Makes the worker run until the queue drains, then stops it (for MPI finalize).
-  bool comm_thread_running() const { return thread_.joinable(); }
+  // new_group: execute() hands the new group (nullptr on non-members) back to the caller.
+  void publish_created(const Op& op, ProcessGroupPtr group);
 
  private:
   WorkPtr issue(Op op, bool collective);
@@ -129,7 +129,7 @@ class QueuedGroup : public ProcessGroup {
   bool stopping_ = false;
   std::string broken_reason_;  // non-empty once broken
   std::thread thread_;
-  std::thread::id thread_id_;
+  std::map<const Work*, ProcessGroupPtr> created_;
 };
 
 // Rows per rank of an equal all_to_all split, validated.

@@ -218,7 +218,7 @@ TEST_CASE("gradcheck: matmul over rank combinations, batch broadcasting and stri
   require_gradcheck([](const TensorList& in) { return matmul(in[0], in[1].t()); },
                     {leaf(randn({4, 3}, f64)), leaf(randn({5, 3}, f64))});
   require_gradcheck([](const TensorList& in) { return matmul(in[0].transpose(1, 2), in[1]); },
-                    {leaf(randn({2, 3, 4}, f64)), leaf(randn({4, 2}, f64))});
+                    {leaf(randn({2, 3, 4}, f64)), leaf(randn({3, 2}, f64))});
   require_gradcheck([](const TensorList& in) { return matmul(in[0].t(), in[1].transpose(1, 2)); },
                     {leaf(randn({3, 4}, f64)), leaf(randn({2, 5, 3}, f64))});
   // Only one input requiring grad.

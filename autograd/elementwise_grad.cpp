@@ -1,0 +1,455 @@
+// The public elementwise ops of autograd/ops.h: forward through core/elementwise.h, backward
+// rules here. Binary rules reduce broadcast gradients with sum_to and cast them back to each
+// input's dtype (promotion can make the output wider than an input).
+#include "autograd/node.h"
+#include "autograd/ops.h"
+#include "core/elementwise.h"
+
+namespace tandem {
+
+using autograd::BackwardContext;
+using ew::Binary;
+using ew::Unary;
+
+namespace {
+
+// The gradient of an input of `shape` and `dtype` from a gradient of the (broadcast,
+// promoted) output.
+Tensor input_grad(const Tensor& g, const Shape& shape, Dtype dtype) {
+  Tensor r = g.shape() == shape ? g : autograd::sum_to(g, shape);
+  return r.dtype() == dtype ? r : ew::cast(r, dtype, "backward");
+}
+
+Tensor scaled(const Tensor& g, double s) { return s == 1 ? g : ew::binary(Binary::mul, g, Scalar(s)); }
+
+// Unary ops whose raw backward kernel reads the saved input (save_output false) or output.
+Tensor unary_op(Unary op, const Tensor& a, const char* node, bool save_output) {
+  Tensor out = ew::unary(op, a);
+  if (autograd::any_requires_grad({&a})) {
+    auto fn = [op](BackwardContext& ctx) -> TensorList { return {ew::unary_grad(op, ctx.grads[0], ctx.saved(0))}; };
+    if (save_output) {
+      autograd::record(node, {&a}, {&out}, fn, {}, {out});
+    } else {
+      autograd::record(node, {&a}, {&out}, fn, {a});
+    }
+  }
+  return out;
+}
+
+// In-place ops are not recorded on the tape: an operand that requires grad would silently
+// lose its gradient, so that is an error while grad mode is on.
+void check_operand(const Tensor& other, const char* op) {
+  if (autograd::any_requires_grad({&other})) [[unlikely]] {
+    fail("[{}] an operand (shape {}) requires grad, but in-place ops are not recorded for autograd; use the "
+         "out-of-place op, or detach() the operand",
+         op, other.shape());
+  }
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- arithmetic
+
+Tensor add(const Tensor& a, const Tensor& b, const Scalar& alpha) {
+  Tensor out = ew::binary(Binary::add, a, b, alpha);
+  if (autograd::any_requires_grad({&a, &b})) {
+    autograd::record("AddBackward", {&a, &b}, {&out},
+                     [sa = a.shape(), sb = b.shape(), da = a.dtype(), db = b.dtype(),
+                      alpha = alpha.value](BackwardContext& ctx) -> TensorList {
+                       const Tensor& g = ctx.grads[0];
+                       TensorList r(2);
+                       if (ctx.needs_input_grad[0]) r[0] = input_grad(g, sa, da);
+                       if (ctx.needs_input_grad[1]) r[1] = input_grad(scaled(g, alpha), sb, db);
+                       return r;
+                     });
+  }
+  return out;
+}
+
+Tensor sub(const Tensor& a, const Tensor& b, const Scalar& alpha) {
+  Tensor out = ew::binary(Binary::sub, a, b, alpha);
+  if (autograd::any_requires_grad({&a, &b})) {
+    autograd::record("SubBackward", {&a, &b}, {&out},
+                     [sa = a.shape(), sb = b.shape(), da = a.dtype(), db = b.dtype(),
+                      alpha = alpha.value](BackwardContext& ctx) -> TensorList {
+                       const Tensor& g = ctx.grads[0];
+                       TensorList r(2);
+                       if (ctx.needs_input_grad[0]) r[0] = input_grad(g, sa, da);
+                       if (ctx.needs_input_grad[1]) r[1] = input_grad(scaled(g, -alpha), sb, db);
+                       return r;
+                     });
+  }
+  return out;
+}
+
+Tensor mul(const Tensor& a, const Tensor& b) {
+  Tensor out = ew::binary(Binary::mul, a, b);
+  if (autograd::any_requires_grad({&a, &b})) {
+    autograd::record(
+        "MulBackward", {&a, &b}, {&out},
+        [sa = a.shape(), sb = b.shape(), da = a.dtype(), db = b.dtype()](BackwardContext& ctx) -> TensorList {
+          const Tensor& g = ctx.grads[0];
+          TensorList r(2);
+          if (ctx.needs_input_grad[0]) r[0] = input_grad(ew::binary(Binary::mul, g, ctx.saved(1)), sa, da);
+          if (ctx.needs_input_grad[1]) r[1] = input_grad(ew::binary(Binary::mul, g, ctx.saved(0)), sb, db);
+          return r;
+        },
+        {a, b});
+  }
+  return out;
+}
+
+Tensor div(const Tensor& a, const Tensor& b) {
+  Tensor out = ew::binary(Binary::div, a, b);
+  if (autograd::any_requires_grad({&a, &b})) {
+    autograd::record(
+        "DivBackward", {&a, &b}, {&out},
+        [sa = a.shape(), sb = b.shape(), da = a.dtype(), db = b.dtype()](BackwardContext& ctx) -> TensorList {
+          const Tensor& g = ctx.grads[0];
+          Tensor a = ctx.saved(0), b = ctx.saved(1);
+          TensorList r(2);
+          if (ctx.needs_input_grad[0]) r[0] = input_grad(ew::binary(Binary::div, g, b), sa, da);
+          if (ctx.needs_input_grad[1]) r[1] = input_grad(ew::div_grad_other(g, a, b), sb, db);
+          return r;
+        },
+        {a, b});
+  }
+  return out;
+}
+
+Tensor add(const Tensor& a, const Scalar& b) {
+  Tensor out = ew::binary(Binary::add, a, b);
+  if (autograd::any_requires_grad({&a})) {
+    autograd::record("AddBackward", {&a}, {&out},
+                     [](BackwardContext& ctx) -> TensorList { return {ctx.grads[0]}; });
+  }
+  return out;
+}
+
+Tensor sub(const Tensor& a, const Scalar& b) {
+  Tensor out = ew::binary(Binary::sub, a, b);
+  if (autograd::any_requires_grad({&a})) {
+    autograd::record("SubBackward", {&a}, {&out},
+                     [](BackwardContext& ctx) -> TensorList { return {ctx.grads[0]}; });
+  }
+  return out;
+}
+
+Tensor rsub(const Tensor& a, const Scalar& b) {
+  Tensor out = ew::binary(Binary::sub, b, a);
+  if (autograd::any_requires_grad({&a})) {
+    autograd::record("RsubBackward", {&a}, {&out},
+                     [](BackwardContext& ctx) -> TensorList { return {ew::unary(Unary::neg, ctx.grads[0])}; });
+  }
+  return out;
+}
+
+Tensor mul(const Tensor& a, const Scalar& b) {
+  Tensor out = ew::binary(Binary::mul, a, b);
+  if (autograd::any_requires_grad({&a})) {
+    autograd::record("MulBackward", {&a}, {&out}, [s = b.value](BackwardContext& ctx) -> TensorList {
+      return {ew::binary(Binary::mul, ctx.grads[0], Scalar(s))};
+    });
+  }
+  return out;
+}
+
+Tensor div(const Tensor& a, const Scalar& b) {
+  Tensor out = ew::binary(Binary::div, a, b);
+  if (autograd::any_requires_grad({&a})) {
+    autograd::record("DivBackward", {&a}, {&out}, [s = b.value](BackwardContext& ctx) -> TensorList {
+      return {ew::binary(Binary::div, ctx.grads[0], Scalar(s))};
+    });
+  }
+  return out;
+}
+
+Tensor operator/(const Scalar& a, const Tensor& b) {
+  Tensor out = ew::binary(Binary::div, a, b);
+  if (autograd::any_requires_grad({&b})) {
+    // d(s/b)/db = -s / b^2 = -out / b
+    autograd::record(
+        "RdivBackward", {&b}, {&out},
+        [](BackwardContext& ctx) -> TensorList {
+          Tensor b = ctx.saved(0), out = ctx.saved(1);
+          Tensor t = ew::binary(Binary::div, ew::binary(Binary::mul, ctx.grads[0], out), b);
+          return {ew::unary(Unary::neg, t)};
+        },
+        {b}, {out});
+  }
+  return out;
+}
+
+namespace {
+Tensor extreme(const Tensor& a, const Tensor& b, bool is_max) {
+  Tensor out = ew::binary(is_max ? Binary::maximum : Binary::minimum, a, b);
+  if (autograd::any_requires_grad({&a, &b})) {
+    autograd::record(
+        is_max ? "MaximumBackward" : "MinimumBackward", {&a, &b}, {&out},
+        [sa = a.shape(), sb = b.shape(), da = a.dtype(), db = b.dtype(), is_max](BackwardContext& ctx) -> TensorList {
+          const Tensor& g = ctx.grads[0];
+          Tensor a = ctx.saved(0), b = ctx.saved(1);
+          TensorList r(2);
+          if (ctx.needs_input_grad[0]) r[0] = input_grad(ew::extreme_grad(g, a, b, is_max, true), sa, da);
+          if (ctx.needs_input_grad[1]) r[1] = input_grad(ew::extreme_grad(g, a, b, is_max, false), sb, db);
+          return r;
+        },
+        {a, b});
+  }
+  return out;
+}
+}  // namespace
+
+Tensor maximum(const Tensor& a, const Tensor& b) { return extreme(a, b, true); }
+Tensor minimum(const Tensor& a, const Tensor& b) { return extreme(a, b, false); }
+
+Tensor pow(const Tensor& a, const Scalar& exponent) {
+  Tensor out = ew::pow_scalar(a, exponent);
+  if (autograd::any_requires_grad({&a})) {
+    autograd::record(
+        "PowBackward", {&a}, {&out},
+        [e = exponent.value](BackwardContext& ctx) -> TensorList {
+          return {ew::pow_scalar_grad(ctx.grads[0], ctx.saved(0), e)};
+        },
+        {a});
+  }
+  return out;
+}
+
+Tensor pow(const Tensor& a, const Tensor& exponent) {
+  Tensor out = ew::binary(Binary::pow, a, exponent);
+  if (autograd::any_requires_grad({&a, &exponent})) {
+    autograd::record(
+        "PowBackward", {&a, &exponent}, {&out},
+        [sa = a.shape(), sb = exponent.shape(), da = a.dtype(), db = exponent.dtype()](BackwardContext& ctx)
+            -> TensorList {
+          const Tensor& g = ctx.grads[0];
+          Tensor a = ctx.saved(0), b = ctx.saved(1);
+          TensorList r(2);
+          if (ctx.needs_input_grad[0]) r[0] = input_grad(ew::pow_grad_base(g, a, b), sa, da);
+          if (ctx.needs_input_grad[1]) r[1] = input_grad(ew::pow_grad_exponent(g, a, b), sb, db);
+          return r;
+        },
+        {a, exponent});
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------- unary
+
+Tensor neg(const Tensor& a) {
+  Tensor out = ew::unary(Unary::neg, a);
+  if (autograd::any_requires_grad({&a})) {
+    autograd::record("NegBackward", {&a}, {&out},
+                     [](BackwardContext& ctx) -> TensorList { return {ew::unary(Unary::neg, ctx.grads[0])}; });
+  }
+  return out;
+}
+
+Tensor abs(const Tensor& a) { return unary_op(Unary::abs, a, "AbsBackward", false); }
+
+Tensor exp(const Tensor& a) {
+  Tensor out = ew::unary(Unary::exp, a);
+  if (autograd::any_requires_grad({&a})) {
+    autograd::record(
+        "ExpBackward", {&a}, {&out},
+        [](BackwardContext& ctx) -> TensorList { return {ew::binary(Binary::mul, ctx.grads[0], ctx.saved(0))}; },
+        {}, {out});
+  }
+  return out;
+}
+
+Tensor log(const Tensor& a) {
+  Tensor out = ew::unary(Unary::log, a);
+  if (autograd::any_requires_grad({&a})) {
+    autograd::record(
+        "LogBackward", {&a}, {&out},
+        [](BackwardContext& ctx) -> TensorList { return {ew::binary(Binary::div, ctx.grads[0], ctx.saved(0))}; },
+        {a});
+  }
+  return out;
+}
+
+Tensor sqrt(const Tensor& a) { return unary_op(Unary::sqrt, a, "SqrtBackward", true); }
+Tensor rsqrt(const Tensor& a) { return unary_op(Unary::rsqrt, a, "RsqrtBackward", true); }
+Tensor tanh(const Tensor& a) { return unary_op(Unary::tanh, a, "TanhBackward", true); }
+Tensor sigmoid(const Tensor& a) { return unary_op(Unary::sigmoid, a, "SigmoidBackward", true); }
+Tensor relu(const Tensor& a) { return unary_op(Unary::relu, a, "ReluBackward", true); }
+Tensor gelu(const Tensor& a, bool tanh_approximation) {
+  return unary_op(tanh_approximation ? Unary::gelu_tanh : Unary::gelu, a, "GeluBackward", false);
+}
+Tensor silu(const Tensor& a) { return unary_op(Unary::silu, a, "SiluBackward", false); }
+
+Tensor clamp(const Tensor& a, std::optional<double> lo, std::optional<double> hi) {
+  Tensor out = ew::clamp(a, lo, hi);
+  if (autograd::any_requires_grad({&a})) {
+    autograd::record(
+        "ClampBackward", {&a}, {&out},
+        [lo, hi](BackwardContext& ctx) -> TensorList { return {ew::clamp_grad(ctx.grads[0], ctx.saved(0), lo, hi)}; },
+        {a});
+  }
+  return out;
+}
+
+Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
+  Tensor out = ew::where(cond, a, b);
+  if (autograd::any_requires_grad({&a, &b})) {
+    autograd::record(
+        "WhereBackward", {&a, &b}, {&out},
+        [sa = a.shape(), sb = b.shape(), da = a.dtype(), db = b.dtype()](BackwardContext& ctx) -> TensorList {
+          const Tensor& g = ctx.grads[0];
+          Tensor cond = ctx.saved(0);
+          TensorList r(2);
+          if (ctx.needs_input_grad[0]) r[0] = input_grad(ew::where_grad(cond, g, true), sa, da);
+          if (ctx.needs_input_grad[1]) r[1] = input_grad(ew::where_grad(cond, g, false), sb, db);
+          return r;
+        },
+        {cond});
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------- not differentiable
+
+Tensor eq(const Tensor& a, const Tensor& b) { return ew::binary(Binary::eq, a, b); }
+Tensor ne(const Tensor& a, const Tensor& b) { return ew::binary(Binary::ne, a, b); }
+Tensor lt(const Tensor& a, const Tensor& b) { return ew::binary(Binary::lt, a, b); }
+Tensor le(const Tensor& a, const Tensor& b) { return ew::binary(Binary::le, a, b); }
+Tensor gt(const Tensor& a, const Tensor& b) { return ew::binary(Binary::gt, a, b); }
+Tensor ge(const Tensor& a, const Tensor& b) { return ew::binary(Binary::ge, a, b); }
+Tensor eq(const Tensor& a, const Scalar& b) { return ew::binary(Binary::eq, a, b); }
+Tensor ne(const Tensor& a, const Scalar& b) { return ew::binary(Binary::ne, a, b); }
+Tensor lt(const Tensor& a, const Scalar& b) { return ew::binary(Binary::lt, a, b); }
+Tensor le(const Tensor& a, const Scalar& b) { return ew::binary(Binary::le, a, b); }
+Tensor gt(const Tensor& a, const Scalar& b) { return ew::binary(Binary::gt, a, b); }
+Tensor ge(const Tensor& a, const Scalar& b) { return ew::binary(Binary::ge, a, b); }
+Tensor logical_and(const Tensor& a, const Tensor& b) { return ew::binary(Binary::logical_and, a, b); }
+Tensor logical_or(const Tensor& a, const Tensor& b) { return ew::binary(Binary::logical_or, a, b); }
+Tensor logical_xor(const Tensor& a, const Tensor& b) { return ew::binary(Binary::logical_xor, a, b); }
+Tensor logical_not(const Tensor& a) { return ew::unary(Unary::logical_not, a); }
+Tensor isnan(const Tensor& a) { return ew::unary(Unary::isnan, a); }
+Tensor isinf(const Tensor& a) { return ew::unary(Unary::isinf, a); }
+
+Tensor to_dtype(const Tensor& a, Dtype dtype) {
+  if (a.dtype() == dtype) return a;  // as PyTorch's .to(): no copy when nothing changes
+  Tensor out = ew::cast(a, dtype, "to");
+  // Only casts between floating dtypes carry a gradient (an integer result cannot require one).
+  if (is_floating(a.dtype()) && is_floating(dtype) && autograd::any_requires_grad({&a})) {
+    autograd::record("ToCopyBackward", {&a}, {&out}, [src = a.dtype()](BackwardContext& ctx) -> TensorList {
+      return {ew::cast(ctx.grads[0], src, "to")};
+    });
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------- in place
+
+const Tensor& add_(const Tensor& self, const Tensor& other, const Scalar& alpha) {
+  autograd::check_inplace(self, "add_");
+  check_operand(other, "add_");
+  ew::binary_(Binary::add, self, other, alpha, "add_");
+  self.bump_version();
+  return self;
+}
+
+const Tensor& add_(const Tensor& self, const Scalar& other) {
+  autograd::check_inplace(self, "add_");
+  ew::binary_(Binary::add, self, other, "add_");
+  self.bump_version();
+  return self;
+}
+
+const Tensor& sub_(const Tensor& self, const Tensor& other, const Scalar& alpha) {
+  autograd::check_inplace(self, "sub_");
+  check_operand(other, "sub_");
+  ew::binary_(Binary::sub, self, other, alpha, "sub_");
+  self.bump_version();
+  return self;
+}
+
+const Tensor& mul_(const Tensor& self, const Tensor& other) {
+  autograd::check_inplace(self, "mul_");
+  check_operand(other, "mul_");
+  ew::binary_(Binary::mul, self, other, 1, "mul_");
+  self.bump_version();
+  return self;
+}
+
+const Tensor& mul_(const Tensor& self, const Scalar& other) {
+  autograd::check_inplace(self, "mul_");
+  ew::binary_(Binary::mul, self, other, "mul_");
+  self.bump_version();
+  return self;
+}
+
+const Tensor& div_(const Tensor& self, const Tensor& other) {
+  autograd::check_inplace(self, "div_");
+  check_operand(other, "div_");
+  ew::binary_(Binary::div, self, other, 1, "div_");
+  self.bump_version();
+  return self;
+}
+
+const Tensor& div_(const Tensor& self, const Scalar& other) {
+  autograd::check_inplace(self, "div_");
+  ew::binary_(Binary::div, self, other, "div_");
+  self.bump_version();
+  return self;
+}
+
+const Tensor& zero_(const Tensor& self) {
+  autograd::check_inplace(self, "zero_");
+  ew::fill(self, 0, "zero_");
+  self.bump_version();
+  return self;
+}
+
+const Tensor& fill_(const Tensor& self, const Scalar& value) {
+  autograd::check_inplace(self, "fill_");
+  ew::fill(self, value, "fill_");
+  self.bump_version();
+  return self;
+}
+
+const Tensor& copy_(const Tensor& self, const Tensor& src) {
+  autograd::check_inplace(self, "copy_");
+  check_operand(src, "copy_");
+  ew::copy(self, src, "copy_");
+  self.bump_version();
+  return self;
+}
+
+const Tensor& clamp_(const Tensor& self, std::optional<double> lo, std::optional<double> hi) {
+  autograd::check_inplace(self, "clamp_");
+  ew::clamp_(self, lo, hi);
+  self.bump_version();
+  return self;
+}
+
+const Tensor& addcmul_(const Tensor& self, const Tensor& a, const Tensor& b, const Scalar& alpha) {
+  autograd::check_inplace(self, "addcmul_");
+  check_operand(a, "addcmul_");
+  check_operand(b, "addcmul_");
+  ew::addcmul_(self, a, b, alpha);
+  self.bump_version();
+  return self;
+}
+
+const Tensor& addcdiv_(const Tensor& self, const Tensor& a, const Tensor& b, const Scalar& alpha) {
+  autograd::check_inplace(self, "addcdiv_");
+  check_operand(a, "addcdiv_");
+  check_operand(b, "addcdiv_");
+  ew::addcdiv_(self, a, b, alpha);
+  self.bump_version();
+  return self;
+}
+
+const Tensor& lerp_(const Tensor& self, const Tensor& end, const Scalar& weight) {
+  autograd::check_inplace(self, "lerp_");
+  check_operand(end, "lerp_");
+  ew::lerp_(self, end, weight);
+  self.bump_version();
+  return self;
+}
+
+}  // namespace tandem

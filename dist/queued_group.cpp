@@ -1,0 +1,437 @@
+#include "dist/queued_group.h"
+
+#include <fmt/format.h>
+
+#include <cstdlib>
+#include <map>
+#include <set>
+
+#include "core/backend.h"
+#include "dist/comm_thread.h"
+
+namespace tandem::dist {
+
+namespace {
+thread_local bool tls_on_comm_thread = false;
+
+std::string join_ranks(const std::vector<int>& ranks) { return fmt::format("{}", fmt::join(ranks, ", ")); }
+
+void check_tensor(const Tensor& t, const char* op, const char* what) {
+  TANDEM_CHECK(t.defined(), "[{}] {} is an undefined tensor", op, what);
+  TANDEM_CHECK(t.is_contiguous(), "[{}] {} must be contiguous (shape {}, strides {})", op, what, t.shape(), t.strides());
+}
+
+void check_same_dtype(const Tensor& a, const Tensor& b, const char* op, const char* what_a, const char* what_b) {
+  TANDEM_CHECK(a.dtype() == b.dtype(), "[{}] {} is {} but {} is {}", op, what_a, a.dtype(), what_b, b.dtype());
+  TANDEM_CHECK(a.device() == b.device(), "[{}] {} is on {} but {} is on {}", op, what_a, a.device(), what_b, b.device());
+}
+
+void check_reduce(ReduceOp r, Dtype d, const char* op) {
+  TANDEM_CHECK(r != ReduceOp::avg || is_floating(d), "[{}] avg needs a floating dtype, got {} (use sum)", op, d);
+}
+
+Shape row_shape(const Tensor& t) {
+  Shape s;
+  for (int64_t i = 1; i < t.dim(); ++i) s.push_back(t.size(i));
+  return s;
+}
+}  // namespace
+
+bool on_comm_thread() { return tls_on_comm_thread; }
+void set_on_comm_thread(bool on) { tls_on_comm_thread = on; }
+
+std::string_view op_kind_name(OpKind k) {
+  switch (k) {
+    case OpKind::allreduce: return "allreduce";
+    case OpKind::allreduce_coalesced: return "allreduce_coalesced";
+    case OpKind::broadcast: return "broadcast";
+    case OpKind::allgather: return "allgather";
+    case OpKind::allgather_into: return "allgather_into";
+    case OpKind::reduce_scatter: return "reduce_scatter";
+    case OpKind::reduce_scatter_tensor: return "reduce_scatter_tensor";
+    case OpKind::all_to_all: return "all_to_all";
+    case OpKind::barrier: return "barrier";
+    case OpKind::send: return "send";
+    case OpKind::recv: return "recv";
+    case OpKind::new_group: return "new_group";
+  }
+  return "?";
+}
+
+Milliseconds default_timeout() {
+  if (const char* env = std::getenv("TANDEM_DIST_TIMEOUT")) {
+    char* end = nullptr;
+    double s = std::strtod(env, &end);
+    TANDEM_CHECK(end != env && s > 0, "[dist] TANDEM_DIST_TIMEOUT must be a positive number of seconds, got '{}'", env);
+    return Milliseconds(static_cast<int64_t>(s * 1000.0));
+  }
+  return Milliseconds(300'000);
+}
+
+bool default_debug_checks() {
+  const char* env = std::getenv("TANDEM_DIST_DEBUG");
+  return env && std::string_view(env) == "detail";
+}
+
+std::vector<int64_t> equal_splits(int64_t rows, int size, const char* what) {
+  TANDEM_CHECK(rows % size == 0, "[all_to_all] equal split of the {} needs dim 0 ({}) divisible by the group size {}",
+               what, rows, size);
+  return std::vector<int64_t>(size, rows / size);
+}
+
+QueuedGroup::QueuedGroup(int rank, int size, std::string name)
+    : rank_(rank), size_(size), name_(std::move(name)), timeout_ms_(default_timeout().count()),
+      debug_(default_debug_checks()) {}
+
+QueuedGroup::~QueuedGroup() { stop_comm_thread(); }
+
+void QueuedGroup::set_timeout(Milliseconds timeout) {
+  TANDEM_CHECK(timeout.count() > 0, "[dist] timeout must be positive, got {} ms", timeout.count());
+  timeout_ms_.store(timeout.count());
+}
+
+bool QueuedGroup::is_broken() const {
+  std::lock_guard lock(queue_mutex_);
+  return !broken_reason_.empty();
+}
+
+std::string QueuedGroup::describe(const Op& op) const {
+  std::string where = fmt::format("group {} ({}, rank {} of {})", name_, backend(), rank_, size_);
+  switch (op.kind) {
+    case OpKind::send: return fmt::format("send #{} to rank {} (tag {}) on {}", op.seq, op.root, op.tag, where);
+    case OpKind::recv: return fmt::format("recv #{} from rank {} (tag {}) on {}", op.seq, op.root, op.tag, where);
+    default: return fmt::format("{} #{} on {}", op_kind_name(op.kind), op.seq, where);
+  }
+}
+
+void QueuedGroup::fail_mismatch(const Op& op, const std::vector<std::string>& fingerprints) const {
+  // Group ranks that called the same thing, in order of first appearance.
+  std::vector<std::pair<std::string, std::vector<int>>> calls;
+  for (int r = 0; r < static_cast<int>(fingerprints.size()); ++r) {
+    auto it = std::find_if(calls.begin(), calls.end(), [&](auto& c) { return c.first == fingerprints[r]; });
+    if (it == calls.end()) {
+      calls.push_back({fingerprints[r], {r}});
+    } else {
+      it->second.push_back(r);
+    }
+  }
+  std::string parts;
+  for (auto& [fp, ranks] : calls) {
+    if (!parts.empty()) parts += "; ";
+    parts += fmt::format("{} {} called {}", ranks.size() == 1 ? "rank" : "ranks", join_ranks(ranks), fp);
+  }
+  fail("[dist] collective mismatch at #{} on group {} ({}, {} ranks): {}", op.seq, name_, backend(), size_, parts);
+}
+
+WorkPtr QueuedGroup::issue(Op op, bool collective) {
+  std::lock_guard issue_lock(issue_mutex_);
+  op.seq = collective ? next_seq_ : next_p2p_;
+  op.timeout = timeout();
+  std::string what = describe(op);
+  op.work = std::make_shared<Work>(what);
+  WorkPtr work = op.work;
+  {
+    std::lock_guard lock(queue_mutex_);
+    TANDEM_CHECK(broken_reason_.empty(), "[dist] cannot run {}: the group is broken ({})", what, broken_reason_);
+    TANDEM_CHECK(!stopping_, "[dist] cannot run {}: the group is shut down", what);
+    if (!thread_.joinable()) thread_ = std::thread([this] { run_loop(); });
+    queue_.push_back(std::move(op));
+  }
+  (collective ? next_seq_ : next_p2p_)++;
+  queue_cv_.notify_one();
+  return work;
+}
+
+void QueuedGroup::stop_comm_thread() {
+  {
+    std::lock_guard lock(queue_mutex_);
+    stopping_ = true;
+  }
+  queue_cv_.notify_all();
+  if (thread_.joinable() && std::this_thread::get_id() != thread_.get_id()) thread_.join();
+}
+
+void QueuedGroup::run_loop() {
+  set_on_comm_thread(true);
+  for (;;) {
+    Op op;
+    std::string broken;
+    {
+      std::unique_lock lock(queue_mutex_);
+      queue_cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stopping and drained
+      op = std::move(queue_.front());
+      queue_.pop_front();
+      broken = broken_reason_;
+    }
+    if (!broken.empty()) {
+      op.work->mark_failed(std::make_exception_ptr(
+          Error(fmt::format("[dist] cannot run {}: the group is broken ({})", op.work->description(), broken))));
+      continue;
+    }
+    run_one(op);
+  }
+}
+
+void QueuedGroup::run_one(Op& op) {
+  WorkPtr work = op.work;
+  try {
+    // Device tensors go through host copies: the collectives below work on CPU memory.
+    TensorList* lists[] = {&op.inputs, &op.outputs};
+    std::vector<std::pair<Tensor, Tensor>> staged;  // (device tensor, host copy)
+    for (TensorList* list : lists) {
+      for (Tensor& t : *list) {
+        if (t.is_cpu()) continue;
+        Tensor host = make_empty(t.shape(), t.dtype(), kCPU, "dist staging");
+        backend_for(t.device(), "dist").copy_bytes(host.data_ptr(), kCPU, t.data_ptr(), t.device(), t.nbytes());
+        staged.emplace_back(t, host);
+        t = host;
+      }
+    }
+    op.deadline = Clock::now() + op.timeout;
+    execute(op);
+    for (auto& [dev, host] : staged) {
+      backend_for(dev.device(), "dist").copy_bytes(dev.data_ptr(), dev.device(), host.data_ptr(), kCPU, host.nbytes());
+    }
+    auto original = [&](const Tensor& t) {
+      for (auto& [dev, host] : staged)
+        if (host.is_same(t)) return dev;
+      return t;
+    };
+    TensorList result;
+    switch (op.kind) {
+      case OpKind::allreduce:
+      case OpKind::allreduce_coalesced:
+      case OpKind::broadcast:
+      case OpKind::send:
+      case OpKind::recv:
+        for (auto& t : op.inputs) result.push_back(original(t));
+        break;
+      case OpKind::allgather:
+      case OpKind::allgather_into:
+      case OpKind::reduce_scatter:
+      case OpKind::reduce_scatter_tensor:
+      case OpKind::all_to_all:
+        for (auto& t : op.outputs) result.push_back(original(t));
+        break;
+      case OpKind::barrier:
+      case OpKind::new_group: break;
+    }
+    work->mark_completed(std::move(result));
+  } catch (const TimeoutError& e) {
+    if (!e.group_survives()) {
+      std::lock_guard lock(queue_mutex_);
+      if (broken_reason_.empty()) broken_reason_ = e.what();
+    }
+    work->mark_failed(std::current_exception());
+  } catch (...) {
+    work->mark_failed(std::current_exception());
+  }
+}
+
+// ---- Issue: validation, fingerprint, queue ----
+
+WorkPtr QueuedGroup::allreduce(const Tensor& tensor, ReduceOp reduce) {
+  check_tensor(tensor, "allreduce", "tensor");
+  check_reduce(reduce, tensor.dtype(), "allreduce");
+  Op op;
+  op.kind = OpKind::allreduce;
+  op.reduce = reduce;
+  op.inputs = {tensor};
+  op.fingerprint = fmt::format("allreduce({}) {} {}", reduce_op_name(reduce), tensor.dtype(), tensor.shape());
+  return issue(std::move(op), true);
+}
+
+WorkPtr QueuedGroup::allreduce_coalesced(const TensorList& tensors, ReduceOp reduce) {
+  TANDEM_CHECK(!tensors.empty(), "[allreduce_coalesced] needs at least one tensor");
+  std::string shapes;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    auto what = fmt::format("tensor {}", i);
+    check_tensor(tensors[i], "allreduce_coalesced", what.c_str());
+    check_same_dtype(tensors[i], tensors[0], "allreduce_coalesced", what.c_str(), "tensor 0");
+    shapes += (i ? ", " : "") + fmt::format("{}", tensors[i].shape());
+  }
+  check_reduce(reduce, tensors[0].dtype(), "allreduce_coalesced");
+  Op op;
+  op.kind = OpKind::allreduce_coalesced;
+  op.reduce = reduce;
+  op.inputs = tensors;
+  op.fingerprint = fmt::format("allreduce_coalesced({}) {} {} tensors {}", reduce_op_name(reduce), tensors[0].dtype(),
+                               tensors.size(), shapes);
+  return issue(std::move(op), true);
+}
+
+WorkPtr QueuedGroup::broadcast(const Tensor& tensor, int root) {
+  check_tensor(tensor, "broadcast", "tensor");
+  TANDEM_CHECK(root >= 0 && root < size_, "[broadcast] root {} is not a rank of group {} (size {})", root, name_, size_);
+  Op op;
+  op.kind = OpKind::broadcast;
+  op.root = root;
+  op.inputs = {tensor};
+  op.fingerprint = fmt::format("broadcast(root {}) {} {}", root, tensor.dtype(), tensor.shape());
+  return issue(std::move(op), true);
+}
+
+WorkPtr QueuedGroup::allgather(const TensorList& outputs, const Tensor& input) {
+  check_tensor(input, "allgather", "input");
+  TANDEM_CHECK(static_cast<int>(outputs.size()) == size_, "[allgather] needs one output per rank ({}), got {}", size_,
+               outputs.size());
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    auto what = fmt::format("output {}", i);
+    check_tensor(outputs[i], "allgather", what.c_str());
+    check_same_dtype(outputs[i], input, "allgather", what.c_str(), "input");
+    TANDEM_CHECK(outputs[i].shape() == input.shape(), "[allgather] {} has shape {} but input has shape {}", what,
+                 outputs[i].shape(), input.shape());
+  }
+  Op op;
+  op.kind = OpKind::allgather;
+  op.inputs = {input};
+  op.outputs = outputs;
+  op.fingerprint = fmt::format("allgather {} {}", input.dtype(), input.shape());
+  return issue(std::move(op), true);
+}
+
+WorkPtr QueuedGroup::allgather_into(const Tensor& output, const Tensor& input) {
+  check_tensor(input, "allgather_into", "input");
+  check_tensor(output, "allgather_into", "output");
+  check_same_dtype(output, input, "allgather_into", "output", "input");
+  TANDEM_CHECK(output.numel() == input.numel() * size_,
+               "[allgather_into] output has {} elements (shape {}), expected {} x input {} = {}", output.numel(),
+               output.shape(), size_, input.shape(), input.numel() * size_);
+  Op op;
+  op.kind = OpKind::allgather_into;
+  op.inputs = {input};
+  op.outputs = {output};
+  op.fingerprint = fmt::format("allgather_into {} {}", input.dtype(), input.shape());
+  return issue(std::move(op), true);
+}
+
+WorkPtr QueuedGroup::reduce_scatter(const Tensor& output, const TensorList& inputs, ReduceOp reduce) {
+  check_tensor(output, "reduce_scatter", "output");
+  check_reduce(reduce, output.dtype(), "reduce_scatter");
+  TANDEM_CHECK(static_cast<int>(inputs.size()) == size_, "[reduce_scatter] needs one input per rank ({}), got {}",
+               size_, inputs.size());
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    auto what = fmt::format("input {}", i);
+    check_tensor(inputs[i], "reduce_scatter", what.c_str());
+    check_same_dtype(inputs[i], output, "reduce_scatter", what.c_str(), "output");
+    TANDEM_CHECK(inputs[i].shape() == output.shape(), "[reduce_scatter] {} has shape {} but output has shape {}", what,
+                 inputs[i].shape(), output.shape());
+  }
+  Op op;
+  op.kind = OpKind::reduce_scatter;
+  op.reduce = reduce;
+  op.inputs = inputs;
+  op.outputs = {output};
+  op.fingerprint = fmt::format("reduce_scatter({}) {} {}", reduce_op_name(reduce), output.dtype(), output.shape());
+  return issue(std::move(op), true);
+}
+
+WorkPtr QueuedGroup::reduce_scatter_tensor(const Tensor& output, const Tensor& input, ReduceOp reduce) {
+  check_tensor(output, "reduce_scatter_tensor", "output");
+  check_tensor(input, "reduce_scatter_tensor", "input");
+  check_same_dtype(output, input, "reduce_scatter_tensor", "output", "input");
+  check_reduce(reduce, output.dtype(), "reduce_scatter_tensor");
+  TANDEM_CHECK(input.numel() == output.numel() * size_,
+               "[reduce_scatter_tensor] input has {} elements (shape {}), expected {} x output {} = {}", input.numel(),
+               input.shape(), size_, output.shape(), output.numel() * size_);
+  Op op;
+  op.kind = OpKind::reduce_scatter_tensor;
+  op.reduce = reduce;
+  op.inputs = {input};
+  op.outputs = {output};
+  op.fingerprint =
+      fmt::format("reduce_scatter_tensor({}) {} {}", reduce_op_name(reduce), output.dtype(), output.shape());
+  return issue(std::move(op), true);
+}
+
+WorkPtr QueuedGroup::all_to_all(const Tensor& output, const Tensor& input, const AllToAllSplits& splits) {
+  check_tensor(output, "all_to_all", "output");
+  check_tensor(input, "all_to_all", "input");
+  check_same_dtype(output, input, "all_to_all", "output", "input");
+  TANDEM_CHECK(input.dim() >= 1 && output.dim() >= 1, "[all_to_all] input {} and output {} need at least one dim",
+               input.shape(), output.shape());
+  TANDEM_CHECK(row_shape(input) == row_shape(output),
+               "[all_to_all] input {} and output {} must agree beyond dim 0", input.shape(), output.shape());
+  auto check_splits = [&](const std::vector<int64_t>& s, const Tensor& t, const char* what) {
+    if (s.empty()) return equal_splits(t.size(0), size_, what);
+    TANDEM_CHECK(static_cast<int>(s.size()) == size_, "[all_to_all] {} splits need one entry per rank ({}), got {}",
+                 what, size_, s.size());
+    int64_t total = 0;
+    for (int64_t v : s) {
+      TANDEM_CHECK(v >= 0, "[all_to_all] {} splits must be non-negative, got [{}]", what, fmt::join(s, ", "));
+      total += v;
+    }
+    TANDEM_CHECK(total == t.size(0), "[all_to_all] {} splits [{}] sum to {} but the {} has {} rows (shape {})", what,
+                 fmt::join(s, ", "), total, what, t.size(0), t.shape());
+    return s;
+  };
+  Op op;
+  op.kind = OpKind::all_to_all;
+  op.in_splits = check_splits(splits.input, input, "input");
+  op.out_splits = check_splits(splits.output, output, "output");
+  op.inputs = {input};
+  op.outputs = {output};
+  op.fingerprint = fmt::format("all_to_all {} rows of {}", input.dtype(), row_shape(input));
+  return issue(std::move(op), true);
+}
+
+WorkPtr QueuedGroup::barrier() {
+  Op op;
+  op.kind = OpKind::barrier;
+  op.fingerprint = "barrier";
+  return issue(std::move(op), true);
+}
+
+WorkPtr QueuedGroup::send(const Tensor& tensor, int dst, int tag) {
+  check_tensor(tensor, "send", "tensor");
+  TANDEM_CHECK(dst >= 0 && dst < size_ && dst != rank_, "[send] dst {} must be another rank of group {} (size {}, this "
+               "is rank {})", dst, name_, size_, rank_);
+  TANDEM_CHECK(tag >= 0 && tag < (1 << 15), "[send] tag {} must be in [0, 32768)", tag);
+  Op op;
+  op.kind = OpKind::send;
+  op.root = dst;
+  op.tag = tag;
+  op.inputs = {tensor};
+  return issue(std::move(op), false);
+}
+
+WorkPtr QueuedGroup::recv(const Tensor& tensor, int src, int tag) {
+  check_tensor(tensor, "recv", "tensor");
+  TANDEM_CHECK(src >= 0 && src < size_ && src != rank_, "[recv] src {} must be another rank of group {} (size {}, this "
+               "is rank {})", src, name_, size_, rank_);
+  TANDEM_CHECK(tag >= 0 && tag < (1 << 15), "[recv] tag {} must be in [0, 32768)", tag);
+  Op op;
+  op.kind = OpKind::recv;
+  op.root = src;
+  op.tag = tag;
+  op.inputs = {tensor};
+  return issue(std::move(op), false);
+}
+
+ProcessGroupPtr QueuedGroup::new_group(const std::vector<int>& ranks) {
+  TANDEM_CHECK(!ranks.empty(), "[new_group] needs at least one rank");
+  std::set<int> seen;
+  for (int r : ranks) {
+    TANDEM_CHECK(r >= 0 && r < size_, "[new_group] rank {} is not in group {} (size {})", r, name_, size_);
+    TANDEM_CHECK(seen.insert(r).second, "[new_group] rank {} is listed twice in [{}]", r, join_ranks(ranks));
+  }
+  Op op;
+  op.kind = OpKind::new_group;
+  op.ranks = ranks;
+  op.fingerprint = fmt::format("new_group [{}]", join_ranks(ranks));
+  WorkPtr work = issue(std::move(op), true);
+  work->wait();
+  std::lock_guard lock(queue_mutex_);
+  auto it = created_.find(work.get());
+  ProcessGroupPtr group = it == created_.end() ? nullptr : it->second;
+  if (it != created_.end()) created_.erase(it);
+  return group;
+}
+
+void QueuedGroup::publish_created(const Op& op, ProcessGroupPtr group) {
+  std::lock_guard lock(queue_mutex_);
+  created_[op.work.get()] = std::move(group);
+}
+
+}  // namespace tandem::dist

@@ -1,0 +1,159 @@
+// The built-in layers: Linear, Embedding, LayerNorm, BatchNorm1d, Dropout, the activations and
+// Sequential. Construction and initialisation follow PyTorch, so a model built here starts from
+// the same distribution as its PyTorch twin.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "nn/module.h"
+
+namespace tandem::nn {
+
+// y = x W^T + b. weight [out, in] ~ kaiming_uniform(a = sqrt(5)), i.e. U(-1/sqrt(in), 1/sqrt(in));
+// bias [out] ~ U(-1/sqrt(in), 1/sqrt(in)).
+class Linear : public Module {
+ public:
+  Linear(int64_t in_features, int64_t out_features, bool bias = true);
+  Tensor forward(const Tensor& input) override;
+  void reset_parameters();
+  std::string extra_repr() const override;
+
+  int64_t in_features, out_features;
+  Tensor weight;
+  Tensor bias;  // undefined without bias
+};
+
+// Rows of weight [num_embeddings, embedding_dim] ~ N(0, 1) picked by integer indices.
+class Embedding : public Module {
+ public:
+  Embedding(int64_t num_embeddings, int64_t embedding_dim);
+  Tensor forward(const Tensor& indices) override;
+  void reset_parameters();
+  std::string extra_repr() const override;
+
+  int64_t num_embeddings, embedding_dim;
+  Tensor weight;
+};
+
+// Normalises over the trailing `normalized_shape` dims; weight ones, bias zeros.
+class LayerNorm : public Module {
+ public:
+  explicit LayerNorm(Shape normalized_shape, double eps = 1e-5, bool elementwise_affine = true);
+  Tensor forward(const Tensor& input) override;
+  void reset_parameters();
+  std::string extra_repr() const override;
+
+  Shape normalized_shape;
+  double eps;
+  bool elementwise_affine;
+  Tensor weight, bias;  // undefined without elementwise_affine
+};
+
+struct BatchNormOptions {
+  double eps = 1e-5;
+  // Weight of the new batch statistic in the running average; nullopt means a cumulative
+  // average (1 / num_batches_tracked), as momentum=None in PyTorch.
+  std::optional<double> momentum = 0.1;
+  bool affine = true;
+  bool track_running_stats = true;
+};
+
+// Batch normalisation over N (and L) for inputs [N, C] or [N, C, L]. Training normalises with
+// the batch statistics (biased variance) and updates the running mean and the running
+// *unbiased* variance; eval normalises with the running statistics when they are tracked.
+// Buffers: running_mean [C] (zeros), running_var [C] (ones), num_batches_tracked (0-dim i64).
+class BatchNorm1d : public Module {
+ public:
+  explicit BatchNorm1d(int64_t num_features, BatchNormOptions options = {});
+  BatchNorm1d(int64_t num_features, double eps, std::optional<double> momentum = 0.1, bool affine = true,
+              bool track_running_stats = true);
+  Tensor forward(const Tensor& input) override;
+  void reset_running_stats();
+  void reset_parameters();
+  std::string extra_repr() const override;
+
+  // The buffers, read from the module's slots (set_buffer replaces them).
+  Tensor running_mean() const;
+  Tensor running_var() const;
+  Tensor num_batches_tracked() const;
+
+  int64_t num_features;
+  BatchNormOptions options;
+  Tensor weight, bias;  // undefined without affine
+};
+
+// Zeroes elements with probability p in training (scaling the rest by 1 / (1 - p)); identity in eval.
+class Dropout : public Module {
+ public:
+  explicit Dropout(double p = 0.5);
+  Tensor forward(const Tensor& input) override;
+  std::string extra_repr() const override;
+  double p;
+};
+
+class ReLU : public Module {
+ public:
+  ReLU() : Module("ReLU") {}
+  Tensor forward(const Tensor& input) override;
+};
+
+// Exact erf GELU, or the tanh approximation (approximate = "tanh" in PyTorch).
+class GELU : public Module {
+ public:
+  explicit GELU(bool tanh_approximation = false) : Module("GELU"), tanh_approximation(tanh_approximation) {}
+  Tensor forward(const Tensor& input) override;
+  std::string extra_repr() const override;
+  bool tanh_approximation;
+};
+
+class Tanh : public Module {
+ public:
+  Tanh() : Module("Tanh") {}
+  Tensor forward(const Tensor& input) override;
+};
+
+class Sigmoid : public Module {
+ public:
+  Sigmoid() : Module("Sigmoid") {}
+  Tensor forward(const Tensor& input) override;
+};
+
+// Chains its children: forward(x) = child_n(...child_1(child_0(x))). Children are named
+// "0", "1", ... in order; each call goes through operator(), so the children's hooks run.
+class Sequential : public Module {
+ public:
+  Sequential() : Module("Sequential") {}
+  Sequential(std::initializer_list<std::shared_ptr<Module>> modules);
+  explicit Sequential(const std::vector<std::shared_ptr<Module>>& modules);
+
+  template <class M>
+  std::shared_ptr<M> push_back(std::shared_ptr<M> module) {
+    TANDEM_CHECK(module != nullptr, "[Sequential] push_back of a null module");
+    register_module(std::to_string(layers_.size()), module);
+    layers_.push_back(module);
+    return module;
+  }
+
+  Tensor forward(const Tensor& input) override;
+  size_t size() const { return layers_.size(); }
+  bool empty() const { return layers_.empty(); }
+  // Negative indices count from the end, as in Python.
+  std::shared_ptr<Module> operator[](int64_t index) const;
+  template <class M>
+  std::shared_ptr<M> at(int64_t index) const {
+    auto typed = std::dynamic_pointer_cast<M>((*this)[index]);
+    TANDEM_CHECK(typed != nullptr, "[Sequential] layer {} is a {}, not the requested type", index,
+                 (*this)[index]->type_name());
+    return typed;
+  }
+  auto begin() const { return layers_.begin(); }
+  auto end() const { return layers_.end(); }
+
+ private:
+  std::vector<std::shared_ptr<Module>> layers_;
+};
+
+}  // namespace tandem::nn

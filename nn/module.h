@@ -1,0 +1,225 @@
+// Module: the base of every layer. It owns named parameters, buffers and child modules (in
+// registration order), the train/eval flag, pre-forward hooks, dtype/device conversion and the
+// state dict. Semantics follow PyTorch's C++ frontend (torch::nn::Module).
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "autograd/hooks.h"
+#include "core/tensor.h"
+
+namespace tandem::nn {
+
+// An insertion-ordered map from names to values with O(1) lookup: what named_parameters(),
+// state_dict() and load_safetensors() return.
+template <class V>
+class OrderedDict {
+ public:
+  using Item = std::pair<std::string, V>;
+
+  OrderedDict() = default;
+  OrderedDict(std::initializer_list<Item> items) {
+    for (const auto& it : items) insert(it.first, it.second);
+  }
+
+  size_t size() const { return items_.size(); }
+  bool empty() const { return items_.empty(); }
+  bool contains(const std::string& key) const { return index_.count(key) != 0; }
+
+  const V* find(const std::string& key) const {
+    auto it = index_.find(key);
+    return it == index_.end() ? nullptr : &items_[it->second].second;
+  }
+  V* find(const std::string& key) {
+    auto it = index_.find(key);
+    return it == index_.end() ? nullptr : &items_[it->second].second;
+  }
+  const V& at(const std::string& key) const {
+    const V* v = find(key);
+    if (!v) fail("[OrderedDict] no entry named '{}'", key);
+    return *v;
+  }
+  V& at(const std::string& key) {
+    V* v = find(key);
+    if (!v) fail("[OrderedDict] no entry named '{}'", key);
+    return *v;
+  }
+  const V& operator[](const std::string& key) const { return at(key); }
+
+  // Adds a new entry; a duplicate name is an error (use insert_or_assign to overwrite).
+  V& insert(std::string key, V value) {
+    if (contains(key)) fail("[OrderedDict] duplicate entry '{}'", key);
+    index_.emplace(key, items_.size());
+    items_.emplace_back(std::move(key), std::move(value));
+    return items_.back().second;
+  }
+  V& insert_or_assign(std::string key, V value) {
+    if (V* v = find(key)) return *v = std::move(value);
+    return insert(std::move(key), std::move(value));
+  }
+  void clear() {
+    items_.clear();
+    index_.clear();
+  }
+
+  std::vector<std::string> keys() const {
+    std::vector<std::string> out;
+    out.reserve(items_.size());
+    for (const auto& it : items_) out.push_back(it.first);
+    return out;
+  }
+  std::vector<V> values() const {
+    std::vector<V> out;
+    out.reserve(items_.size());
+    for (const auto& it : items_) out.push_back(it.second);
+    return out;
+  }
+  const std::vector<Item>& items() const { return items_; }
+
+  auto begin() const { return items_.begin(); }
+  auto end() const { return items_.end(); }
+  auto begin() { return items_.begin(); }
+  auto end() { return items_.end(); }
+
+ private:
+  std::vector<Item> items_;
+  std::unordered_map<std::string, size_t> index_;
+};
+
+using TensorDict = OrderedDict<Tensor>;
+
+class Module;
+
+// A pre-forward hook sees the module and its input; returning a tensor replaces the input.
+using ForwardPreHook = std::function<std::optional<Tensor>(Module& module, const Tensor& input)>;
+
+// What load_state_dict(strict = false) could not match.
+struct LoadStateDictResult {
+  std::vector<std::string> missing_keys;
+  std::vector<std::string> unexpected_keys;
+};
+
+class Module : public std::enable_shared_from_this<Module> {
+ public:
+  explicit Module(std::string type_name = "Module");
+  virtual ~Module() = default;
+  Module(const Module&) = delete;
+  Module& operator=(const Module&) = delete;
+
+  // The class name ("Linear", "Sequential", ...), used in errors and printing.
+  const std::string& type_name() const { return type_name_; }
+
+  // The computation. The default throws: a module is only callable when it defines forward.
+  virtual Tensor forward(const Tensor& input);
+  // What callers use: runs the pre-forward hooks (which may replace the input), then forward.
+  Tensor operator()(const Tensor& input) { return forward(run_pre_forward_hooks(input)); }
+
+  // ---- registration (names: non-empty, no '.', unique among parameters, buffers, children) ----
+  // The tensor must be a leaf; it is made to require grad when `requires_grad` (floating only).
+  // Returns the handle stored in the module (same TensorImpl as `tensor`).
+  Tensor register_parameter(std::string name, Tensor tensor, bool requires_grad = true);
+  Tensor register_buffer(std::string name, Tensor tensor);
+  template <class M>
+  std::shared_ptr<M> register_module(std::string name, std::shared_ptr<M> module) {
+    add_child(std::move(name), module);
+    return module;
+  }
+
+  // ---- access (dotted names reach into children: "encoder.fc.weight") ----
+  // Recursive listings are depth first in registration order; a tensor or module reachable
+  // under several names is listed once, under the first.
+  TensorDict named_parameters(bool recurse = true) const;
+  TensorDict named_buffers(bool recurse = true) const;
+  TensorList parameters(bool recurse = true) const;
+  TensorList buffers(bool recurse = true) const;
+  OrderedDict<std::shared_ptr<Module>> named_children() const;
+  std::vector<std::shared_ptr<Module>> children() const;
+  // Includes this module under `prefix` (default "") first when include_self.
+  OrderedDict<std::shared_ptr<Module>> named_modules(const std::string& prefix = "", bool include_self = true);
+  std::vector<std::shared_ptr<Module>> modules(bool include_self = true);
+
+  Tensor parameter(const std::string& dotted_name) const;  // throws when absent
+  Tensor buffer(const std::string& dotted_name) const;
+  std::shared_ptr<Module> submodule(const std::string& dotted_name) const;
+  bool has_parameter(const std::string& dotted_name) const;
+  bool has_buffer(const std::string& dotted_name) const;
+  // Replaces the buffer registered under `dotted_name` by `tensor` (any shape/dtype: this is a
+  // reassignment, as `module.running_mean = t` in PyTorch). Layers read their buffers through
+  // buffer() at forward time, so the replacement takes effect immediately.
+  void set_buffer(const std::string& dotted_name, Tensor tensor);
+
+  // ---- modes and gradients ----
+  virtual void train(bool on = true);
+  void eval() { train(false); }
+  bool is_training() const { return training_; }
+  // set_to_none drops the gradients; otherwise existing gradients are zeroed in place.
+  void zero_grad(bool set_to_none = true);
+
+  // ---- conversion ----
+  // Casts every floating parameter and buffer (and existing gradients) to `dtype`, recursively.
+  // The conversion happens in place of each tensor's data: the TensorImpl behind every handle
+  // is kept and its storage/dtype replaced, so the layer's members (Linear::weight), optimizers
+  // built earlier, tensors shared between modules, and hooks registered on parameters all keep
+  // working, as with PyTorch's `module.to()`. Views taken of a parameter before the call keep
+  // the old data. Integer and bool tensors (num_batches_tracked) are left as they are.
+  Module& to(Dtype dtype);
+  Module& to(Device device);
+
+  // ---- state ----
+  // Parameters then buffers of each module, parents before children (PyTorch's order); values
+  // are detached aliases of the module's tensors (no copy). Shared tensors appear under every
+  // name, as in PyTorch.
+  TensorDict state_dict() const;
+  // Copies (under no_grad, casting dtype) into the module's existing tensors. Every shape must
+  // match. With strict, missing or unexpected keys are an error naming all of them; nothing is
+  // copied unless the whole dict is acceptable.
+  LoadStateDictResult load_state_dict(const TensorDict& state_dict, bool strict = true);
+
+  // ---- hooks ----
+  [[nodiscard]] HookHandle register_forward_pre_hook(ForwardPreHook hook);
+  // A hook that only observes (DDP uses this kind to prepare a step before forward runs).
+  [[nodiscard]] HookHandle register_forward_pre_hook(std::function<void(Module&)> hook);
+  // Runs the hooks in registration order, threading the (possibly replaced) input through them.
+  Tensor run_pre_forward_hooks(const Tensor& input);
+
+  // A readable tree: "Sequential(\n  (0): Linear(in_features=4, out_features=3, bias=true)\n...".
+  std::string str() const;
+  // The one-line description inside str(); layers override it.
+  virtual std::string extra_repr() const { return ""; }
+
+ protected:
+  // Throws "[<type>] ..." style errors with the module type.
+  void add_child(std::string name, std::shared_ptr<Module> module);
+  // The module's own slots, for layers that must look their buffers up by name.
+  const TensorDict& own_parameters() const { return parameters_; }
+  const TensorDict& own_buffers() const { return buffers_; }
+
+ private:
+  void check_new_name(const std::string& name, const char* what) const;
+  template <class Fn>
+  void for_each_tensor(Fn&& fn);  // fn(Tensor&, bool is_parameter) over every slot, recursively
+  void collect_state(const std::string& prefix, TensorDict& out, bool detach) const;
+  std::pair<const Module*, std::string> resolve(const std::string& dotted, const char* what) const;
+  std::shared_ptr<Module> self_ptr();
+
+  std::string type_name_;
+  bool training_ = true;
+  TensorDict parameters_;
+  TensorDict buffers_;
+  OrderedDict<std::shared_ptr<Module>> children_;
+  struct PreHooks {
+    std::vector<std::pair<uint64_t, ForwardPreHook>> hooks;
+    uint64_t next_id = 0;
+  };
+  std::shared_ptr<PreHooks> pre_hooks_;
+};
+
+std::ostream& operator<<(std::ostream& os, const Module& m);
+
+}  // namespace tandem::nn

@@ -1,0 +1,9 @@
+// The nn layer in one include: modules, layers, losses, init, optimizers, safetensors.
+#pragma once
+
+#include "nn/init.h"
+#include "nn/layers.h"
+#include "nn/loss.h"
+#include "nn/module.h"
+#include "nn/optim.h"
+#include "nn/safetensors.h"

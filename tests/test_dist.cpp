@@ -1,0 +1,149 @@
+// The dist layer on the threads backend: every collective x dtype with 1, 2, 3, 4 and 8 ranks,
+// misuse (argument errors, mismatched collectives, timeouts), error propagation and init().
+#include <catch2/catch.hpp>
+
+#include <atomic>
+#include <chrono>
+
+#include "dist_cases.h"
+#include "tandem.h"
+
+using namespace tandem;
+using namespace tandem::dist;
+using namespace dist_cases;
+
+namespace {
+ThreadsOptions test_options() {
+  ThreadsOptions o;
+  o.timeout = std::chrono::seconds(30);  // a bug fails the test instead of hanging it
+  return o;
+}
+}  // namespace
+
+TEST_CASE("dist threads: every collective x dtype", "[dist]") {
+  for (int n : {1, 2, 3, 4, 8}) {
+    INFO("ranks: " << n);
+    REQUIRE_NOTHROW(run_threads(n, [](ProcessGroup& pg) {
+      allreduce_all(pg);
+      allreduce_coalesced_all(pg);
+      broadcast_all(pg);
+      allgather_all(pg);
+      reduce_scatter_all(pg);
+      all_to_all_all(pg);
+      barrier_and_p2p(pg);
+      work_continuations(pg);
+    }, test_options()));
+  }
+}
+
+TEST_CASE("dist threads: sub-groups", "[dist]") {
+  for (int n : {1, 2, 3, 4, 8}) {
+    INFO("ranks: " << n);
+    REQUIRE_NOTHROW(run_threads(n, [](ProcessGroup& pg) { sub_groups(pg); }, test_options()));
+  }
+}
+
+TEST_CASE("dist threads: argument errors", "[dist]") {
+  for (int n : {1, 2, 3}) {
+    INFO("ranks: " << n);
+    REQUIRE_NOTHROW(run_threads(n, [](ProcessGroup& pg) { argument_errors(pg); }, test_options()));
+  }
+}
+
+TEST_CASE("dist threads: mismatched collectives name what each rank called", "[dist]") {
+  for (int n : {2, 3, 4}) {
+    INFO("ranks: " << n);
+    REQUIRE_NOTHROW(run_threads(n, [](ProcessGroup& pg) { mismatch_detection(pg); }, test_options()));
+  }
+  // Without debug checks the threads backend still refuses mismatched calls (it must, for safety).
+  std::atomic<int> errors{0};
+  REQUIRE_NOTHROW(run_threads(2, [&](ProcessGroup& pg) {
+    Tensor t = make({pg.rank() + 1}, f32, [](int64_t) { return 1; });
+    std::string msg = error_of([&] { pg.allreduce(t)->wait(); });
+    if (msg.find("rank 0 called allreduce(sum) f32 [1]; rank 1 called allreduce(sum) f32 [2]") != std::string::npos)
+      ++errors;
+  }, test_options()));
+  REQUIRE(errors == 2);
+}
+
+TEST_CASE("dist threads: timeouts name the collective and the missing ranks", "[dist]") {
+  for (int n : {2, 3, 4}) {
+    INFO("ranks: " << n);
+    REQUIRE_NOTHROW(run_threads(n, [](ProcessGroup& pg) { timeout_reporting(pg, false); }, test_options()));
+  }
+}
+
+TEST_CASE("dist threads: a rank that throws stops the others at once", "[dist]") {
+  auto start = std::chrono::steady_clock::now();
+  REQUIRE_THROWS_WITH(run_threads(3, [](ProcessGroup& pg) {
+    if (pg.rank() == 1) tandem::fail("[test] rank 1 gives up");
+    Tensor t = make({4}, f32, [](int64_t) { return 1; });
+    pg.allreduce(t)->wait();
+  }, test_options()), Catch::Contains("[test] rank 1 gives up"));
+  double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  REQUIRE(elapsed < 10);  // far below the 30 s timeout
+
+  // What the other ranks see.
+  std::atomic<int> stopped{0};
+  REQUIRE_THROWS(run_threads(2, [&](ProcessGroup& pg) {
+    if (pg.rank() == 0) tandem::fail("[test] rank 0 gives up");
+    Tensor t = make({4}, f32, [](int64_t) { return 1; });
+    std::string msg = error_of([&] { pg.allreduce(t)->wait(); });
+    if (msg.find("allreduce #0") != std::string::npos && msg.find("rank 0 failed: [test] rank 0 gives up") != std::string::npos)
+      ++stopped;
+  }, test_options()));
+  REQUIRE(stopped == 1);
+}
+
+TEST_CASE("dist threads: Work::wait with a timeout and waits inside continuations", "[dist]") {
+  std::atomic<bool> rank0_gave_up{false};
+  std::atomic<int> checks{0};
+  REQUIRE_NOTHROW(run_threads(2, [&](ProcessGroup& pg) {
+    Tensor t = make({4}, f32, [&](int64_t) { return pg.rank() + 1; });
+    if (pg.rank() == 0) {
+      WorkPtr w = pg.allreduce(t);
+      std::string msg = error_of([&] { w->wait(std::chrono::milliseconds(50)); });
+      if (msg.find("wait on allreduce #0") != std::string::npos && msg.find("timed out after 50 ms") != std::string::npos)
+        ++checks;
+      if (!w->is_completed()) ++checks;
+      rank0_gave_up = true;
+      w->wait();  // rank 1 now joins; the collective itself was never cancelled
+      expect_values(t, [](int64_t) { return 3; }, "allreduce after a wait timeout");
+    } else {
+      while (!rank0_gave_up) std::this_thread::yield();
+      pg.allreduce(t)->wait();
+    }
+    // A continuation runs on the communication thread; waiting there for later work would deadlock.
+    WorkPtr first = pg.barrier();
+    WorkPtr second;
+    std::string inner;
+    WorkPtr chained = first->then([&](Work&) {
+      inner = error_of([&] { pg.barrier()->wait(); });
+      return TensorList{};
+    });
+    chained->wait();
+    if (inner.find("would deadlock") != std::string::npos) ++checks;
+    pg.barrier()->wait();  // the barrier issued inside the continuation pairs with this one
+  }, test_options()));
+  REQUIRE(checks == 3);
+}
+
+TEST_CASE("dist init: a world of size 1 without mpirun, and backend selection", "[dist]") {
+  if (launched_by_mpi()) return;  // this test is about running without a launcher
+  ProcessGroupPtr w = init();
+  REQUIRE(w->size() == 1);
+  REQUIRE(w->rank() == 0);
+  REQUIRE(world_info().local_size == 1);
+  REQUIRE(init() == w);
+  Tensor t = make({3}, f32, [](int64_t i) { return static_cast<double>(i); });
+  dist::allreduce(t, ReduceOp::avg)->wait();
+  expect_values(t, [](int64_t i) { return static_cast<double>(i); }, "size-1 allreduce");
+  REQUIRE_NOTHROW(allreduce_all(*w));
+  finalize();
+  REQUIRE(!is_initialized());
+  REQUIRE_THROWS_WITH(world(), Catch::Contains("[dist] no world group"));
+#ifndef TANDEM_WITH_CUDA
+  REQUIRE_THROWS_WITH(init({"nccl"}), Catch::Contains("[dist] the nccl backend needs a CUDA build"));
+#endif
+  REQUIRE_THROWS_WITH(init({"gloo"}), Catch::Contains("unknown backend 'gloo'"));
+}

@@ -1,0 +1,569 @@
+// Elementwise ops: values against hand-computed references, broadcasting, non-contiguous
+// operands, type promotion, gradients (gradcheck in f64, ties and kinks), in-place semantics
+// and error messages.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <limits>
+
+#include "core/elementwise.h"
+#include "tandem.h"
+
+using namespace tandem;
+using Catch::Contains;
+
+namespace {
+Tensor T(std::vector<double> v, Shape shape) { return from_vector(v, shape); }
+Tensor T(std::vector<double> v) { return from_vector(v); }
+Tensor leaf(std::vector<double> v, Shape shape) {
+  Tensor t = from_vector(v, shape);
+  t.requires_grad_();
+  return t;
+}
+Tensor rnd(Shape shape, double lo = -1, double hi = 1) {
+  Tensor t = rand(shape, f64);
+  NoGradGuard ng;
+  t = t * (hi - lo) + lo;
+  t.requires_grad_();
+  return t;
+}
+std::vector<double> vals(const Tensor& t) { return t.to_vector<double>(); }
+void require_close(const std::vector<double>& got, const std::vector<double>& want, double tol = 1e-12) {
+  REQUIRE(got.size() == want.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    INFO("element " << i << ": got " << got[i] << ", want " << want[i]);
+    if (std::isnan(want[i])) {
+      REQUIRE(std::isnan(got[i]));
+    } else {
+      REQUIRE(std::abs(got[i] - want[i]) <= tol * std::max(1.0, std::abs(want[i])));
+    }
+  }
+}
+void check_grad(const std::function<Tensor(const TensorList&)>& fn, const TensorList& in) {
+  GradcheckResult r = gradcheck(fn, in);
+  INFO(r.report);
+  REQUIRE(r.ok);
+}
+}  // namespace
+
+// ---------------------------------------------------------------- values
+
+TEST_CASE("binary arithmetic with broadcasting", "[elementwise]") {
+  Tensor a = T({1, 2, 3, 4, 5, 6}, {2, 3});
+  Tensor row = T({10, 20, 30}, {3});
+  Tensor col = T({100, 200}, {2, 1});
+  REQUIRE(vals(a + row) == std::vector<double>{11, 22, 33, 14, 25, 36});
+  REQUIRE(vals(a - col) == std::vector<double>{-99, -98, -97, -196, -195, -194});
+  REQUIRE(vals(a * row) == std::vector<double>{10, 40, 90, 40, 100, 180});
+  require_close(vals(row / a), {10, 10, 10, 2.5, 4, 5});
+  REQUIRE(vals(add(a, row, 2)) == std::vector<double>{21, 42, 63, 24, 45, 66});
+  REQUIRE(vals(sub(a, row, 0.5)) == std::vector<double>{-4, -8, -12, -1, -5, -9});
+  // [2, 1] with [3] broadcasts to [2, 3] in both operands.
+  Tensor outer = col + row;
+  REQUIRE(outer.shape() == Shape{2, 3});
+  REQUIRE(vals(outer) == std::vector<double>{110, 120, 130, 210, 220, 230});
+  // A 0-dim operand and an empty one.
+  REQUIRE(vals(a * scalar_tensor(2.0, f64)) == std::vector<double>{2, 4, 6, 8, 10, 12});
+  Tensor empty = zeros({0, 3}, f64);
+  REQUIRE((empty + row).shape() == Shape{0, 3});
+}
+
+TEST_CASE("Scalar operands", "[elementwise]") {
+  Tensor a = T({1, 2, 4});
+  REQUIRE(vals(a + 1) == std::vector<double>{2, 3, 5});
+  REQUIRE(vals(1 + a) == std::vector<double>{2, 3, 5});
+  REQUIRE(vals(a - 1) == std::vector<double>{0, 1, 3});
+  REQUIRE(vals(10 - a) == std::vector<double>{9, 8, 6});
+  REQUIRE(vals(rsub(a, 10)) == std::vector<double>{9, 8, 6});
+  REQUIRE(vals(a * 0.5) == std::vector<double>{0.5, 1, 2});
+  REQUIRE(vals(2 * a) == std::vector<double>{2, 4, 8});
+  REQUIRE(vals(a / 4) == std::vector<double>{0.25, 0.5, 1});
+  REQUIRE(vals(4 / a) == std::vector<double>{4, 2, 1});
+  REQUIRE(vals(-a) == std::vector<double>{-1, -2, -4});
+}
+
+TEST_CASE("type promotion follows PyTorch", "[elementwise][promotion]") {
+  Tensor i32t = from_vector<int32_t>({1, 2, 3});
+  Tensor i64t = from_vector<int64_t>({1, 2, 3});
+  Tensor f32t = from_vector<float>({1, 2, 3});
+  Tensor f64t = T({1, 2, 3});
+  Tensor f16t = f32t.to(f16);
+  Tensor bf16t = f32t.to(bf16);
+  Tensor bools = from_vector<bool>({true, false, true});
+
+  REQUIRE((i32t + i64t).dtype() == i64);
+  REQUIRE((i32t + f16t).dtype() == f16);
+  REQUIRE((f16t + bf16t).dtype() == f32);
+  REQUIRE((f32t + f64t).dtype() == f64);
+  REQUIRE((bools + bools).dtype() == boolean);
+  REQUIRE(vals(bools + bools) == std::vector<double>{1, 0, 1});
+  REQUIRE((bools + i32t).dtype() == i32);
+  // Scalars do not widen within their category; a floating one lifts integers to f32.
+  REQUIRE((i32t + 2).dtype() == i32);
+  REQUIRE((i32t * 2.5).dtype() == f32);
+  REQUIRE(vals(i32t * 2.5) == std::vector<double>{2.5, 5, 7.5});
+  REQUIRE((f16t * 2.5).dtype() == f16);
+  REQUIRE((bools + 1).dtype() == i64);
+  // 0-dim tensors count like Scalars against dimensioned tensors, but keep their own dtype.
+  REQUIRE((f32t + scalar_tensor(1.0, f64)).dtype() == f32);
+  REQUIRE((i32t + scalar_tensor(1.0, f64)).dtype() == f64);
+  REQUIRE((i32t + scalar_tensor(1, i64)).dtype() == i32);
+  REQUIRE((bools + scalar_tensor(1, i64)).dtype() == i64);
+  REQUIRE((scalar_tensor(1.0, f64) + scalar_tensor(1.0, f32)).dtype() == f64);
+  // True division of integers gives the default float.
+  REQUIRE((i64t / i64t).dtype() == f32);
+  REQUIRE(vals(i64t / 2) == std::vector<double>{0.5, 1, 1.5});
+  REQUIRE((f16t / 2).dtype() == f16);
+  REQUIRE(ew::result_type(i32t, Scalar(1.5)) == f32);
+  REQUIRE(ew::result_type(i64t, f16t, bools) == f16);
+  // Unary floating math promotes integers.
+  REQUIRE(exp(i32t).dtype() == f32);
+  REQUIRE(relu(i32t).dtype() == i32);
+  REQUIRE(abs(from_vector<int64_t>({-3, 2})).to_vector<int64_t>() == std::vector<int64_t>{3, 2});
+}
+
+TEST_CASE("2-byte floats compute in f32 and round once", "[elementwise][half]") {
+  // 1 + 2^-11 is not representable in f16: the tie rounds to even (1.0).
+  Tensor one = full({2}, 1.0, f16);
+  Tensor tiny = full({2}, std::ldexp(1.0, -11), f16);
+  REQUIRE(vals(one + tiny) == std::vector<double>{1, 1});
+  // 3 * 2^-11 above 1: mantissa 1.5 ulps rounds to the even 2 ulps.
+  REQUIRE(vals(one + tiny * 3) == std::vector<double>{1 + std::ldexp(1.0, -9), 1 + std::ldexp(1.0, -9)});
+  Tensor big = full({1}, 60000.0, f16);
+  REQUIRE(std::isinf(vals(big + big)[0]));
+  Tensor b = from_vector<float>({1, 2, 3}).to(bf16);
+  require_close(vals(exp(b)), {2.71875, 7.375, 20.125});  // exp rounded to 8 significant bits
+  REQUIRE(exp(b).dtype() == bf16);
+}
+
+TEST_CASE("non-contiguous operands", "[elementwise]") {
+  Tensor base = T({1, 2, 3, 4, 5, 6}, {2, 3});
+  Tensor t = base.transpose(0, 1);  // [3, 2], strides [1, 3]
+  REQUIRE_FALSE(t.is_contiguous());
+  Tensor c = t.contiguous();
+  Tensor other = T({1, -1}, {2});
+  REQUIRE(vals(t + other) == vals(c + other));
+  REQUIRE(vals(t * t) == std::vector<double>{1, 16, 4, 25, 9, 36});
+  REQUIRE(vals(exp(t)) == vals(exp(c)));
+  // A strided view built by hand: every second element of a [2, 4] row-major buffer.
+  Tensor buf = T({0, 1, 2, 3, 4, 5, 6, 7}, {2, 4});
+  Tensor every2 = make_view(buf, {2, 2}, {4, 2}, 1);  // 1 3 / 5 7
+  REQUIRE(vals(every2) == std::vector<double>{1, 3, 5, 7});
+  REQUIRE(vals(every2 * T({10, 100}, {2, 1})) == std::vector<double>{10, 30, 500, 700});
+  REQUIRE(vals(maximum(every2, t.slice(0, 0, 2))) == std::vector<double>{1, 4, 5, 7});
+  // Expanded (stride 0) operands.
+  Tensor e = T({1, 2}, {2, 1}).expand({2, 3});
+  REQUIRE(vals(e + base) == std::vector<double>{2, 3, 4, 6, 7, 8});
+  // Large enough for the contiguous fast path and the strided path to both run.
+  Tensor big = rand({64, 33}, f64);
+  Tensor bt = big.transpose(0, 1);
+  require_close(vals(bt * 2 + bt), vals((bt.contiguous() * 3)));
+}
+
+TEST_CASE("unary math values", "[elementwise]") {
+  Tensor x = T({-2, -0.5, 0, 0.5, 2});
+  require_close(vals(abs(x)), {2, 0.5, 0, 0.5, 2});
+  require_close(vals(relu(x)), {0, 0, 0, 0.5, 2});
+  require_close(vals(tanh(x)), {std::tanh(-2.0), std::tanh(-0.5), 0, std::tanh(0.5), std::tanh(2.0)});
+  require_close(vals(sigmoid(x)), {0.11920292202211755, 0.3775406687981454, 0.5, 0.6224593312018546,
+                                   0.8807970779778823});
+  // gelu(x) = x Phi(x); Phi(2) = 0.9772498680518208, Phi(0.5) = 0.6914624612740131.
+  require_close(vals(gelu(x)), {-2 * (1 - 0.9772498680518208), -0.5 * (1 - 0.6914624612740131), 0,
+                                0.5 * 0.6914624612740131, 2 * 0.9772498680518208});
+  // tanh approximation at 1: 0.5 (1 + tanh(sqrt(2/pi) * 1.044715)).
+  require_close(vals(gelu(T({1.0}), true)), {0.5 * (1 + std::tanh(std::sqrt(2 / M_PI) * 1.044715))});
+  require_close(vals(gelu(T({1.0}), true)), {0.8411919906082768}, 1e-12);
+  require_close(vals(silu(x)), {-2 * 0.11920292202211755, -0.5 * 0.3775406687981454, 0, 0.5 * 0.6224593312018546,
+                                2 * 0.8807970779778823});
+  Tensor p = T({0.25, 1, 4});
+  require_close(vals(sqrt(p)), {0.5, 1, 2});
+  require_close(vals(rsqrt(p)), {2, 1, 0.5});
+  require_close(vals(log(p)), {std::log(0.25), 0, std::log(4.0)});
+  require_close(vals(exp(T({0, 1}))), {1, M_E});
+  require_close(vals(clamp(x, -1.0, 1.0)), {-1, -0.5, 0, 0.5, 1});
+  require_close(vals(clamp(x, std::nullopt, 0.0)), {-2, -0.5, 0, 0, 0});
+  require_close(vals(clamp(x, 1.0, std::nullopt)), {1, 1, 1, 1, 2});
+  require_close(vals(clamp(x, 1.0, -1.0)), {-1, -1, -1, -1, -1});  // lo > hi: hi everywhere, as PyTorch
+  // NaN propagates through relu, clamp, maximum and minimum.
+  double nan = std::numeric_limits<double>::quiet_NaN();
+  Tensor n = T({nan, 1});
+  REQUIRE(std::isnan(vals(relu(n))[0]));
+  REQUIRE(std::isnan(vals(clamp(n, 0.0, 0.5))[0]));
+  REQUIRE(std::isnan(vals(maximum(n, T({0, 0})))[0]));
+  REQUIRE(std::isnan(vals(minimum(T({0, 0}), n))[0]));
+  // Integer clamp keeps the dtype for whole bounds, promotes for fractional ones.
+  Tensor ints = from_vector<int64_t>({-5, 0, 5});
+  REQUIRE(clamp(ints, -1.0, 1.0).to_vector<int64_t>() == std::vector<int64_t>{-1, 0, 1});
+  REQUIRE(clamp(ints, -1.0, 1.0).dtype() == i64);
+  REQUIRE(clamp(ints, 0.5, std::nullopt).dtype() == f32);
+}
+
+TEST_CASE("pow with scalar and tensor exponents", "[elementwise]") {
+  Tensor x = T({1, 2, 3});
+  require_close(vals(pow(x, 2)), {1, 4, 9});
+  require_close(vals(pow(x, 3)), {1, 8, 27});
+  require_close(vals(pow(x, 0.5)), {1, std::sqrt(2.0), std::sqrt(3.0)});
+  require_close(vals(pow(x, -1)), {1, 0.5, 1.0 / 3});
+  require_close(vals(pow(x, -0.5)), {1, 1 / std::sqrt(2.0), 1 / std::sqrt(3.0)});
+  require_close(vals(pow(x, 1.5)), {1, std::pow(2.0, 1.5), std::pow(3.0, 1.5)});
+  require_close(vals(pow(x, 0)), {1, 1, 1});
+  require_close(vals(pow(x, T({2, 0.5}, {2, 1}))), {1, 4, 9, 1, std::sqrt(2.0), std::sqrt(3.0)});
+  Tensor ints = from_vector<int64_t>({-2, 3, 5});
+  REQUIRE(pow(ints, 3).to_vector<int64_t>() == std::vector<int64_t>{-8, 27, 125});
+  REQUIRE(pow(ints, 3).dtype() == i64);
+  REQUIRE(pow(ints, from_vector<int64_t>({2, 0, -1})).to_vector<int64_t>() == std::vector<int64_t>{4, 1, 0});
+  REQUIRE(pow(ints, 0.5).dtype() == f32);
+  REQUIRE_THROWS_WITH(pow(ints, -2), Contains("[pow]") && Contains("negative integer powers"));
+}
+
+TEST_CASE("comparisons, logic, isnan, isinf", "[elementwise]") {
+  Tensor a = T({1, 2, 3});
+  Tensor b = T({3, 2, 1});
+  auto bools = [](const Tensor& t) {
+    REQUIRE(t.dtype() == boolean);
+    return t.to_vector<bool>();
+  };
+  using V = std::vector<bool>;
+  REQUIRE(bools(eq(a, b)) == V{false, true, false});
+  REQUIRE(bools(ne(a, b)) == V{true, false, true});
+  REQUIRE(bools(lt(a, b)) == V{true, false, false});
+  REQUIRE(bools(le(a, b)) == V{true, true, false});
+  REQUIRE(bools(gt(a, b)) == V{false, false, true});
+  REQUIRE(bools(ge(a, b)) == V{false, true, true});
+  REQUIRE(bools(a == 2) == V{false, true, false});
+  REQUIRE(bools(ne(a, 2)) == V{true, false, true});
+  REQUIRE(bools(a < 2) == V{true, false, false});
+  REQUIRE(bools(le(a, 2)) == V{true, true, false});
+  REQUIRE(bools(a > 2) == V{false, false, true});
+  REQUIRE(bools(ge(a, 2)) == V{false, true, true});
+  // An integer tensor compared with a fractional Scalar compares in f32, not truncated.
+  Tensor ints = from_vector<int32_t>({0, 1, 2});
+  REQUIRE(bools(lt(ints, 0.5)) == V{true, false, false});
+  REQUIRE(bools(eq(ints, 1.5)) == V{false, false, false});
+  // Broadcast comparison of mixed dtypes.
+  REQUIRE(bools(eq(T({1, 2}, {2, 1}), ints)) == V{false, true, false, false, false, true});
+  Tensor p = from_vector<bool>({true, true, false, false});
+  Tensor q = from_vector<bool>({true, false, true, false});
+  REQUIRE(bools(logical_and(p, q)) == V{true, false, false, false});
+  REQUIRE(bools(logical_or(p, q)) == V{true, true, true, false});
+  REQUIRE(bools(logical_xor(p, q)) == V{false, true, true, false});
+  REQUIRE(bools(logical_not(p)) == V{false, false, true, true});
+  REQUIRE(bools(p && q) == V{true, false, false, false});
+  REQUIRE(bools(logical_and(T({0, 0.5}), from_vector<int64_t>({3, 3}))) == V{false, true});
+  REQUIRE(bools(!T({0, -2})) == V{true, false});
+  double inf = std::numeric_limits<double>::infinity(), nan = std::numeric_limits<double>::quiet_NaN();
+  Tensor s = T({1, inf, -inf, nan});
+  REQUIRE(bools(isnan(s)) == V{false, false, false, true});
+  REQUIRE(bools(isinf(s)) == V{false, true, true, false});
+  REQUIRE(bools(isnan(s.to(f16))) == V{false, false, false, true});
+  REQUIRE(bools(isinf(ints)) == V{false, false, false});
+  // Comparisons are not differentiable.
+  Tensor x = leaf({1, 2}, {2});
+  REQUIRE_FALSE((x > 1).requires_grad());
+}
+
+TEST_CASE("where broadcasts and promotes", "[elementwise]") {
+  Tensor cond = from_vector<bool>({true, false, true}, {3});
+  Tensor a = T({1, 2, 3, 4, 5, 6}, {2, 3});
+  Tensor b = from_vector<float>({-1, -2}, {2, 1});
+  Tensor w = where(cond, a, b);
+  REQUIRE(w.dtype() == f64);
+  REQUIRE(w.shape() == Shape{2, 3});
+  REQUIRE(vals(w) == std::vector<double>{1, -1, 3, 4, -2, 6});
+  REQUIRE_THROWS_WITH(where(T({1, 0, 1}), a, b), Contains("[where] condition must be a bool tensor") && Contains("f64"));
+  REQUIRE_THROWS_WITH(where(from_vector<bool>({true, false}), a, b), Contains("[where]") && Contains("[2]"));
+}
+
+TEST_CASE("to_dtype converts, and is differentiable only between floats", "[elementwise]") {
+  Tensor x = T({1.7, -1.7, 300});
+  REQUIRE(x.to(i32).to_vector<int32_t>() == std::vector<int32_t>{1, -1, 300});  // truncation toward 0
+  REQUIRE(x.to(boolean).to_vector<bool>() == std::vector<bool>{true, true, true});
+  REQUIRE(T({0, 2}).to(boolean).to_vector<bool>() == std::vector<bool>{false, true});
+  REQUIRE(from_vector<bool>({true, false}).to(f32).to_vector<float>() == std::vector<float>{1, 0});
+  REQUIRE(x.to(f64).is_same(x));  // no copy when the dtype is already right
+  Tensor l = leaf({1.5, 2.5}, {2});
+  Tensor h = l.to(f32);
+  REQUIRE(h.requires_grad());
+  (h * 2).sum().backward();
+  REQUIRE(l.grad().dtype() == f64);
+  REQUIRE(vals(l.grad()) == std::vector<double>{2, 2});
+  REQUIRE_FALSE(l.to(i64).requires_grad());
+}
+
+// ---------------------------------------------------------------- gradients
+
+TEST_CASE("gradcheck: binary arithmetic with broadcasting", "[elementwise][gradcheck]") {
+  manual_seed(11);
+  Tensor a = rnd({2, 3}), b = rnd({3}), c = rnd({2, 1}), s = rnd({});
+  Tensor pos = rnd({3}, 0.5, 2);
+  check_grad([](const TensorList& in) { return add(in[0], in[1], 2.5); }, {a, b});
+  check_grad([](const TensorList& in) { return sub(in[0], in[1], -1.5); }, {c, b});
+  check_grad([](const TensorList& in) { return in[0] * in[1]; }, {a, c});
+  check_grad([](const TensorList& in) { return in[0] / in[1]; }, {a, pos});
+  check_grad([](const TensorList& in) { return in[1] / in[0]; }, {pos, c});
+  check_grad([](const TensorList& in) { return in[0] * in[1] + in[1]; }, {a, s});  // 0-dim operand
+  check_grad([](const TensorList& in) { return maximum(in[0], in[1]); }, {a, b});
+  check_grad([](const TensorList& in) { return minimum(in[0], in[1]); }, {c, a});
+  check_grad([](const TensorList& in) { return pow(in[0], in[1]); }, {pos, c});
+  // Non-contiguous operands inside the function.
+  check_grad([](const TensorList& in) { return in[0].transpose(0, 1) * in[1]; }, {a, c.transpose(0, 1).contiguous()});
+  // Mixed dtypes: the f32 operand gets an f32 gradient.
+  Tensor f = from_vector<float>({1, 2, 3});
+  f.requires_grad_();
+  Tensor y = (f * T({2, 2, 2})).sum();
+  REQUIRE(y.dtype() == f64);
+  y.backward();
+  REQUIRE(f.grad().dtype() == f32);
+  REQUIRE(f.grad().to_vector<float>() == std::vector<float>{2, 2, 2});
+}
+
+TEST_CASE("gradcheck: Scalar operands", "[elementwise][gradcheck]") {
+  manual_seed(12);
+  Tensor a = rnd({2, 3}), pos = rnd({4}, 0.5, 2);
+  check_grad([](const TensorList& in) { return in[0] + 3; }, {a});
+  check_grad([](const TensorList& in) { return in[0] - 3; }, {a});
+  check_grad([](const TensorList& in) { return 3 - in[0]; }, {a});
+  check_grad([](const TensorList& in) { return in[0] * -2.5; }, {a});
+  check_grad([](const TensorList& in) { return in[0] / 4; }, {a});
+  check_grad([](const TensorList& in) { return 2 / in[0]; }, {pos});
+  check_grad([](const TensorList& in) { return -in[0]; }, {a});
+  check_grad([](const TensorList& in) { return pow(in[0], 2); }, {a});
+  check_grad([](const TensorList& in) { return pow(in[0], 3); }, {a});
+  check_grad([](const TensorList& in) { return pow(in[0], -1.5); }, {pos});
+  check_grad([](const TensorList& in) { return pow(in[0], 0.5); }, {pos});
+  check_grad([](const TensorList& in) { return pow(in[0], 0) * in[0]; }, {a});
+}
+
+TEST_CASE("gradcheck: unary math", "[elementwise][gradcheck]") {
+  manual_seed(13);
+  Tensor a = rnd({3, 4}, -2, 2), pos = rnd({3, 4}, 0.3, 3);
+  check_grad([](const TensorList& in) { return abs(in[0]); }, {a});
+  check_grad([](const TensorList& in) { return exp(in[0]); }, {a});
+  check_grad([](const TensorList& in) { return log(in[0]); }, {pos});
+  check_grad([](const TensorList& in) { return sqrt(in[0]); }, {pos});
+  check_grad([](const TensorList& in) { return rsqrt(in[0]); }, {pos});
+  check_grad([](const TensorList& in) { return tanh(in[0]); }, {a});
+  check_grad([](const TensorList& in) { return sigmoid(in[0]); }, {a});
+  check_grad([](const TensorList& in) { return relu(in[0]); }, {a});
+  check_grad([](const TensorList& in) { return gelu(in[0]); }, {a});
+  check_grad([](const TensorList& in) { return gelu(in[0], true); }, {a});
+  check_grad([](const TensorList& in) { return silu(in[0]); }, {a});
+  check_grad([](const TensorList& in) { return clamp(in[0], -0.5, 0.7); }, {a});
+  check_grad([](const TensorList& in) { return clamp(in[0], std::nullopt, 0.1); }, {a});
+}
+
+TEST_CASE("gradcheck: where with broadcasting", "[elementwise][gradcheck]") {
+  manual_seed(14);
+  Tensor cond = from_vector<bool>({true, false, false, true}, {2, 2});
+  Tensor a = rnd({2, 2}), b = rnd({2});
+  check_grad([cond](const TensorList& in) { return where(cond, in[0], in[1]); }, {a, b});
+  check_grad([cond](const TensorList& in) { return where(cond, in[1], in[0]) * in[0]; }, {a, b});
+}
+
+TEST_CASE("gradients at ties and kinks follow PyTorch", "[elementwise]") {
+  // maximum/minimum split the gradient equally on ties.
+  Tensor a = leaf({1, 2, 3}, {3});
+  Tensor b = leaf({1, 5, 0}, {3});
+  maximum(a, b).sum().backward();
+  REQUIRE(vals(a.grad()) == std::vector<double>{0.5, 0, 1});
+  REQUIRE(vals(b.grad()) == std::vector<double>{0.5, 1, 0});
+  a.set_grad(Tensor());
+  b.set_grad(Tensor());
+  minimum(a, b).sum().backward();
+  REQUIRE(vals(a.grad()) == std::vector<double>{0.5, 1, 0});
+  REQUIRE(vals(b.grad()) == std::vector<double>{0.5, 0, 1});
+  // Broadcast tie: the row operand collects halves from each row.
+  Tensor r = leaf({1}, {1});
+  Tensor m = T({1, 1, 2}, {3});
+  maximum(m, r).sum().backward();
+  REQUIRE(vals(r.grad()) == std::vector<double>{1});
+  // relu and abs have gradient 0 at 0.
+  Tensor x = leaf({-1, 0, 2}, {3});
+  relu(x).sum().backward();
+  REQUIRE(vals(x.grad()) == std::vector<double>{0, 0, 1});
+  x.set_grad(Tensor());
+  abs(x).sum().backward();
+  REQUIRE(vals(x.grad()) == std::vector<double>{-1, 0, 1});
+  // clamp passes the gradient where lo <= x <= hi (bounds included).
+  Tensor c = leaf({-2, -1, 0, 1, 2}, {5});
+  clamp(c, -1.0, 1.0).sum().backward();
+  REQUIRE(vals(c.grad()) == std::vector<double>{0, 1, 1, 1, 0});
+  // pow with exponent 0 has gradient 0, also at x = 0.
+  Tensor z = leaf({0, 2}, {2});
+  pow(z, 0).sum().backward();
+  REQUIRE(vals(z.grad()) == std::vector<double>{0, 0});
+  // pow(a, b) at a = 0, b >= 0: the exponent gradient is 0, not NaN.
+  Tensor base = leaf({0, 2}, {2}), ex = leaf({2, 3}, {2});
+  pow(base, ex).sum().backward();
+  require_close(vals(ex.grad()), {0, 8 * std::log(2.0)});
+  require_close(vals(base.grad()), {0, 12});
+}
+
+TEST_CASE("add records a lean node and backward gives the broadcast gradient", "[elementwise]") {
+  Tensor a = leaf({1, 2, 3, 4, 5, 6}, {2, 3});
+  Tensor b = leaf({1, 1, 1}, {3});
+  Tensor y = add(a, b, 3);
+  REQUIRE(y.grad_fn());
+  REQUIRE(y.grad_fn()->name() == "AddBackward");
+  y.sum().backward();
+  REQUIRE(vals(a.grad()) == std::vector<double>(6, 1));
+  REQUIRE(vals(b.grad()) == std::vector<double>{6, 6, 6});
+  // An integer operand does not stop the float one's gradient.
+  Tensor c = leaf({1, 2}, {2});
+  (c + from_vector<int64_t>({5, 6})).sum().backward();
+  REQUIRE(vals(c.grad()) == std::vector<double>{1, 1});
+  // No history without grad.
+  REQUIRE_FALSE((T({1}) + T({2})).requires_grad());
+  {
+    NoGradGuard ng;
+    REQUIRE_FALSE((a + b).requires_grad());
+  }
+}
+
+// ---------------------------------------------------------------- in place
+
+TEST_CASE("in-place ops mutate, broadcast the operand, and bump the version", "[elementwise][inplace]") {
+  Tensor a = T({1, 2, 3, 4}, {2, 2});
+  uint64_t v0 = a.version();
+  add_(a, T({10, 20}, {2}));
+  REQUIRE(vals(a) == std::vector<double>{11, 22, 13, 24});
+  REQUIRE(a.version() == v0 + 1);
+  a.add_(T({1, 1}, {2}), -2);
+  REQUIRE(vals(a) == std::vector<double>{9, 20, 11, 22});
+  a += 1;
+  sub_(a, T({1}, {1}));
+  a *= T({2, 1}, {2, 1});
+  REQUIRE(vals(a) == std::vector<double>{18, 40, 11, 22});
+  a /= 2;
+  mul_(a, 2);
+  div_(a, T({2, 4}, {2}));
+  REQUIRE(vals(a) == std::vector<double>{9, 10, 5.5, 5.5});
+  a -= T({0.5, 0.5}, {2});
+  REQUIRE(vals(a) == std::vector<double>{8.5, 9.5, 5, 5});
+  REQUIRE(a.version() == v0 + 9);
+  zero_(a);
+  REQUIRE(vals(a) == std::vector<double>(4, 0));
+  fill_(a, 2.5);
+  REQUIRE(vals(a) == std::vector<double>(4, 2.5));
+  clamp_(a, std::nullopt, 1.0);
+  REQUIRE(vals(a) == std::vector<double>(4, 1));
+  REQUIRE(a.version() == v0 + 12);
+  // f32 self with an f64 operand: computed in f64, stored as f32.
+  Tensor f = from_vector<float>({1, 2});
+  f.add_(T({0.5, 0.25}));
+  REQUIRE(f.dtype() == f32);
+  REQUIRE(f.to_vector<float>() == std::vector<float>{1.5f, 2.25f});
+  // An integer self with an integral Scalar stays integral.
+  Tensor i = from_vector<int64_t>({1, 2});
+  i.mul_(3);
+  REQUIRE(i.to_vector<int64_t>() == std::vector<int64_t>{3, 6});
+}
+
+TEST_CASE("in-place ops through views write into the base", "[elementwise][inplace]") {
+  Tensor base = T({1, 2, 3, 4, 5, 6}, {2, 3});
+  Tensor col = base.select(1, 1);  // non-contiguous [2]
+  uint64_t v0 = base.version();
+  col.mul_(10);
+  REQUIRE(vals(base) == std::vector<double>{1, 20, 3, 4, 50, 6});
+  REQUIRE(base.version() == v0 + 1);  // views share the version counter
+  base.transpose(0, 1).add_(T({100, 200}, {2}));
+  REQUIRE(vals(base) == std::vector<double>{101, 120, 103, 204, 250, 206});
+  // The operand aliasing self in a different layout is read before it is overwritten.
+  Tensor sq = T({1, 2, 3, 4}, {2, 2});
+  sq.add_(sq.transpose(0, 1));
+  REQUIRE(vals(sq) == std::vector<double>{2, 5, 5, 8});
+  Tensor s2 = T({1, 2, 3, 4}, {2, 2});
+  s2.copy_(s2.transpose(0, 1));
+  REQUIRE(vals(s2) == std::vector<double>{1, 3, 2, 4});
+}
+
+TEST_CASE("copy_ broadcasts and casts", "[elementwise][inplace]") {
+  Tensor dst = zeros({2, 3}, i32);
+  dst.copy_(T({1.9, -2.9, 3}, {3}));
+  REQUIRE(dst.to_vector<int32_t>() == std::vector<int32_t>{1, -2, 3, 1, -2, 3});
+  Tensor h = zeros({2}, f16);
+  h.copy_(from_vector<float>({65520.0f, 1.0f}));
+  REQUIRE(std::isinf(vals(h)[0]));
+  REQUIRE_THROWS_WITH(dst.copy_(T({1, 2})), Contains("[copy_]") && Contains("[2]") && Contains("[2, 3]"));
+}
+
+TEST_CASE("optimizer in-place ops: addcmul_, addcdiv_, lerp_", "[elementwise][inplace]") {
+  Tensor p = T({1, 2, 3});
+  addcmul_(p, T({1, 2, 3}), T({2}, {1}), 0.5);  // p += 0.5 * a * b
+  REQUIRE(vals(p) == std::vector<double>{2, 4, 6});
+  addcdiv_(p, T({1, 2, 3}), T({2, 4, 8}), -2);  // p += -2 * a / b
+  REQUIRE(vals(p) == std::vector<double>{1, 3, 5.25});
+  Tensor q = T({0, 10});
+  lerp_(q, T({10, 20}), 0.25);
+  REQUIRE(vals(q) == std::vector<double>{2.5, 12.5});
+  lerp_(q, T({7, 7}), 1.0);
+  REQUIRE(vals(q) == std::vector<double>{7, 7});  // weight 1 lands exactly on end
+  uint64_t v = q.version();
+  lerp_(q, T({1, 1}), 0.75);
+  REQUIRE(q.version() == v + 1);
+  Tensor f = from_vector<float>({1, 1});
+  addcmul_(f, from_vector<float>({2, 3}), from_vector<float>({4, 5}));
+  REQUIRE(f.to_vector<float>() == std::vector<float>{9, 16});
+  REQUIRE_THROWS_WITH(addcdiv_(from_vector<int64_t>({1}), T({1}), T({1})), Contains("[addcdiv_] self must be floating"));
+  REQUIRE_THROWS_WITH(lerp_(q, T({1, 2, 3}), 0.5), Contains("[lerp_]") && Contains("[3]"));
+}
+
+TEST_CASE("in-place errors", "[elementwise][inplace]") {
+  Tensor i = from_vector<int64_t>({1, 2});
+  REQUIRE_THROWS_WITH(i.add_(0.5), Contains("[add_] result type f32 can't be cast to the desired output type i64"));
+  REQUIRE_THROWS_WITH(i.add_(T({1, 1})), Contains("[add_] result type f64 can't be cast to the desired output type i64"));
+  REQUIRE_THROWS_WITH(i.div_(2), Contains("[div_] result type f32 can't be cast to the desired output type i64"));
+  REQUIRE_THROWS_WITH(from_vector<bool>({true}).add_(1), Contains("[add_]") && Contains("bool"));
+  REQUIRE(i.to_vector<int64_t>() == std::vector<int64_t>{1, 2});  // untouched by the failures
+  // The operand must broadcast to self's shape, not the other way round.
+  Tensor small = T({1, 2, 3});
+  REQUIRE_THROWS_WITH(small.add_(T({1, 2, 3, 4, 5, 6}, {2, 3})),
+                      Contains("[add_] other of shape [2, 3] cannot be broadcast to self's shape [3]"));
+  REQUIRE_THROWS_WITH(small.mul_(T({1, 2})), Contains("[mul_]") && Contains("[2]") && Contains("[3]"));
+  // A leaf that requires grad cannot be modified while grad mode is on; under no_grad it can.
+  Tensor w = leaf({1, 2}, {2});
+  uint64_t v = w.version();
+  REQUIRE_THROWS_WITH(w.add_(1), Contains("[add_]") && Contains("leaf"));
+  REQUIRE_THROWS_WITH(w.zero_(), Contains("[zero_]"));
+  REQUIRE(w.version() == v);
+  {
+    NoGradGuard ng;
+    w.sub_(T({1, 1}));
+  }
+  REQUIRE(vals(w) == std::vector<double>{0, 1});
+  // An operand that requires grad would lose its gradient: an error in grad mode.
+  Tensor buf = T({0, 0});
+  REQUIRE_THROWS_WITH(buf.add_(w), Contains("[add_] an operand") && Contains("requires grad"));
+  REQUIRE_THROWS_WITH(buf.copy_(w * 2), Contains("[copy_]"));
+  // A saved tensor modified in place is caught at backward.
+  Tensor x = leaf({1, 2}, {2});
+  Tensor t = x * 1.0;
+  Tensor y = t * t;
+  {
+    NoGradGuard ng;
+    t.mul_(2);
+  }
+  REQUIRE_THROWS_WITH(y.sum().backward(), Contains("modified by an in-place operation"));
+  // Writing into an expanded view would race on shared elements.
+  Tensor e = T({1, 2}, {2, 1}).expand({2, 3});
+  REQUIRE_THROWS_WITH(e.add_(1), Contains("[add_]") && Contains("expanded"));
+  REQUIRE_THROWS_WITH(clamp_(T({1}), std::nullopt, std::nullopt), Contains("[clamp_] at least one"));
+}
+
+// ---------------------------------------------------------------- errors
+
+TEST_CASE("error messages name the op, shapes and dtypes", "[elementwise][errors]") {
+  Tensor a = T({1, 2, 3, 4, 5, 6}, {2, 3});
+  Tensor b = T({1, 2}, {2});
+  REQUIRE_THROWS_WITH(a + b, Contains("[add]") && Contains("[2, 3]") && Contains("[2]"));
+  REQUIRE_THROWS_WITH(a * b, Contains("[mul]"));
+  REQUIRE_THROWS_WITH(maximum(a, b), Contains("[maximum]"));
+  REQUIRE_THROWS_WITH(eq(a, b), Contains("[eq]"));
+  Tensor p = from_vector<bool>({true, false});
+  REQUIRE_THROWS_WITH(p - p, Contains("[sub] subtraction with bool tensors is not supported"));
+  REQUIRE_THROWS_WITH(-p, Contains("[neg] not supported for bool tensors"));
+  REQUIRE_THROWS_WITH(add(from_vector<int64_t>({1}), from_vector<int64_t>({1}), 0.5),
+                      Contains("[add] alpha must be an integral number") && Contains("i64"));
+  REQUIRE_THROWS_WITH(clamp(a, std::nullopt, std::nullopt), Contains("[clamp] at least one of lo and hi"));
+  REQUIRE_THROWS_WITH(a + Tensor(), Contains("undefined"));
+}
