@@ -13,3 +13,4 @@
 #include "autograd/gradcheck.h"
 #include "autograd/hooks.h"
 #include "autograd/ops.h"
+#include "nn/nn.h"

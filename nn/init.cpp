@@ -92,27 +92,27 @@ const Tensor& xavier_uniform_(const Tensor& t, double gain) {
   auto [fan_in, fan_out] = calculate_fan_in_and_fan_out(t);
   double std = gain * std::sqrt(2.0 / static_cast<double>(fan_in + fan_out));
   double a = std::sqrt(3.0) * std;
-  return uniform_(t, -a, a);
+  return init::uniform_(t, -a, a);
 }
 
 const Tensor& xavier_normal_(const Tensor& t, double gain) {
   check_floating(t, "xavier_normal_");
   auto [fan_in, fan_out] = calculate_fan_in_and_fan_out(t);
   double std = gain * std::sqrt(2.0 / static_cast<double>(fan_in + fan_out));
-  return normal_(t, 0.0, std);
+  return init::normal_(t, 0.0, std);
 }
 
 const Tensor& kaiming_uniform_(const Tensor& t, double a, FanMode mode, Nonlinearity nonlinearity) {
   check_floating(t, "kaiming_uniform_");
   double std = calculate_gain(nonlinearity, a) / std::sqrt(static_cast<double>(fan_for(t, mode)));
   double bound = std::sqrt(3.0) * std;
-  return uniform_(t, -bound, bound);
+  return init::uniform_(t, -bound, bound);
 }
 
 const Tensor& kaiming_normal_(const Tensor& t, double a, FanMode mode, Nonlinearity nonlinearity) {
   check_floating(t, "kaiming_normal_");
   double std = calculate_gain(nonlinearity, a) / std::sqrt(static_cast<double>(fan_for(t, mode)));
-  return normal_(t, 0.0, std);
+  return init::normal_(t, 0.0, std);
 }
 
 }  // namespace tandem::nn::init

@@ -181,7 +181,7 @@ TEST_CASE("promote_types follows PyTorch's table", "[dtype]") {
   };
   for (int i = 0; i < 7; ++i) {
     for (int j = 0; j < 7; ++j) {
-      INFO(all[i] << " with " << all[j]);
+      INFO(dtype_name(all[i]) << " with " << dtype_name(all[j]));
       REQUIRE(promote_types(all[i], all[j]) == table[i][j]);
     }
   }

@@ -178,6 +178,26 @@ TEST_CASE("gather and scatter_add gradients", "[index][gather][scatter_add][grad
              {leaf({3, 4}), leaf({3, 2})});
 }
 
+TEST_CASE("gather and scatter_add in 3-D, low precision and with permuted inputs", "[index][gather][scatter_add]") {
+  Tensor a = iota({2, 3, 4});
+  Tensor idx = i64v({1, 0, 2, 2, 0, 1}, {1, 3, 2});
+  // dim 1 of a [2, 3, 4] with index [1, 3, 2]: out[0][j][k] = a[0][idx[0][j][k]][k]
+  REQUIRE(vals(gather(a, 1, idx)) == std::vector<double>{4, 1, 8, 9, 0, 5});
+  for (Dtype dt : {f16, bf16, f32, i32}) {
+    REQUIRE(vals(gather(a.to(dt), 1, idx)) == std::vector<double>{4, 1, 8, 9, 0, 5});
+    Tensor s = scatter_add(zeros({2, 3}, dt), 1, i64v({0, 0, 2, 1}, {2, 2}), iota({2, 2}).to(dt));
+    REQUIRE(s.dtype() == dt);
+    REQUIRE(vals(s) == std::vector<double>{0 + 1, 0, 0, 0, 3, 2});
+  }
+  check_grad([&](const TensorList& in) { return gather(permute(in[0], {2, 0, 1}), -1, i64v({2, 0, 1, 1}, {1, 2, 2})); },
+             {leaf({2, 3, 4})});
+  check_grad(
+      [&](const TensorList& in) {
+        return scatter_add(permute(in[0], {1, 2, 0}), 2, i64v({1, 1, 0, 1, 0, 0}, {3, 1, 2}), in[1]);
+      },
+      {leaf({2, 3, 4}), leaf({3, 2, 2})});
+}
+
 TEST_CASE("gather and scatter_add errors", "[index][gather][scatter_add][errors]") {
   Tensor a = iota({3, 4});
   REQUIRE_THROWS_WITH(gather(a, 0, i64v({0, 1}, {2})),
