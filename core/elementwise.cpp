@@ -293,9 +293,9 @@ const char* op_name(Unary op) {
 namespace {
 // PyTorch's combine_categories: the higher-priority result wins unless the lower one is of a
 // higher category.
-Dtype combine(std::optional<Dtype> higher, std::optional<Dtype> lower) {
-  if (!higher) return *lower;
-  if (!lower) return *higher;
+std::optional<Dtype> combine(std::optional<Dtype> higher, std::optional<Dtype> lower) {
+  if (!higher) return lower;
+  if (!lower) return higher;
   if (is_floating(*higher)) return *higher;
   if (*higher == boolean || is_floating(*lower)) return promote_types(*higher, *lower);
   return *higher;
@@ -310,7 +310,7 @@ struct TypeState {
     Dtype d = s.integral ? i64 : kDefaultFloat;
     wrapped = wrapped ? promote_types(*wrapped, d) : d;
   }
-  Dtype result() const { return combine(dimensioned, std::optional<Dtype>(combine(zero_dim, wrapped))); }
+  Dtype result() const { return combine(dimensioned, combine(zero_dim, wrapped)).value_or(kDefaultFloat); }
 };
 }  // namespace
 

@@ -160,7 +160,7 @@ void sweep(ProcessGroup& pg, const Args& args, bool with_mpi, std::vector<Result
     for (size_t bytes = std::max(args.min_bytes, itemsize(dt)); bytes <= args.max_bytes; bytes *= 2) {
       int64_t count = static_cast<int64_t>(bytes / itemsize(dt));
       Tensor t = make_empty({count}, dt, kCPU, "bench");
-      Result r{count * itemsize(dt), count, dt, 0};
+      Result r{count * itemsize(dt), count, dt, 0, NAN, ""};
       fill(t, pg.rank());
       pg.allreduce(t)->wait();
       r.error = check(t, n);
