@@ -13,11 +13,16 @@ using ew::Unary;
 
 namespace {
 
-// The gradient of an input of `shape` and `dtype` from a gradient of the (broadcast,
-// promoted) output.
-Tensor input_grad(const Tensor& g, const Shape& shape, Dtype dtype) {
-  Tensor r = g.shape() == shape ? g : autograd::sum_to(g, shape);
-  return r.dtype() == dtype ? r : ew::cast(r, dtype, "backward");
+// The gradient of input i from a gradient of the (broadcast, promoted) output: summed to the
+// input's shape and cast to its dtype. Shape and dtype come from the metadata the input's
+// producer recorded (what the engine checks the gradient against), so the backward lambdas
+// capture no Shapes: small captures fit std::function's inline buffer, which keeps the
+// recording of an op free of an extra allocation.
+Tensor input_grad(const Tensor& g, const BackwardContext& ctx, size_t i) {
+  const autograd::Edge& e = ctx.node.next_edges[i];
+  const autograd::OutputMeta& m = e.fn->outputs[e.input_nr];
+  Tensor r = g.shape() == m.shape ? g : autograd::sum_to(g, m.shape);
+  return r.dtype() == m.dtype ? r : ew::cast(r, m.dtype, "backward");
 }
 
 Tensor scaled(const Tensor& g, double s) { return s == 1 ? g : ew::binary(Binary::mul, g, Scalar(s)); }
@@ -54,12 +59,11 @@ Tensor add(const Tensor& a, const Tensor& b, const Scalar& alpha) {
   Tensor out = ew::binary(Binary::add, a, b, alpha);
   if (autograd::any_requires_grad({&a, &b})) {
     autograd::record("AddBackward", {&a, &b}, {&out},
-                     [sa = a.shape(), sb = b.shape(), da = a.dtype(), db = b.dtype(),
-                      alpha = alpha.value](BackwardContext& ctx) -> TensorList {
+                     [alpha = alpha.value](BackwardContext& ctx) -> TensorList {
                        const Tensor& g = ctx.grads[0];
                        TensorList r(2);
-                       if (ctx.needs_input_grad[0]) r[0] = input_grad(g, sa, da);
-                       if (ctx.needs_input_grad[1]) r[1] = input_grad(scaled(g, alpha), sb, db);
+                       if (ctx.needs_input_grad[0]) r[0] = input_grad(g, ctx, 0);
+                       if (ctx.needs_input_grad[1]) r[1] = input_grad(scaled(g, alpha), ctx, 1);
                        return r;
                      });
   }
@@ -70,12 +74,11 @@ Tensor sub(const Tensor& a, const Tensor& b, const Scalar& alpha) {
   Tensor out = ew::binary(Binary::sub, a, b, alpha);
   if (autograd::any_requires_grad({&a, &b})) {
     autograd::record("SubBackward", {&a, &b}, {&out},
-                     [sa = a.shape(), sb = b.shape(), da = a.dtype(), db = b.dtype(),
-                      alpha = alpha.value](BackwardContext& ctx) -> TensorList {
+                     [alpha = alpha.value](BackwardContext& ctx) -> TensorList {
                        const Tensor& g = ctx.grads[0];
                        TensorList r(2);
-                       if (ctx.needs_input_grad[0]) r[0] = input_grad(g, sa, da);
-                       if (ctx.needs_input_grad[1]) r[1] = input_grad(scaled(g, -alpha), sb, db);
+                       if (ctx.needs_input_grad[0]) r[0] = input_grad(g, ctx, 0);
+                       if (ctx.needs_input_grad[1]) r[1] = input_grad(scaled(g, -alpha), ctx, 1);
                        return r;
                      });
   }
@@ -87,11 +90,11 @@ Tensor mul(const Tensor& a, const Tensor& b) {
   if (autograd::any_requires_grad({&a, &b})) {
     autograd::record(
         "MulBackward", {&a, &b}, {&out},
-        [sa = a.shape(), sb = b.shape(), da = a.dtype(), db = b.dtype()](BackwardContext& ctx) -> TensorList {
+        [](BackwardContext& ctx) -> TensorList {
           const Tensor& g = ctx.grads[0];
           TensorList r(2);
-          if (ctx.needs_input_grad[0]) r[0] = input_grad(ew::binary(Binary::mul, g, ctx.saved(1)), sa, da);
-          if (ctx.needs_input_grad[1]) r[1] = input_grad(ew::binary(Binary::mul, g, ctx.saved(0)), sb, db);
+          if (ctx.needs_input_grad[0]) r[0] = input_grad(ew::binary(Binary::mul, g, ctx.saved(1)), ctx, 0);
+          if (ctx.needs_input_grad[1]) r[1] = input_grad(ew::binary(Binary::mul, g, ctx.saved(0)), ctx, 1);
           return r;
         },
         {a, b});
@@ -104,12 +107,12 @@ Tensor div(const Tensor& a, const Tensor& b) {
   if (autograd::any_requires_grad({&a, &b})) {
     autograd::record(
         "DivBackward", {&a, &b}, {&out},
-        [sa = a.shape(), sb = b.shape(), da = a.dtype(), db = b.dtype()](BackwardContext& ctx) -> TensorList {
+        [](BackwardContext& ctx) -> TensorList {
           const Tensor& g = ctx.grads[0];
           Tensor a = ctx.saved(0), b = ctx.saved(1);
           TensorList r(2);
-          if (ctx.needs_input_grad[0]) r[0] = input_grad(ew::binary(Binary::div, g, b), sa, da);
-          if (ctx.needs_input_grad[1]) r[1] = input_grad(ew::div_grad_other(g, a, b), sb, db);
+          if (ctx.needs_input_grad[0]) r[0] = input_grad(ew::binary(Binary::div, g, b), ctx, 0);
+          if (ctx.needs_input_grad[1]) r[1] = input_grad(ew::div_grad_other(g, a, b), ctx, 1);
           return r;
         },
         {a, b});
@@ -186,12 +189,12 @@ Tensor extreme(const Tensor& a, const Tensor& b, bool is_max) {
   if (autograd::any_requires_grad({&a, &b})) {
     autograd::record(
         is_max ? "MaximumBackward" : "MinimumBackward", {&a, &b}, {&out},
-        [sa = a.shape(), sb = b.shape(), da = a.dtype(), db = b.dtype(), is_max](BackwardContext& ctx) -> TensorList {
+        [is_max](BackwardContext& ctx) -> TensorList {
           const Tensor& g = ctx.grads[0];
           Tensor a = ctx.saved(0), b = ctx.saved(1);
           TensorList r(2);
-          if (ctx.needs_input_grad[0]) r[0] = input_grad(ew::extreme_grad(g, a, b, is_max, true), sa, da);
-          if (ctx.needs_input_grad[1]) r[1] = input_grad(ew::extreme_grad(g, a, b, is_max, false), sb, db);
+          if (ctx.needs_input_grad[0]) r[0] = input_grad(ew::extreme_grad(g, a, b, is_max, true), ctx, 0);
+          if (ctx.needs_input_grad[1]) r[1] = input_grad(ew::extreme_grad(g, a, b, is_max, false), ctx, 1);
           return r;
         },
         {a, b});
@@ -221,13 +224,13 @@ Tensor pow(const Tensor& a, const Tensor& exponent) {
   if (autograd::any_requires_grad({&a, &exponent})) {
     autograd::record(
         "PowBackward", {&a, &exponent}, {&out},
-        [sa = a.shape(), sb = exponent.shape(), da = a.dtype(), db = exponent.dtype()](BackwardContext& ctx)
+        [](BackwardContext& ctx)
             -> TensorList {
           const Tensor& g = ctx.grads[0];
           Tensor a = ctx.saved(0), b = ctx.saved(1);
           TensorList r(2);
-          if (ctx.needs_input_grad[0]) r[0] = input_grad(ew::pow_grad_base(g, a, b), sa, da);
-          if (ctx.needs_input_grad[1]) r[1] = input_grad(ew::pow_grad_exponent(g, a, b), sb, db);
+          if (ctx.needs_input_grad[0]) r[0] = input_grad(ew::pow_grad_base(g, a, b), ctx, 0);
+          if (ctx.needs_input_grad[1]) r[1] = input_grad(ew::pow_grad_exponent(g, a, b), ctx, 1);
           return r;
         },
         {a, exponent});
@@ -296,12 +299,12 @@ Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
   if (autograd::any_requires_grad({&a, &b})) {
     autograd::record(
         "WhereBackward", {&a, &b}, {&out},
-        [sa = a.shape(), sb = b.shape(), da = a.dtype(), db = b.dtype()](BackwardContext& ctx) -> TensorList {
+        [](BackwardContext& ctx) -> TensorList {
           const Tensor& g = ctx.grads[0];
           Tensor cond = ctx.saved(0);
           TensorList r(2);
-          if (ctx.needs_input_grad[0]) r[0] = input_grad(ew::where_grad(cond, g, true), sa, da);
-          if (ctx.needs_input_grad[1]) r[1] = input_grad(ew::where_grad(cond, g, false), sb, db);
+          if (ctx.needs_input_grad[0]) r[0] = input_grad(ew::where_grad(cond, g, true), ctx, 0);
+          if (ctx.needs_input_grad[1]) r[1] = input_grad(ew::where_grad(cond, g, false), ctx, 1);
           return r;
         },
         {cond});

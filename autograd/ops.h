@@ -141,8 +141,9 @@ Tensor argmax(const Tensor& a);  // over the flattened tensor
 Tensor argmin(const Tensor& a);
 Tensor var(const Tensor& a, const Shape& dims, int64_t correction = 1, bool keepdim = false);
 Tensor std(const Tensor& a, const Shape& dims, int64_t correction = 1, bool keepdim = false);
-Tensor var(const Tensor& a, int64_t correction = 1);
-Tensor std(const Tensor& a, int64_t correction = 1);
+// Over all elements, with Bessel's correction (pass dims {} and a correction for another one).
+Tensor var(const Tensor& a);
+Tensor std(const Tensor& a);
 Tensor logsumexp(const Tensor& a, const Shape& dims, bool keepdim = false);
 Tensor norm(const Tensor& a);  // 2-norm of all elements
 

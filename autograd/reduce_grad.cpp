@@ -139,10 +139,12 @@ Tensor var(const Tensor& a, const Shape& dims, int64_t correction, bool keepdim)
 Tensor std(const Tensor& a, const Shape& dims, int64_t correction, bool keepdim) {
   return var_impl(a, detail::plan_reduction(a, dims, keepdim, "std"), correction, true);
 }
-Tensor var(const Tensor& a, int64_t correction) {
+Tensor var(const Tensor& a) {
+  const int64_t correction = 1;
   return var_impl(a, detail::plan_full_reduction(a, "var"), correction, false);
 }
-Tensor std(const Tensor& a, int64_t correction) {
+Tensor std(const Tensor& a) {
+  const int64_t correction = 1;
   return var_impl(a, detail::plan_full_reduction(a, "std"), correction, true);
 }
 

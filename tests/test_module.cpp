@@ -562,9 +562,9 @@ TEST_CASE("init: gains, fans, bounds", "[nn][init]") {
   Tensor e = empty({2, 3});
   eye_(e);
   REQUIRE(e.equal(from_vector<float>({1, 0, 0, 0, 1, 0}, {2, 3})));
-  uniform_(w, -0.5, 0.5);
+  nn::init::uniform_(w, -0.5, 0.5);
   REQUIRE(max(abs(w)).item<float>() <= 0.5);
   REQUIRE_FALSE(w.grad().defined());
   REQUIRE(w.is_leaf());
-  REQUIRE_THROWS_WITH(uniform_(empty({2}, i64)), Contains("floating"));
+  REQUIRE_THROWS_WITH(nn::init::uniform_(empty({2}, i64)), Contains("floating"));
 }
