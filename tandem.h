@@ -14,3 +14,4 @@
 #include "autograd/hooks.h"
 #include "autograd/ops.h"
 #include "nn/nn.h"
+#include "dist/dist.h"

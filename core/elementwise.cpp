@@ -18,12 +18,24 @@ namespace tandem::ew {
 
 namespace {
 
+// Blocks of 8 computed into a local buffer, then stored: the loads of a block provably come
+// before its stores even when out aliases an input (in-place ops), so the block vectorises
+// without runtime alias checks, also at -O2 (whose cheap cost model refuses versioned loops).
+// The functor is copied so its parameters cannot alias out either.
 template <class Out, class... In, class F, size_t... I>
-TANDEM_INLINE void contig_loop(char* out, const std::array<const char*, sizeof...(In)>& in, int64_t n, const F& f,
+TANDEM_INLINE void contig_loop(char* out, const std::array<const char*, sizeof...(In)>& in, int64_t n, const F& f_ref,
                                std::index_sequence<I...>) {
+  const F f = f_ref;
   Out* o = reinterpret_cast<Out*>(out);
   std::tuple<const In*...> p{reinterpret_cast<const In*>(in[I])...};
-  for (int64_t i = 0; i < n; ++i) o[i] = store<Out>(f(load(std::get<I>(p)[i])...));
+  constexpr int64_t kBlock = 8;
+  int64_t i = 0;
+  for (; i + kBlock <= n; i += kBlock) {
+    Out tmp[kBlock];
+    for (int64_t k = 0; k < kBlock; ++k) tmp[k] = store<Out>(f(load(std::get<I>(p)[i + k])...));
+    for (int64_t k = 0; k < kBlock; ++k) o[i + k] = tmp[k];
+  }
+  for (; i < n; ++i) o[i] = store<Out>(f(load(std::get<I>(p)[i])...));
 }
 
 template <class Out, class... In, class F, size_t... I>

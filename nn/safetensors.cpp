@@ -137,16 +137,20 @@ std::vector<Entry> parse_header(const char* text, size_t n, uint64_t buffer_size
     const auto& shape = v["shape"];
     TANDEM_CHECK(shape.is_array(), "[safetensors] {}: tensor '{}' has a shape that is not an array", what, name);
     uint64_t numel = 1;
-    bool overflow = false;
+    bool overflow = false, has_zero = false;
     for (const auto& d : shape) {
       uint64_t size = as_u64(d, what, name, "shape");
       TANDEM_CHECK(size <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max()),
                    "[safetensors] {}: tensor '{}' has a dim of size {} (too large)", what, name, size);
       e.shape.push_back(static_cast<int64_t>(size));
+      has_zero = has_zero || size == 0;
       if (size != 0 && numel > std::numeric_limits<uint64_t>::max() / size) overflow = true;
       numel *= size;
     }
-    if (numel == 0) overflow = false;  // a zero dim makes the tensor empty whatever the others are
+    if (has_zero) {  // a zero dim makes the tensor empty whatever the others are
+      overflow = false;
+      numel = 0;
+    }
     const auto& off = v["data_offsets"];
     TANDEM_CHECK(off.is_array() && off.size() == 2, "[safetensors] {}: tensor '{}' needs data_offsets [begin, end]",
                  what, name);

@@ -1,0 +1,129 @@
+// The README's examples, compiled and run, so the documentation cannot drift from the code.
+#include <catch2/catch.hpp>
+
+#include <cstdio>
+#include <sstream>
+
+#include "tandem.h"
+
+using namespace tandem;
+
+TEST_CASE("README quick start trains and saves", "[readme]") {
+  manual_seed(0);
+  auto model = std::make_shared<nn::Sequential>(std::initializer_list<std::shared_ptr<nn::Module>>{
+      std::make_shared<nn::Linear>(32, 64), std::make_shared<nn::ReLU>(), std::make_shared<nn::Linear>(64, 10)});
+  optim::SGD opt(model->parameters(), {.lr = 0.05, .momentum = 0.9});
+  Tensor x = randn({128, 32});
+  Tensor y = randint(0, 10, {128});
+  double first = 0, last = 0;
+  for (int step = 0; step < 100; ++step) {
+    opt.zero_grad();
+    Tensor loss = nn::cross_entropy((*model)(x), y);
+    loss.backward();
+    opt.step();
+    (step == 0 ? first : last) = loss.item<double>();
+  }
+  REQUIRE(last < first * 0.2);  // memorises the batch
+  std::string path = "readme_model.safetensors";
+  nn::save_model(*model, path);
+  REQUIRE(nn::load_safetensors(path).size() == 4);
+  std::remove(path.c_str());
+}
+
+TEST_CASE("README tensors", "[readme]") {
+  Tensor a = arange(6).to(f32).view({2, 3});
+  Tensor b = a.t();
+  REQUIRE(b.shape() == Shape{3, 2});
+  REQUIRE(b.strides() == Strides{1, 3});
+  Tensor c = a + from_vector<float>({10, 20, 30});
+  REQUIRE(c.to_vector<float>() == std::vector<float>{10, 21, 32, 13, 24, 35});
+  Tensor d = matmul(a, b);
+  REQUIRE(d.to_vector<float>() == std::vector<float>{5, 14, 14, 50});
+  Tensor m = a.sum({1}, true);
+  REQUIRE(m.shape() == Shape{2, 1});
+  Tensor s = softmax(a, -1), l = log_softmax(a, 1);
+  REQUIRE(allclose(s.log(), l, 1e-5, 1e-6));
+  Tensor h = a.to(bf16);
+  REQUIRE(h.element_size() == 2);
+  std::ostringstream os;
+  os << d;
+  REQUIRE(os.str().rfind("tensor(", 0) == 0);
+  REQUIRE_THROWS_WITH(matmul(zeros({4, 3}), zeros({5, 2})),
+                      "[matmul] inner dimensions differ: a is [4, 3], b is [5, 2]");
+}
+
+namespace {
+struct Cube : autograd::Function<Cube> {
+  static Tensor forward(autograd::AutogradContext& ctx, const Tensor& x) {
+    ctx.save_for_backward({x});
+    return x * x * x;
+  }
+  static TensorList backward(autograd::AutogradContext& ctx, const TensorList& grads) {
+    Tensor x = ctx.saved()[0];
+    return {grads[0] * x * x * 3};
+  }
+};
+
+struct Net : nn::Module {
+  std::shared_ptr<nn::Linear> fc1, fc2;
+  Net() : Module("Net") {
+    fc1 = register_module("fc1", std::make_shared<nn::Linear>(4, 8));
+    fc2 = register_module("fc2", std::make_shared<nn::Linear>(8, 2));
+  }
+  Tensor forward(const Tensor& x) override { return fc2->forward(relu((*fc1)(x))); }
+};
+}  // namespace
+
+TEST_CASE("README autograd", "[readme]") {
+  Tensor w = randn({3, 3}, f64).requires_grad_();
+  Tensor loss = (matmul(w, w) * 2).sum();
+  loss.backward();
+  REQUIRE(w.grad().defined());
+  {
+    NoGradGuard no_grad;
+    w.sub_(w.grad() * 0.1);
+  }
+  int fired = 0, callbacks = 0;
+  HookHandle h1 = register_hook(w, [](const Tensor& g) { return g * 0.5; });
+  HookHandle h2 = register_post_accumulate_grad_hook(w, [&](const Tensor& p) {
+    ++fired;
+    autograd::queue_callback([&] { ++callbacks; });
+  });
+  w.set_grad(Tensor());
+  (w * 4).sum().backward();
+  REQUIRE(fired == 1);
+  REQUIRE(callbacks == 1);
+  REQUIRE(w.grad().to_vector<double>() == std::vector<double>(9, 2.0));  // halved by h1
+
+  Tensor x = randn({5}, f64).requires_grad_();
+  Tensor y = Cube::apply(x);
+  REQUIRE(y.grad_fn() != nullptr);
+  GradcheckResult r = gradcheck([](const TensorList& in) { return Cube::apply(in[0]); }, {x});
+  INFO(r.report);
+  REQUIRE(r.ok);
+}
+
+TEST_CASE("README nn and optim", "[readme]") {
+  Net net;
+  std::vector<std::string> names;
+  for (const auto& [name, p] : net.named_parameters()) names.push_back(name);
+  REQUIRE(names == std::vector<std::string>{"fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"});
+  optim::AdamW adamw(net.parameters(), {.lr = 1e-3});
+  (net(randn({3, 4}))).sum().backward();
+  adamw.step();
+  nn::save_model(net, "readme_net.safetensors");
+  nn::save_optimizer(adamw, "readme_opt.safetensors");
+  Net other;
+  nn::load_model(other, "readme_net.safetensors");
+  REQUIRE(equal(other.fc1->named_parameters()["weight"], net.fc1->named_parameters()["weight"]));
+  std::remove("readme_net.safetensors");
+  std::remove("readme_opt.safetensors");
+}
+
+TEST_CASE("README dist", "[readme]") {
+  dist::run_threads(4, [](dist::ProcessGroup& g) {
+    Tensor x = full({2}, g.rank());
+    g.allreduce(x)->wait();
+    REQUIRE(x.to_vector<float>() == std::vector<float>{6, 6});
+  });
+}
