@@ -374,6 +374,57 @@ AdamW::AdamW(std::vector<Group> groups) : Adam("AdamW", true) {
   for (auto& g : groups) add_param_group(std::move(g));
 }
 
+namespace {
+
+// Adam/AdamW in one pass over contiguous data, with the operations in the order (and the
+// precision, T) of torch's per-op kernels: mul_ then add_ for the moments, addcmul_ as
+// v + (c * g) * g, the denominator sqrt(v) / bc2_sqrt + eps, and addcdiv_ as p + (c * m) / d.
+template <class T, bool kDecoupled, bool kAmsgrad>
+void adam_loop(T* __restrict p, const T* __restrict g, T* __restrict m, T* __restrict v, T* __restrict vmax,
+               int64_t n, T sign, T decay_factor, T l2, T beta1, T one_minus_beta1, T beta2, T one_minus_beta2,
+               T bc2_sqrt, T eps, T neg_step_size) {
+  for (int64_t i = 0; i < n; ++i) {
+    T pi = p[i];
+    T gi = g[i] * sign;
+    if constexpr (kDecoupled) {
+      pi = pi * decay_factor;
+    } else {
+      gi = gi + l2 * pi;
+    }
+    T mi = m[i] * beta1 + one_minus_beta1 * gi;
+    T vi = v[i] * beta2 + one_minus_beta2 * gi * gi;
+    m[i] = mi;
+    v[i] = vi;
+    T vv = vi;
+    if constexpr (kAmsgrad) {
+      vv = vmax[i] < vi ? vi : vmax[i];
+      vmax[i] = vv;
+    }
+    T denom = std::sqrt(vv) / bc2_sqrt + eps;
+    p[i] = pi + neg_step_size * mi / denom;
+  }
+}
+
+template <class T>
+void adam_fused(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v, const Tensor& vmax,
+                const AdamOptions& o, bool decoupled, double step_size, double bc2_sqrt) {
+  const T sign = o.maximize ? T(-1) : T(1);
+  const T decay_factor = static_cast<T>(1 - o.lr * o.weight_decay), l2 = static_cast<T>(o.weight_decay);
+  auto args = std::make_tuple(p.data_ptr<T>(), g.data_ptr<T>(), m.data_ptr<T>(), v.data_ptr<T>(),
+                              vmax.defined() ? vmax.data_ptr<T>() : nullptr, p.numel(), sign, decay_factor, l2,
+                              static_cast<T>(o.beta1), static_cast<T>(1 - o.beta1), static_cast<T>(o.beta2),
+                              static_cast<T>(1 - o.beta2), static_cast<T>(bc2_sqrt), static_cast<T>(o.eps),
+                              static_cast<T>(-step_size));
+  if (decoupled) {
+    if (o.amsgrad) return std::apply(adam_loop<T, true, true>, args);
+    return std::apply(adam_loop<T, true, false>, args);
+  }
+  if (o.amsgrad) return std::apply(adam_loop<T, false, true>, args);
+  std::apply(adam_loop<T, false, false>, args);
+}
+
+}  // namespace
+
 void Adam::step() {
   NoGradGuard guard;
   for (auto& group : groups_) {
@@ -390,9 +441,28 @@ void Adam::step() {
       Tensor exp_avg = st.buffers.at("exp_avg");
       Tensor exp_avg_sq = st.buffers.at("exp_avg_sq");
 
-      // torch.optim.adam/_single_tensor_adam(w), non-capturable branch, op for op.
-      Tensor grad = o.maximize ? neg(g) : g;
       st.step += 1;
+      const auto step = static_cast<double>(st.step);
+      const double bias_correction1 = 1 - std::pow(o.beta1, step);
+      const double bias_correction2 = 1 - std::pow(o.beta2, step);
+      const double step_size = o.lr / bias_correction1;
+      const double bias_correction2_sqrt = std::sqrt(bias_correction2);
+      Tensor max_sq = o.amsgrad ? st.buffers.at("max_exp_avg_sq") : Tensor();
+
+      if (fusable(p, g, exp_avg) && fusable(p, exp_avg_sq, Tensor()) && (!max_sq.defined() || fusable(p, max_sq, Tensor()))) {
+        if (p.dtype() == f32) {
+          adam_fused<float>(p, g, exp_avg, exp_avg_sq, max_sq, o, decoupled_, step_size, bias_correction2_sqrt);
+        } else {
+          adam_fused<double>(p, g, exp_avg, exp_avg_sq, max_sq, o, decoupled_, step_size, bias_correction2_sqrt);
+        }
+        for (const Tensor* t : std::initializer_list<const Tensor*>{&p, &exp_avg, &exp_avg_sq, &max_sq}) {
+          if (t->defined()) t->bump_version();
+        }
+        continue;
+      }
+
+      // General path: torch.optim.adam/_single_tensor_adam(w), non-capturable branch, op for op.
+      Tensor grad = o.maximize ? neg(g) : g;
       if (decoupled_) {
         p.mul_(1 - o.lr * o.weight_decay);
       } else if (o.weight_decay != 0) {
@@ -401,14 +471,8 @@ void Adam::step() {
       exp_avg.mul_(o.beta1).add_(grad, 1 - o.beta1);
       exp_avg_sq.mul_(o.beta2);
       addcmul_(exp_avg_sq, grad, grad, 1 - o.beta2);
-      const auto step = static_cast<double>(st.step);
-      const double bias_correction1 = 1 - std::pow(o.beta1, step);
-      const double bias_correction2 = 1 - std::pow(o.beta2, step);
-      const double step_size = o.lr / bias_correction1;
-      const double bias_correction2_sqrt = std::sqrt(bias_correction2);
       Tensor denom;
       if (o.amsgrad) {
-        Tensor max_sq = st.buffers.at("max_exp_avg_sq");
         max_sq.copy_(maximum(max_sq, exp_avg_sq));
         denom = div(sqrt(max_sq), bias_correction2_sqrt);
       } else {

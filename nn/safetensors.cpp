@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <functional>
 #include <limits>
 #include <nlohmann/json.hpp>
@@ -303,8 +304,8 @@ void write_file(const std::string& path, const std::vector<std::pair<std::string
   if (rc != 0) fail_cleanup("close");
   if (std::rename(tmp.c_str(), path.c_str()) != 0) fail_cleanup("rename");
   // Make the rename itself durable: fsync the directory that holds the file.
-  std::string dir = path.find('/') == std::string::npos ? "." : path.substr(0, path.rfind('/'));
-  if (dir.empty()) dir = "/";
+  std::filesystem::path dir = std::filesystem::path(path).parent_path();
+  if (dir.empty()) dir = std::filesystem::path(".");
   int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
   if (dfd >= 0) {
     ::fsync(dfd);

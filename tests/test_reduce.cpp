@@ -215,7 +215,7 @@ TEST_CASE("var, std, logsumexp and norm values") {
   double m = std::accumulate(x.begin(), x.end(), 0.0) / 8, ss = 0;
   for (double v : x) ss += (v - m) * (v - m);
   require_close({var(a).item<double>()}, {ss / 7});
-  require_close({tandem::std(a, 0).item<double>()}, {std::sqrt(ss / 8)});
+  require_close({tandem::std(a, {}, 0).item<double>()}, {std::sqrt(ss / 8)});
   REQUIRE(std::isnan(var(from_vector<double>({2.0}, {1})).item<double>()));  // 0 / 0, as in PyTorch
   // Stable logsumexp: exp(1000) overflows, the shifted form does not.
   Tensor big = from_vector<double>({1000, 1000, -5, -5}, {2, 2});
