@@ -25,6 +25,6 @@ Dtype promote_types(Dtype a, Dtype b) {
   return rank_of(a) >= rank_of(b) ? a : b;
 }
 
-}  // namespace tandem
+std::ostream& operator<<(std::ostream& os, Dtype d) { return os << dtype_name(d); }
 
-std::ostream& operator<<(std::ostream& os, tandem::Dtype d) { return os << tandem::dtype_name(d); }
+}  // namespace tandem

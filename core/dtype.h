@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <iosfwd>
 #include <string_view>
 
 #include "core/error.h"
@@ -66,9 +67,10 @@ template <> struct acc_type<Half> { using type = float; };
 template <> struct acc_type<BFloat16> { using type = float; };
 template <class T> using acc_t = typename acc_type<T>::type;
 
+std::ostream& operator<<(std::ostream& os, Dtype d);  // in namespace tandem, so lookup finds it
+
 }  // namespace tandem
 
-std::ostream& operator<<(std::ostream& os, tandem::Dtype d);
 template <> struct fmt::formatter<tandem::Dtype> : fmt::formatter<std::string_view> {
   auto format(tandem::Dtype d, format_context& ctx) const {
     return fmt::formatter<std::string_view>::format(tandem::dtype_name(d), ctx);
