@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <atomic>
 #include <deque>
+#include <unordered_map>
 
 #include "autograd/hooks.h"
 #include "autograd/ops.h"
@@ -116,39 +117,33 @@ void backward(const TensorList& roots, const TensorList& grads, bool retain_grap
                    r.shape());
       g = ones_for(r);
     } else {
-      TANDEM_CHECK(g.shape() == r.shape(), "[backward] gradient has shape {} but the root has shape {}", g.shape(),
-                   r.shape());
+      TANDEM_CHECK(g.shape() == r.shape() && g.dtype() == r.dtype() && g.device() == r.device(),
+                   "[backward] gradient is {} ({}, {}) but the root is {} ({}, {})", g.shape(), g.dtype(), g.device(),
+                   r.shape(), r.dtype(), r.device());
     }
     seeds.emplace_back(gradient_edge(r), std::move(g));
   }
 
-  // Reachable nodes, marked with this backward's epoch instead of a hash set (the hot path of
-  // small graphs).
-  static std::atomic<uint64_t> epochs{1};
-  const uint64_t epoch = epochs.fetch_add(1, std::memory_order_relaxed);
+  // Reachable nodes and their slots, kept per backward (not in the nodes), so a backward
+  // started from a hook, or on another thread over a shared node, cannot disturb this one.
+  std::unordered_map<Node*, uint32_t> slot_of;
   std::vector<Node*> order;
   {
     std::vector<Node*> stack;
     for (auto& [e, g] : seeds) {
-      if (e.fn->visit_epoch != epoch) {
-        e.fn->visit_epoch = epoch;
-        stack.push_back(e.fn.get());
-      }
+      if (slot_of.emplace(e.fn.get(), 0).second) stack.push_back(e.fn.get());
     }
     while (!stack.empty()) {
       Node* n = stack.back();
       stack.pop_back();
       order.push_back(n);
       for (const Edge& e : n->next_edges) {
-        if (e.fn && e.fn->visit_epoch != epoch) {
-          e.fn->visit_epoch = epoch;
-          stack.push_back(e.fn.get());
-        }
+        if (e.fn && slot_of.emplace(e.fn.get(), 0).second) stack.push_back(e.fn.get());
       }
     }
   }
   std::sort(order.begin(), order.end(), [](Node* a, Node* b) { return a->sequence_nr() > b->sequence_nr(); });
-  for (size_t i = 0; i < order.size(); ++i) order[i]->task_slot = static_cast<uint32_t>(i);
+  for (size_t i = 0; i < order.size(); ++i) slot_of[order[i]] = static_cast<uint32_t>(i);
 
   GraphTask task;
   if (!start_observers.empty()) {
@@ -158,7 +153,7 @@ void backward(const TensorList& roots, const TensorList& grads, bool retain_grap
 
   std::vector<TensorList> buffers(order.size());
   auto deliver = [&](Node* to, uint32_t slot, Tensor g, const Node* from) {
-    TensorList& buf = buffers[to->task_slot];
+    TensorList& buf = buffers[slot_of.find(to)->second];
     if (buf.empty()) buf.resize(to->outputs.size());
     if (from) check_gradient(g, to->outputs[slot], *from, *to);
     if (!buf[slot].defined()) {
@@ -181,7 +176,7 @@ void backward(const TensorList& roots, const TensorList& grads, bool retain_grap
   for (auto& [id, fn] : std::vector(start_observers)) fn(task);
 
   for (Node* node : order) {
-    TensorList in = std::move(buffers[node->task_slot]);
+    TensorList in = std::move(buffers[slot_of.find(node)->second]);
     if (in.empty()) continue;  // reachable, but no gradient arrived (every path gave none)
     in.resize(node->outputs.size());
     for (size_t k = 0; k < in.size(); ++k) {

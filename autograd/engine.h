@@ -28,6 +28,8 @@ class GraphTask {
 void queue_callback(std::function<void()> fn);
 bool in_backward();
 
+// Observers are per thread (each rank of the threads backend has its own autograd state):
+// register and remove one on the thread that runs the backwards it observes.
 // Observers called at the start of every backward on this thread, before any node runs (DDP
 // uses this to learn which parameters the loss does not reach). Removed by the returned id.
 uint64_t add_backward_start_observer(std::function<void(const GraphTask&)> fn);

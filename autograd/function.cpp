@@ -30,6 +30,9 @@ void CustomNode::release_saved() {
 
 void finish_custom_function(const std::shared_ptr<CustomNode>& node, const TensorList& inputs, TensorList& outputs,
                             bool any_grad) {
+  for (size_t i = 0; i < outputs.size(); ++i)
+    TANDEM_CHECK(outputs[i].defined(), "[Function] forward of {} returned an undefined tensor as output {}",
+                 node->name(), i);
   if (!any_grad) return;
   node->ctx.node_ = node.get();
   for (const Edge& e : node->next_edges) node->ctx.needs_.push_back(e.valid());

@@ -7,15 +7,34 @@
 namespace tandem::autograd {
 
 namespace {
-// Tape order, per thread: a node's number is larger than those of the nodes it points to.
-thread_local uint64_t next_sequence_nr = 0;
+// Tape order, process-wide (a graph may be built on one thread and backwarded on another): a
+// node's number is larger than those of the nodes it points to.
+std::atomic<uint64_t> next_sequence_nr{0};
 }  // namespace
 
 
 std::atomic<int64_t> live_nodes{0};
 
-Node::Node() : sequence_nr_(next_sequence_nr++) { live_nodes.fetch_add(1, std::memory_order_relaxed); }
-Node::~Node() { live_nodes.fetch_sub(1, std::memory_order_relaxed); }
+Node::Node() : sequence_nr_(next_sequence_nr.fetch_add(1, std::memory_order_relaxed)) {
+  live_nodes.fetch_add(1, std::memory_order_relaxed);
+}
+
+// Frees the chain behind this node iteratively: a long graph (a loss summed over many steps
+// without detach) would otherwise recurse once per node in the destructors and overflow the stack.
+Node::~Node() {
+  live_nodes.fetch_sub(1, std::memory_order_relaxed);
+  std::vector<std::shared_ptr<Node>> pending;
+  for (auto& e : next_edges)
+    if (e.fn) pending.push_back(std::move(e.fn));
+  while (!pending.empty()) {
+    std::shared_ptr<Node> n = std::move(pending.back());
+    pending.pop_back();
+    if (n.use_count() == 1) {  // we hold the last reference: take its edges before it dies
+      for (auto& e : n->next_edges)
+        if (e.fn) pending.push_back(std::move(e.fn));
+    }
+  }
+}
 int64_t live_node_count() { return live_nodes.load(std::memory_order_relaxed); }
 
 SavedTensor::SavedTensor(const Tensor& t, bool is_output) {
@@ -94,6 +113,7 @@ void set_history(const std::shared_ptr<Node>& node, Tensor* const* outputs, size
   node->outputs.reserve(n);
   for (size_t i = 0; i < n; ++i) {
     Tensor& out = *outputs[i];
+    TANDEM_CHECK(out.defined(), "[{}] output {} is an undefined tensor", node->name(), i);
     auto& m = ensure_meta(out);
     m.grad_fn = node;
     m.output_nr = static_cast<uint32_t>(i);

@@ -74,9 +74,6 @@ class Node : public std::enable_shared_from_this<Node> {
   virtual void release_saved() {}
 
   uint64_t sequence_nr() const { return sequence_nr_; }
-  // Engine bookkeeping for the backward now running over this node (see engine.cpp).
-  uint64_t visit_epoch = 0;
-  uint32_t task_slot = 0;
   std::vector<Edge> next_edges;
   std::vector<OutputMeta> outputs;
   // Tensor hooks on this node's outputs (non-leaf tensors), keyed by output index.

@@ -4,7 +4,10 @@ namespace tandem {
 
 int64_t numel_of(const Shape& shape) {
   int64_t n = 1;
-  for (int64_t d : shape) n *= d;
+  for (int64_t d : shape) {
+    if (__builtin_mul_overflow(n, d, &n)) [[unlikely]]
+      fail("[shape] shape {} is too large: its element count does not fit in 64 bits", shape);
+  }
   return n;
 }
 

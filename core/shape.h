@@ -114,7 +114,14 @@ class SmallDims {
 using Shape = SmallDims;
 using Strides = SmallDims;
 
+// Product of the dims; throws "[shape] ... too large" when it does not fit in int64.
 int64_t numel_of(const Shape& shape);
+inline int64_t checked_mul(int64_t a, int64_t b, const char* op) {
+  int64_t r;
+  if (__builtin_mul_overflow(a, b, &r)) [[unlikely]]
+    fail("[{}] size overflow: {} * {} does not fit in 64 bits", op, a, b);
+  return r;
+}
 Strides contiguous_strides(const Shape& shape);
 std::string shape_str(const Shape& shape);  // "[2, 3]"
 

@@ -17,6 +17,7 @@ class CpuBackend final : public Backend {
   DeviceType type() const override { return DeviceType::cpu; }
   int device_count() const override { return 1; }
   void* allocate(size_t nbytes, Device) override {
+    TANDEM_CHECK(nbytes <= (size_t{1} << 62), "[alloc] cannot allocate {} bytes", nbytes);
     size_t rounded = (std::max<size_t>(nbytes, 1) + 63) & ~size_t{63};
     void* p = std::aligned_alloc(64, rounded);
     TANDEM_CHECK(p != nullptr, "[alloc] out of CPU memory allocating {} bytes", nbytes);

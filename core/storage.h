@@ -26,6 +26,8 @@ class Storage {
   Device device() const { return device_; }
   uint64_t version() const { return version_.load(std::memory_order_relaxed); }
   void bump_version() { version_.fetch_add(1, std::memory_order_relaxed); }
+  // For code that swaps a tensor's storage: the new storage continues the old one's count.
+  void set_version(uint64_t v) { version_.store(v, std::memory_order_relaxed); }
 
  private:
   void* data_ = nullptr;

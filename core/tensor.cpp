@@ -20,8 +20,14 @@ void TensorImpl::refresh_contiguity() {
   }
 }
 
-int64_t Tensor::size(int64_t d) const { return shape()[wrap_dim(d, dim(), "size")]; }
-int64_t Tensor::stride(int64_t d) const { return strides()[wrap_dim(d, dim(), "stride")]; }
+int64_t Tensor::size(int64_t d) const {
+  TANDEM_CHECK(dim() > 0, "[size] a 0-dim tensor has no dimension {}", d);
+  return shape()[wrap_dim(d, dim(), "size")];
+}
+int64_t Tensor::stride(int64_t d) const {
+  TANDEM_CHECK(dim() > 0, "[stride] a 0-dim tensor has no dimension {}", d);
+  return strides()[wrap_dim(d, dim(), "stride")];
+}
 
 void* Tensor::data_ptr() const {
   auto* i = checked();
@@ -35,7 +41,8 @@ Tensor make_empty(const Shape& shape, Dtype dtype, Device device, const char* op
   impl->strides = contiguous_strides(shape);
   impl->numel = numel_of(shape);
   impl->dtype = dtype;
-  impl->storage = std::make_shared<Storage>(impl->numel * itemsize(dtype), device, op);
+  int64_t nbytes = checked_mul(impl->numel, static_cast<int64_t>(itemsize(dtype)), op);
+  impl->storage = std::make_shared<Storage>(static_cast<size_t>(nbytes), device, op);
   return Tensor(std::move(impl));
 }
 

@@ -27,7 +27,7 @@ Shape infer_size(const Shape& shape, int64_t numel, const char* op) {
       infer = static_cast<int>(i);
     } else {
       TANDEM_CHECK(shape[i] >= 0, "[{}] invalid dimension {} in shape {}", op, shape[i], shape);
-      known *= shape[i];
+      known = checked_mul(known, shape[i], op);
     }
   }
   if (infer >= 0) {
@@ -146,7 +146,8 @@ namespace {
 Tensor slice_view(const Tensor& a, const SliceArgs& s) {
   Shape shape = a.shape();
   Strides strides = a.strides();
-  shape[s.dim] = (s.end - s.start + s.step - 1) / s.step;
+  // (end - start - 1) / step + 1 cannot overflow for any step, unlike end - start + step - 1.
+  shape[s.dim] = s.end > s.start ? (s.end - s.start - 1) / s.step + 1 : 0;
   strides[s.dim] = a.strides()[s.dim] * s.step;
   return make_view(a, shape, strides, a.storage_offset() + s.start * a.strides()[s.dim]);
 }
@@ -163,7 +164,7 @@ Tensor narrow(const Tensor& a, int64_t dim, int64_t start, int64_t length) {
   TANDEM_CHECK(start >= -size && start <= size, "[narrow] start {} out of range for dim {} of size {} (shape {})",
                start, dim, size, a.shape());
   if (start < 0) start += size;
-  TANDEM_CHECK(length >= 0 && start + length <= size,
+  TANDEM_CHECK(length >= 0 && length <= size - start,
                "[narrow] start {} + length {} exceeds dim {} of size {} (shape {})", start, length, dim, size,
                a.shape());
   return slice_view(a, SliceArgs{dim, start, start + length, 1});
@@ -260,7 +261,7 @@ Shape flatten_shape(const Tensor& a, int64_t start_dim, int64_t end_dim) {
   Shape out;
   for (int64_t d = 0; d < start_dim; ++d) out.push_back(a.shape()[d]);
   int64_t merged = 1;
-  for (int64_t d = start_dim; d <= end_dim; ++d) merged *= a.shape()[d];
+  for (int64_t d = start_dim; d <= end_dim; ++d) merged = checked_mul(merged, a.shape()[d], "flatten");
   out.push_back(merged);
   for (int64_t d = end_dim + 1; d < a.dim(); ++d) out.push_back(a.shape()[d]);
   return out;

@@ -29,6 +29,7 @@ std::string join_list(const std::vector<std::string>& names) {
 void replace_data(const Tensor& slot, const Tensor& fresh) {
   TensorImpl* dst = slot.impl();
   const TensorImpl* src = fresh.impl();
+  uint64_t old_version = dst->storage->version();
   dst->storage = src->storage;
   dst->offset = src->offset;
   dst->shape = src->shape;
@@ -38,8 +39,9 @@ void replace_data(const Tensor& slot, const Tensor& fresh) {
   dst->contiguous = src->contiguous;
   dst->is_view = false;
   // Tensors saved for a backward that has not run yet alias the old data; a version bump lets
-  // their unpack notice that the tensor changed underneath them.
-  dst->storage->bump_version();
+  // their unpack notice that the tensor changed underneath them (the new storage continues the
+  // old count, so the two can never compare equal by accident).
+  dst->storage->set_version(std::max(old_version, dst->storage->version()) + 1);
 }
 
 }  // namespace

@@ -2,6 +2,8 @@
 // functions, error messages, and flat memory.
 #include <catch2/catch.hpp>
 
+#include <thread>
+
 #include "tandem.h"
 
 using namespace tandem;
@@ -243,4 +245,51 @@ TEST_CASE("graphs that are never backwarded, and trained ones, keep nothing aliv
   REQUIRE(first_node.expired());
   REQUIRE(autograd::live_node_count() == live_before);
   REQUIRE(w.grad().defined());
+}
+
+TEST_CASE("a backward started inside a hook does not disturb the outer one", "[autograd]") {
+  Tensor w = leaf({1}, {1});
+  Tensor c = w * 5;
+  Tensor a = w * 2;
+  Tensor l = a.sum() + c.sum();
+  Tensor b = (w * 3 * 1 * 1 * 1).sum();
+  auto h = register_hook(a, [&](const Tensor& g) {
+    b.backward();  // shares w's AccumulateGrad with the outer graph
+    return Tensor();
+  });
+  l.backward();
+  REQUIRE(w.grad().to_vector<double>() == std::vector<double>{10});  // 3 from b, then 2 + 5
+}
+
+TEST_CASE("a graph built on one thread backwards on another", "[autograd]") {
+  Tensor x = leaf({1, 2}, {2});
+  Tensor y;
+  std::thread builder([&] {
+    for (int i = 0; i < 10; ++i) (void)(x * 1);  // advance the tape on this thread
+    y = x * 3;
+  });
+  builder.join();
+  std::thread runner([&] { (y * 2).sum().backward(); });
+  runner.join();
+  REQUIRE(x.grad().to_vector<double>() == std::vector<double>{6, 6});
+}
+
+TEST_CASE("freeing a very long graph does not overflow the stack", "[autograd]") {
+  Tensor x = leaf({1}, {1});
+  int64_t live_before = autograd::live_node_count();
+  {
+    Tensor y = x;
+    for (int i = 0; i < 300000; ++i) y = y * 1.0;
+  }
+  REQUIRE(autograd::live_node_count() == live_before);
+}
+
+TEST_CASE("seed gradients and custom outputs are checked", "[autograd]") {
+  Tensor w = leaf({1, 2, 3}, {3});
+  REQUIRE_THROWS_WITH((w * 2).backward(ones({3}, i64)), Catch::Contains("[backward] gradient is [3] (i64"));
+  struct Undefined : autograd::Function<Undefined> {
+    static TensorList forward(autograd::AutogradContext&, const Tensor& x) { return {x * 2, Tensor()}; }
+    static TensorList backward(autograd::AutogradContext&, const TensorList& g) { return {g[0]}; }
+  };
+  REQUIRE_THROWS_WITH(Undefined::apply(w), Catch::Contains("returned an undefined tensor as output 1"));
 }

@@ -30,3 +30,13 @@ TEST_CASE("CPU storage is 64-byte aligned and the thread count is settable", "[b
   set_num_threads(before);
   REQUIRE_THROWS_WITH(set_num_threads(0), Catch::Contains("[set_num_threads]"));
 }
+
+TEST_CASE("sizes that overflow 64 bits are errors, not undersized buffers", "[backend]") {
+  REQUIRE_THROWS_WITH(zeros({int64_t{1} << 62}), Catch::Contains("does not fit in 64 bits"));
+  REQUIRE_THROWS_WITH(zeros({int64_t{1} << 32, int64_t{1} << 32}), Catch::Contains("too large"));
+  REQUIRE_THROWS_WITH(zeros({1, 1}).expand({int64_t{1} << 32, int64_t{1} << 32}), Catch::Contains("too large"));
+  REQUIRE_THROWS_WITH(zeros({0}).view({int64_t{1} << 32, int64_t{1} << 32}), Catch::Contains("overflow"));
+  REQUIRE_THROWS_WITH(zeros({4}).narrow(0, 1, INT64_MAX), Catch::Contains("[narrow]"));
+  REQUIRE(zeros({4}).slice(0, 0, 4, INT64_MAX).shape() == Shape{1});
+  REQUIRE_THROWS_WITH(scalar_tensor(3).size(0), Catch::Contains("[size] a 0-dim tensor"));
+}

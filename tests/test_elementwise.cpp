@@ -8,8 +8,11 @@
 
 #include "core/elementwise.h"
 #include "tandem.h"
+#include "test_util.h"
 
 using namespace tandem;
+using test_util::require_close;
+using test_util::vals;
 using Catch::Contains;
 
 namespace {
@@ -26,18 +29,6 @@ Tensor rnd(Shape shape, double lo = -1, double hi = 1) {
   t = t * (hi - lo) + lo;
   t.requires_grad_();
   return t;
-}
-std::vector<double> vals(const Tensor& t) { return t.to_vector<double>(); }
-void require_close(const std::vector<double>& got, const std::vector<double>& want, double tol = 1e-12) {
-  REQUIRE(got.size() == want.size());
-  for (size_t i = 0; i < got.size(); ++i) {
-    INFO("element " << i << ": got " << got[i] << ", want " << want[i]);
-    if (std::isnan(want[i])) {
-      REQUIRE(std::isnan(got[i]));
-    } else {
-      REQUIRE(std::abs(got[i] - want[i]) <= tol * std::max(1.0, std::abs(want[i])));
-    }
-  }
 }
 void check_grad(const std::function<Tensor(const TensorList&)>& fn, const TensorList& in) {
   GradcheckResult r = gradcheck(fn, in);

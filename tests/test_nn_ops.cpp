@@ -3,21 +3,14 @@
 #include <cmath>
 
 #include "tandem.h"
+#include "test_util.h"
 
 using namespace tandem;
+using test_util::require_close;
+using test_util::vals;
 using Catch::Contains;
 
 namespace {
-
-std::vector<double> vals(const Tensor& t) { return t.to_vector<double>(); }
-
-void require_close(const std::vector<double>& got, const std::vector<double>& want, double tol = 1e-12) {
-  REQUIRE(got.size() == want.size());
-  for (size_t i = 0; i < got.size(); ++i) {
-    INFO("element " << i << ": got " << got[i] << ", want " << want[i]);
-    REQUIRE(std::abs(got[i] - want[i]) <= tol * (1 + std::abs(want[i])));
-  }
-}
 
 Tensor leaf(const Tensor& t) {
   t.requires_grad_();

@@ -5,25 +5,14 @@
 #include <numeric>
 
 #include "tandem.h"
+#include "test_util.h"
 
 using namespace tandem;
+using test_util::require_close;
+using test_util::vals;
 using Catch::Contains;
 
 namespace {
-
-std::vector<double> vals(const Tensor& t) { return t.to_vector<double>(); }
-
-void require_close(const std::vector<double>& got, const std::vector<double>& want, double tol = 1e-12) {
-  REQUIRE(got.size() == want.size());
-  for (size_t i = 0; i < got.size(); ++i) {
-    INFO("element " << i << ": got " << got[i] << ", want " << want[i]);
-    if (std::isnan(want[i])) {
-      REQUIRE(std::isnan(got[i]));
-    } else {
-      REQUIRE(std::abs(got[i] - want[i]) <= tol * (1 + std::abs(want[i])));
-    }
-  }
-}
 
 // For every element of a row-major tensor of `shape`, the row-major index of its output when
 // the dims flagged in `reduced` are reduced.
