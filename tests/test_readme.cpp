@@ -121,6 +121,12 @@ TEST_CASE("README nn and optim", "[readme]") {
 }
 
 TEST_CASE("README dist", "[readme]") {
+  auto pg = dist::init();  // no launcher here: a world of one
+  REQUIRE(pg->size() == 1);
+  Tensor t = ones({4});
+  dist::WorkPtr work = pg->allreduce(t, dist::ReduceOp::avg);
+  work->wait();
+  REQUIRE(t.to_vector<float>() == std::vector<float>(4, 1.0f));
   dist::run_threads(4, [](dist::ProcessGroup& g) {
     Tensor x = full({2}, g.rank());
     g.allreduce(x)->wait();
