@@ -97,38 +97,34 @@ void walk(const Module& root, const std::string& prefix, std::unordered_set<cons
 }
 }  // namespace
 
-TensorDict Module::named_parameters(bool recurse) const {
+namespace {
+// Parameters or buffers (`own` picks which) of the module tree with dotted names, each tensor
+// once, in registration order.
+template <class Own>
+TensorDict collect_named(const Module& root, bool recurse, Own own) {
   TensorDict out;
   std::unordered_set<const TensorImpl*> seen_tensors;
   auto add_own = [&](const std::string& prefix, const Module& m) {
-    for (const auto& [name, t] : m.parameters_) {
+    for (const auto& [name, t] : own(m)) {
       if (seen_tensors.insert(t.impl()).second) out.insert(join_name(prefix, name), t);
     }
   };
   if (!recurse) {
-    add_own("", *this);
+    add_own("", root);
     return out;
   }
   std::unordered_set<const Module*> seen;
-  walk(*this, "", seen, add_own);
+  walk(root, "", seen, add_own);
   return out;
+}
+}  // namespace
+
+TensorDict Module::named_parameters(bool recurse) const {
+  return collect_named(*this, recurse, [](const Module& m) -> const auto& { return m.parameters_; });
 }
 
 TensorDict Module::named_buffers(bool recurse) const {
-  TensorDict out;
-  std::unordered_set<const TensorImpl*> seen_tensors;
-  auto add_own = [&](const std::string& prefix, const Module& m) {
-    for (const auto& [name, t] : m.buffers_) {
-      if (seen_tensors.insert(t.impl()).second) out.insert(join_name(prefix, name), t);
-    }
-  };
-  if (!recurse) {
-    add_own("", *this);
-    return out;
-  }
-  std::unordered_set<const Module*> seen;
-  walk(*this, "", seen, add_own);
-  return out;
+  return collect_named(*this, recurse, [](const Module& m) -> const auto& { return m.buffers_; });
 }
 
 TensorList Module::parameters(bool recurse) const { return named_parameters(recurse).values(); }
