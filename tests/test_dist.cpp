@@ -96,7 +96,7 @@ TEST_CASE("dist threads: a rank that throws stops the others at once", "[dist]")
 }
 
 TEST_CASE("dist threads: Work::wait with a timeout and waits inside continuations", "[dist]") {
-  std::atomic<bool> rank0_gave_up{false};
+  std::atomic<bool> rank0_gave_up{false}, continuation_attached{false};
   std::atomic<int> checks{0};
   REQUIRE_NOTHROW(run_threads(2, [&](ProcessGroup& pg) {
     Tensor t = make({4}, f32, [&](int64_t) { return pg.rank() + 1; });
@@ -114,18 +114,26 @@ TEST_CASE("dist threads: Work::wait with a timeout and waits inside continuation
       pg.allreduce(t)->wait();
     }
     // A continuation runs on the communication thread; waiting there for later work would deadlock.
-    WorkPtr first = pg.barrier();
-    WorkPtr second;
-    std::string inner;
-    WorkPtr chained = first->then([&](Work&) {
-      inner = error_of([&] { pg.barrier()->wait(); });
-      return TensorList{};
-    });
-    chained->wait();
-    if (inner.find("would deadlock") != std::string::npos) ++checks;
-    pg.barrier()->wait();  // the barrier issued inside the continuation pairs with this one
+    // Rank 1 joins the barrier only after rank 0 attached its continuation, so that barrier cannot
+    // already be complete at then() (which would run the continuation inline on the caller).
+    if (pg.rank() == 0) {
+      WorkPtr first = pg.barrier();
+      std::string inner;
+      WorkPtr chained = first->then([&](Work&) {
+        inner = error_of([&] { pg.barrier()->wait(); });
+        return TensorList{};
+      });
+      continuation_attached = true;
+      chained->wait();
+      if (inner.find("would deadlock") != std::string::npos) ++checks;
+    } else {
+      while (!continuation_attached) std::this_thread::yield();
+      pg.barrier()->wait();  // pairs with rank 0's first barrier
+      pg.barrier()->wait();  // pairs with the barrier rank 0 issued inside its continuation
+    }
+    pg.barrier()->wait();
   }, test_options()));
-  REQUIRE(checks == 4);  // the wait timeout (2 checks on rank 0) and the deadlock check on both ranks
+  REQUIRE(checks == 3);  // the wait timeout (2 checks on rank 0) and the deadlock check
 }
 
 TEST_CASE("dist init: a world of size 1 without mpirun, and backend selection", "[dist]") {
