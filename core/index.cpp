@@ -137,29 +137,41 @@ void add_slices(const Tensor& out, int64_t dim, const std::vector<int64_t>& idx,
 
 Tensor as_1d(const Tensor& t) { return t.dim() == 0 ? make_view(t, Shape{1}, Strides{1}, t.storage_offset()) : t; }
 
+// Walks the positions p of `index`, calling body(element of `base` at index[p] along dim,
+// element of `other` at p) with bounds-checked index values: the loop gather and scatter_add
+// share (gather reads base into other, scatter_add accumulates other into base).
+template <class Body>
+void walk_indexed(const Tensor& base, int64_t dim, const Tensor& index, const Tensor& other, const Shape& shape_for_error,
+                  const char* op, Body&& body) {
+  Strides st = base.strides();
+  const int64_t jump = st[dim] * static_cast<int64_t>(base.element_size());
+  st[dim] = 0;  // the dim walked by the index values, not by the iterator
+  const Tensor base_r = make_view(base, index.shape(), st, base.storage_offset());
+  // other may be larger than index in any dim: only its leading index-shaped block is visited.
+  const Tensor other_r = make_view(other, index.shape(), other.strides(), other.storage_offset());
+  const int64_t limit = base.size(dim);
+  dispatch_index(index.dtype(), op, [&](auto tag) {
+    using index_t = decltype(tag);
+    for_each_run<3>(index.shape(), {&base_r, &other_r, &index}, [&](const StridedRun<3>& r) {
+      char* b = r.ptr[0];
+      char* o = r.ptr[1];
+      const char* ix = r.ptr[2];
+      for (int64_t i = 0; i < r.n; ++i, o += r.stride[1], ix += r.stride[2]) {
+        const int64_t k = *reinterpret_cast<const index_t*>(ix);
+        if (k < 0 || k >= limit) [[unlikely]]
+          fail("[{}] index {} is out of range for dim {} of size {} (input {})", op, k, dim, limit, shape_for_error);
+        body(b + i * r.stride[0] + k * jump, o);
+      }
+    });
+  });
+}
+
 // out (index's shape) = a gathered along dim at index. dim is wrapped; shapes are validated.
 void gather_into(const Tensor& out_in, const Tensor& a_in, int64_t dim, const Tensor& index_in, const char* op) {
   const Tensor out = as_1d(out_in), a = as_1d(a_in), index = as_1d(index_in);
-  Strides st = a.strides();
-  const int64_t step = st[dim];
-  st[dim] = 0;  // the dim walked by the index values, not by the iterator
-  const Tensor a_r = make_view(a, index.shape(), st, a.storage_offset());
-  const int64_t limit = a.size(dim);
   TANDEM_DISPATCH_ALL(a.dtype(), op, [&] {
-    dispatch_index(index.dtype(), op, [&](auto tag) {
-      using index_t = decltype(tag);
-      const int64_t jump = step * static_cast<int64_t>(sizeof(scalar_t));
-      for_each_run<3>(index.shape(), {&out, &a_r, &index}, [&](const StridedRun<3>& r) {
-        char* o = r.ptr[0];
-        const char* s = r.ptr[1];
-        const char* ix = r.ptr[2];
-        for (int64_t i = 0; i < r.n; ++i, o += r.stride[0], s += r.stride[1], ix += r.stride[2]) {
-          const int64_t k = *reinterpret_cast<const index_t*>(ix);
-          if (k < 0 || k >= limit) [[unlikely]]
-            fail("[{}] index {} is out of range for dim {} of size {} (input {})", op, k, dim, limit, a_in.shape());
-          *reinterpret_cast<scalar_t*>(o) = *reinterpret_cast<const scalar_t*>(s + k * jump);
-        }
-      });
+    walk_indexed(a, dim, index, out, a_in.shape(), op, [](char* from, char* to) {
+      *reinterpret_cast<scalar_t*>(to) = *reinterpret_cast<const scalar_t*>(from);
     });
   });
 }
@@ -167,30 +179,11 @@ void gather_into(const Tensor& out_in, const Tensor& a_in, int64_t dim, const Te
 // out[... index[p] ...] += src[p] over the positions p of index. dim is wrapped; shapes validated.
 void scatter_add_into(const Tensor& out_in, int64_t dim, const Tensor& index_in, const Tensor& src_in, const char* op) {
   const Tensor out = as_1d(out_in), index = as_1d(index_in), src = as_1d(src_in);
-  Strides st = out.strides();
-  const int64_t step = st[dim];
-  st[dim] = 0;
-  const Tensor out_r = make_view(out, index.shape(), st, out.storage_offset());
-  // src may be larger than index in any dim: only its leading index-shaped block is read.
-  const Tensor src_r = make_view(src, index.shape(), src.strides(), src.storage_offset());
-  const int64_t limit = out.size(dim);
   TANDEM_DISPATCH_NUMERIC(out.dtype(), op, [&] {
-    dispatch_index(index.dtype(), op, [&](auto tag) {
-      using index_t = decltype(tag);
-      const int64_t jump = step * static_cast<int64_t>(sizeof(scalar_t));
-      for_each_run<3>(index.shape(), {&out_r, &src_r, &index}, [&](const StridedRun<3>& r) {
-        char* o = r.ptr[0];
-        const char* s = r.ptr[1];
-        const char* ix = r.ptr[2];
-        for (int64_t i = 0; i < r.n; ++i, o += r.stride[0], s += r.stride[1], ix += r.stride[2]) {
-          const int64_t k = *reinterpret_cast<const index_t*>(ix);
-          if (k < 0 || k >= limit) [[unlikely]]
-            fail("[{}] index {} is out of range for dim {} of size {} (input {})", op, k, dim, limit, out_in.shape());
-          scalar_t& dv = *reinterpret_cast<scalar_t*>(o + k * jump);
-          dv = static_cast<scalar_t>(static_cast<acc_t<scalar_t>>(dv) +
-                                     static_cast<acc_t<scalar_t>>(*reinterpret_cast<const scalar_t*>(s)));
-        }
-      });
+    walk_indexed(out, dim, index, src, out_in.shape(), op, [](char* into, char* from) {
+      scalar_t& dv = *reinterpret_cast<scalar_t*>(into);
+      dv = static_cast<scalar_t>(static_cast<acc_t<scalar_t>>(dv) +
+                                 static_cast<acc_t<scalar_t>>(*reinterpret_cast<const scalar_t*>(from)));
     });
   });
 }
