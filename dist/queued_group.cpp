@@ -383,30 +383,28 @@ WorkPtr QueuedGroup::barrier() {
   return issue(std::move(op), true);
 }
 
-WorkPtr QueuedGroup::send(const Tensor& tensor, int dst, int tag) {
-  check_tensor(tensor, "send", "tensor");
-  TANDEM_CHECK(dst >= 0 && dst < size_ && dst != rank_, "[send] dst {} must be another rank of group {} (size {}, this "
-               "is rank {})", dst, name_, size_, rank_);
-  TANDEM_CHECK(tag >= 0 && tag < (1 << 15), "[send] tag {} must be in [0, 32768)", tag);
+// send and recv share their checks and their op: `peer` is the destination or the source.
+WorkPtr QueuedGroup::issue_p2p(OpKind kind, const char* what, const char* peer_name, const Tensor& tensor, int peer,
+                               int tag) {
+  check_tensor(tensor, what, "tensor");
+  TANDEM_CHECK(peer >= 0 && peer < size_ && peer != rank_,
+               "[{}] {} {} must be another rank of group {} (size {}, this is rank {})", what, peer_name, peer, name_,
+               size_, rank_);
+  TANDEM_CHECK(tag >= 0 && tag < (1 << 15), "[{}] tag {} must be in [0, 32768)", what, tag);
   Op op;
-  op.kind = OpKind::send;
-  op.root = dst;
+  op.kind = kind;
+  op.root = peer;
   op.tag = tag;
   op.inputs = {tensor};
   return issue(std::move(op), false);
 }
 
+WorkPtr QueuedGroup::send(const Tensor& tensor, int dst, int tag) {
+  return issue_p2p(OpKind::send, "send", "dst", tensor, dst, tag);
+}
+
 WorkPtr QueuedGroup::recv(const Tensor& tensor, int src, int tag) {
-  check_tensor(tensor, "recv", "tensor");
-  TANDEM_CHECK(src >= 0 && src < size_ && src != rank_, "[recv] src {} must be another rank of group {} (size {}, this "
-               "is rank {})", src, name_, size_, rank_);
-  TANDEM_CHECK(tag >= 0 && tag < (1 << 15), "[recv] tag {} must be in [0, 32768)", tag);
-  Op op;
-  op.kind = OpKind::recv;
-  op.root = src;
-  op.tag = tag;
-  op.inputs = {tensor};
-  return issue(std::move(op), false);
+  return issue_p2p(OpKind::recv, "recv", "src", tensor, src, tag);
 }
 
 ProcessGroupPtr QueuedGroup::new_group(const std::vector<int>& ranks) {

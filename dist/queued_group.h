@@ -110,6 +110,7 @@ class QueuedGroup : public ProcessGroup {
 
  private:
   WorkPtr issue(Op op, bool collective);
+  WorkPtr issue_p2p(OpKind kind, const char* what, const char* peer_name, const Tensor& tensor, int peer, int tag);
   void run_loop();
   void run_one(Op& op);
 

@@ -337,6 +337,8 @@ inline void argument_errors(ProcessGroup& pg) {
     expect_error(error_of([&] { pg.all_to_all(a, a, {{3}, {3}}); }), {"[all_to_all]", "one entry per rank"},
                  "all_to_all splits");
     expect_error(error_of([&] { pg.send(base, pg.rank()); }), {"[send]", "another rank"}, "send to self");
+    expect_error(error_of([&] { pg.recv(base, pg.size()); }), {"[recv] src", "another rank"}, "recv from outside");
+    expect_error(error_of([&] { pg.send(base, (pg.rank() + 1) % pg.size(), -1); }), {"[send] tag -1"}, "negative tag");
   }
   expect_error(error_of([&] { pg.new_group({0, 0}); }), {"[new_group]", "twice"}, "new_group duplicates");
   // None of that consumed a sequence number: the group still works.

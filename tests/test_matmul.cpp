@@ -3,8 +3,11 @@
 #include <cmath>
 
 #include "tandem.h"
+#include "test_util.h"
 
 using namespace tandem;
+using test_util::leaf;
+using test_util::require_gradcheck;
 using Catch::Contains;
 
 namespace {
@@ -69,17 +72,6 @@ void check_matmul(const Tensor& a, const Tensor& b, double tol = 1e-10) {
   REQUIRE(c.shape() == shape);
   REQUIRE(c.dtype() == a.dtype());
   require_close(vals(c), want, tol);
-}
-
-Tensor leaf(const Tensor& t) {
-  t.requires_grad_();
-  return t;
-}
-
-void require_gradcheck(const std::function<Tensor(const TensorList&)>& fn, const TensorList& in) {
-  auto r = gradcheck(fn, in);
-  INFO(r.report);
-  REQUIRE(r.ok);
 }
 
 }  // namespace

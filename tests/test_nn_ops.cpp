@@ -6,22 +6,13 @@
 #include "test_util.h"
 
 using namespace tandem;
+using test_util::leaf;
+using test_util::require_gradcheck;
 using test_util::require_close;
 using test_util::vals;
 using Catch::Contains;
 
 namespace {
-
-Tensor leaf(const Tensor& t) {
-  t.requires_grad_();
-  return t;
-}
-
-void require_gradcheck(const std::function<Tensor(const TensorList&)>& fn, const TensorList& in) {
-  auto r = gradcheck(fn, in);
-  INFO(r.report);
-  REQUIRE(r.ok);
-}
 
 // Reference softmax over `dim` of a contiguous row-major tensor, from the definition.
 std::vector<double> naive_softmax(const Tensor& a, int64_t dim, bool log) {

@@ -8,6 +8,7 @@
 #include "test_util.h"
 
 using namespace tandem;
+using test_util::leaf;
 using test_util::require_close;
 using test_util::vals;
 using Catch::Contains;
@@ -55,11 +56,6 @@ std::vector<double> naive_max(const Tensor& a, const std::vector<bool>& red) {
   std::vector<double> out(out_count(a.shape(), red), -std::numeric_limits<double>::infinity());
   for (size_t i = 0; i < x.size(); ++i) out[idx[i]] = std::max(out[idx[i]], x[i]);
   return out;
-}
-
-Tensor leaf(const Tensor& t) {
-  t.requires_grad_();
-  return t;
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <functional>
 #include <vector>
 
 #include "tandem.h"
@@ -23,6 +24,19 @@ inline void require_close(const std::vector<double>& got, const std::vector<doub
       REQUIRE(std::abs(got[i] - want[i]) <= tol * (1 + std::abs(want[i])));
     }
   }
+}
+
+// Marks t as a leaf that requires grad and returns it.
+inline tandem::Tensor leaf(const tandem::Tensor& t) {
+  t.requires_grad_();
+  return t;
+}
+
+inline void require_gradcheck(const std::function<tandem::Tensor(const tandem::TensorList&)>& fn,
+                              const tandem::TensorList& in) {
+  auto r = tandem::gradcheck(fn, in);
+  INFO(r.report);
+  REQUIRE(r.ok);
 }
 
 }  // namespace test_util
