@@ -28,6 +28,31 @@ Backend& backend_for(Device device, const char* op);
 bool has_backend(DeviceType type);
 void register_backend(DeviceType type, Backend* backend);
 
+// Kernel tables. An op family with device kernels declares an interface struct next to its CPU
+// kernels (e.g. ew::DeviceKernels in core/elementwise.h); a backend registers one implementation
+// per device type when it is installed. Core validates arguments, promotes dtypes and allocates
+// the result, then hands the raw work to `device_kernels<Table>(device, op)`.
+namespace detail {
+template <class Table>
+inline Table* kernel_tables[2] = {nullptr, nullptr};
+}  // namespace detail
+
+template <class Table>
+void register_device_kernels(DeviceType type, Table* table) {
+  detail::kernel_tables<Table>[static_cast<int>(type)] = table;
+}
+
+// The registered table for `device`; throws "[op] tandem was built without CUDA" (via
+// backend_for) or "[op] has no kernel for tensors on cuda:0".
+template <class Table>
+Table& device_kernels(Device device, const char* op) {
+  backend_for(device, op);
+  Table* t = detail::kernel_tables<Table>[static_cast<int>(device.type)];
+  if (t == nullptr) [[unlikely]]
+    fail("[{}] has no kernel for tensors on {}", op, device);
+  return *t;
+}
+
 // Intra-op threads (our kernels and OpenBLAS). Defaults to TANDEM_NUM_THREADS, else the cores
 // divided by the ranks on this node (OMPI_COMM_WORLD_LOCAL_SIZE), so several ranks on one node
 // do not oversubscribe it.

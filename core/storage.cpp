@@ -46,12 +46,28 @@ int default_threads() {
 std::once_flag threads_once;
 std::atomic<int> num_threads{0};
 
+#ifdef TANDEM_WITH_CUDA
+std::once_flag cuda_once;
+#endif
+
 }  // namespace
+
+#ifdef TANDEM_WITH_CUDA
+namespace cuda {
+void install();  // cuda/install.cpp: registers the CUDA Backend and every kernel table
+}
+#endif
 
 Backend& backend_for(Device device, const char* op) {
   Backend* b = backends[static_cast<int>(device.type)];
   if (b == nullptr) [[unlikely]] {
 #ifdef TANDEM_WITH_CUDA
+    // Installed on first use, so a CUDA build that never touches a GPU never initialises CUDA.
+    if (device.type == DeviceType::cuda) {
+      std::call_once(cuda_once, [] { cuda::install(); });
+      b = backends[static_cast<int>(device.type)];
+      if (b != nullptr) return *b;
+    }
     fail("[{}] the CUDA backend is not available for {}", op, device);
 #else
     fail("[{}] tandem was built without CUDA (device {} requested)", op, device);
@@ -60,7 +76,12 @@ Backend& backend_for(Device device, const char* op) {
   return *b;
 }
 
-bool has_backend(DeviceType type) { return backends[static_cast<int>(type)] != nullptr; }
+bool has_backend(DeviceType type) {
+#ifdef TANDEM_WITH_CUDA
+  if (type == DeviceType::cuda) std::call_once(cuda_once, [] { cuda::install(); });
+#endif
+  return backends[static_cast<int>(type)] != nullptr;
+}
 void register_backend(DeviceType type, Backend* backend) { backends[static_cast<int>(type)] = backend; }
 
 int get_num_threads() {
