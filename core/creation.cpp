@@ -2,29 +2,31 @@
 // from_blob and from_vector. Declared in autograd/ops.h with the other public ops; defined here
 // because they record nothing (a new tensor has no history), so core needs nothing above it.
 //
-// Values are written on the CPU and copied to opts.device through its backend, so every device
-// gets the same numbers; requires_grad is applied last (to the tensor on its final device).
+// Values are written where the tensor lives: by the CPU loops here, or by the device's fill
+// (ew::fill) and creation kernels (core/creation.h), which compute every element as the CPU
+// does, so every device gets the same numbers. requires_grad is applied last.
 #include <cmath>
 #include <cstring>
 
 #include "core/backend.h"
+#include "core/creation.h"
+#include "core/elementwise.h"
 #include "core/tensor.h"
 
 namespace tandem {
 
 namespace {
 
-Tensor host_empty(const Shape& shape, const TensorOptions& opts, const char* op) {
+Tensor new_empty(const Shape& shape, const TensorOptions& opts, const char* op) {
   backend_for(opts.device, op);  // fail early ("built without CUDA") before any work
-  return make_empty(shape, opts.dtype, kCPU, op);
+  return make_empty(shape, opts.dtype, opts.device, op);
+}
+
+creation::DeviceKernels& kernels_for(const Tensor& t, const char* op) {
+  return device_kernels<creation::DeviceKernels>(t.device(), op);
 }
 
 Tensor finish(Tensor t, const TensorOptions& opts, const char* op) {
-  if (!(opts.device == kCPU)) {
-    Tensor d = make_empty(t.shape(), t.dtype(), opts.device, op);
-    backend_for(opts.device, op).copy_bytes(d.data_ptr(), opts.device, t.data_ptr(), kCPU, t.nbytes());
-    t = d;
-  }
   if (opts.requires_grad) {
     TANDEM_CHECK(is_floating(t.dtype()), "[{}] only floating tensors can require grad, got {}", op, t.dtype());
     t.requires_grad_();
@@ -34,6 +36,10 @@ Tensor finish(Tensor t, const TensorOptions& opts, const char* op) {
 
 void fill_contiguous(const Tensor& t, const Scalar& value, const char* op) {
   if (t.numel() == 0) return;
+  if (!t.is_cpu()) [[unlikely]] {
+    ew::fill(t, value, op);  // the same conversion of value as below
+    return;
+  }
   if (value.value == 0 && !std::signbit(value.value)) {  // all-zero bits is 0 in every dtype
     std::memset(t.data_ptr(), 0, t.nbytes());
     return;
@@ -66,19 +72,19 @@ Tensor empty(const Shape& shape, TensorOptions opts) {
 }
 
 Tensor full(const Shape& shape, const Scalar& value, TensorOptions opts) {
-  Tensor t = host_empty(shape, opts, "full");
+  Tensor t = new_empty(shape, opts, "full");
   fill_contiguous(t, value, "full");
   return finish(t, opts, "full");
 }
 
 Tensor zeros(const Shape& shape, TensorOptions opts) {
-  Tensor t = host_empty(shape, opts, "zeros");
+  Tensor t = new_empty(shape, opts, "zeros");
   fill_contiguous(t, 0, "zeros");
   return finish(t, opts, "zeros");
 }
 
 Tensor ones(const Shape& shape, TensorOptions opts) {
-  Tensor t = host_empty(shape, opts, "ones");
+  Tensor t = new_empty(shape, opts, "ones");
   fill_contiguous(t, 1, "ones");
   return finish(t, opts, "ones");
 }
@@ -106,7 +112,13 @@ Tensor arange(const Scalar& start, const Scalar& end, const Scalar& step, Tensor
   } else {
     n = static_cast<int64_t>(std::ceil((b - a) / s));
   }
-  Tensor t = host_empty({n}, opts, "arange");
+  Tensor t = new_empty({n}, opts, "arange");
+  if (!t.is_cpu()) [[unlikely]] {
+    if (n > 0)
+      kernels_for(t, "arange").arange(t, integral, integral ? static_cast<int64_t>(a) : 0,
+                                       integral ? static_cast<int64_t>(s) : 0, a, s);
+    return finish(t, opts, "arange");
+  }
   TANDEM_DISPATCH_NUMERIC(t.dtype(), "arange", [&] {
     scalar_t* p = static_cast<scalar_t*>(t.data_ptr());
     if (integral) {
@@ -129,11 +141,15 @@ Tensor arange(const Scalar& end) { return arange(0, end, 1, arange_dtype(0, end,
 Tensor linspace(double start, double end, int64_t steps, TensorOptions opts) {
   TANDEM_CHECK(steps >= 0, "[linspace] number of steps must be non-negative, got {}", steps);
   TANDEM_CHECK(opts.dtype != boolean, "[linspace] dtype bool is not supported");
-  Tensor t = host_empty({steps}, opts, "linspace");
+  Tensor t = new_empty({steps}, opts, "linspace");
   const double step = steps > 1 ? (end - start) / static_cast<double>(steps - 1) : 0.0;
   // Like PyTorch: the first half counts up from start, the second half down from end, so both
   // endpoints come out exact.
   const int64_t half = steps == 1 ? 1 : steps / 2;
+  if (!t.is_cpu()) [[unlikely]] {
+    if (steps > 0) kernels_for(t, "linspace").linspace(t, start, end, step, half);
+    return finish(t, opts, "linspace");
+  }
   TANDEM_DISPATCH_NUMERIC(t.dtype(), "linspace", [&] {
     scalar_t* p = static_cast<scalar_t*>(t.data_ptr());
     for (int64_t i = 0; i < steps; ++i) {
@@ -146,7 +162,11 @@ Tensor linspace(double start, double end, int64_t steps, TensorOptions opts) {
 
 Tensor eye(int64_t n, TensorOptions opts) {
   TANDEM_CHECK(n >= 0, "[eye] n must be non-negative, got {}", n);
-  Tensor t = host_empty({n, n}, opts, "eye");
+  Tensor t = new_empty({n, n}, opts, "eye");
+  if (!t.is_cpu()) [[unlikely]] {
+    if (n > 0) kernels_for(t, "eye").eye(t);
+    return finish(t, opts, "eye");
+  }
   fill_contiguous(t, 0, "eye");
   TANDEM_DISPATCH_ALL(t.dtype(), "eye", [&] {
     scalar_t* p = static_cast<scalar_t*>(t.data_ptr());
@@ -156,7 +176,7 @@ Tensor eye(int64_t n, TensorOptions opts) {
 }
 
 Tensor scalar_tensor(const Scalar& value, TensorOptions opts) {
-  Tensor t = host_empty({}, opts, "scalar_tensor");
+  Tensor t = new_empty({}, opts, "scalar_tensor");
   fill_contiguous(t, value, "scalar_tensor");
   return finish(t, opts, "scalar_tensor");
 }

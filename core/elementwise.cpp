@@ -13,6 +13,7 @@
 
 #include "core/backend.h"
 #include "core/iter.h"
+#include "core/views.h"
 
 namespace tandem::ew {
 
@@ -255,6 +256,36 @@ void check_cast(Dtype result, Dtype self, const char* name) {
                self);
 }
 
+// The kernel table of a non-CPU tensor's device (every op's device branch: `if (!out.is_cpu())`).
+DeviceKernels& device_table(const Tensor& t, const char* name) {
+  return device_kernels<DeviceKernels>(t.device(), name);
+}
+
+// As PyTorch, a 0-dim CPU tensor may take part in an op on another device's tensors (binary ops
+// and where); it is copied to that device (one element, stream-ordered), which keeps the type
+// promotion of a 0-dim tensor. Any other mix of devices is an error. Only called once the
+// operands' devices are known to differ.
+template <size_t N>
+void move_cpu_scalars(const char* op, const std::array<Tensor*, N>& ts, const std::array<const char*, N>& names) {
+  const Tensor* anchor = nullptr;
+  for (Tensor* t : ts) {
+    if (!(t->is_cpu() && t->dim() == 0)) {
+      anchor = t;
+      break;
+    }
+  }
+  if (anchor != nullptr) {
+    const Device d = anchor->device();
+    for (Tensor* t : ts)
+      if (!(t->device() == d) && t->is_cpu() && t->dim() == 0) *t = raw::to_device(*t, d);
+  }
+  if constexpr (N == 2) {
+    check_same_device(op, {{names[0], *ts[0]}, {names[1], *ts[1]}});
+  } else {
+    check_same_device(op, {{names[0], *ts[0]}, {names[1], *ts[1]}, {names[2], *ts[2]}});
+  }
+}
+
 }  // namespace
 
 const char* op_name(Binary op) {
@@ -357,6 +388,15 @@ bool can_cast(Dtype from, Dtype to) {
   return true;
 }
 
+void fail_devices(const char* op, std::initializer_list<NamedTensor> ts) {
+  std::string list;
+  for (const NamedTensor& n : ts) {
+    if (!list.empty()) list += ", ";
+    list += fmt::format("{} on {}", n.name, n.t.device());
+  }
+  fail("[{}] tensors are on different devices: {}", op, list);
+}
+
 void require_cpu(const Tensor& t, const char* op) {
   TANDEM_CHECK(t.defined(), "[{}] undefined tensor", op);
   if (t.is_cpu()) [[likely]] return;
@@ -368,18 +408,25 @@ void require_cpu(const Tensor& t, const char* op) {
 
 Tensor cast(const Tensor& a, Dtype dtype, const char* op) {
   if (a.dtype() == dtype) return a;
-  require_cpu(a, op);
   Tensor out = make_empty(a.shape(), dtype, a.device(), op);
   copy(out, a, op);
   return out;
 }
 
 void copy(const Tensor& self, const Tensor& src_in, const char* name) {
-  require_cpu(self, name);
-  require_cpu(src_in, name);
+  TANDEM_CHECK(self.defined() && src_in.defined(), "[{}] undefined tensor", name);
   check_broadcasts_to(src_in, self, "source", name);
   check_writable(self, name);
+  if (!(self.device() == src_in.device())) [[unlikely]] {
+    // Across devices: the bytes move in src's dtype and shape, then convert on self's device.
+    copy(self, raw::to_device(src_in, self.device()), name);
+    return;
+  }
   Tensor src = unaliased(self, src_in, name);
+  if (!self.is_cpu()) [[unlikely]] {
+    if (self.numel() > 0) device_table(self, name).copy(self, src);
+    return;
+  }
   TANDEM_DISPATCH_ALL(src.dtype(), name, [&] {
     using S = scalar_t;
     TANDEM_DISPATCH_ALL(self.dtype(), name, [&] {
@@ -390,9 +437,11 @@ void copy(const Tensor& self, const Tensor& src_in, const char* name) {
 }
 
 void fill(const Tensor& self, const Scalar& value, const char* name) {
-  require_cpu(self, name);
+  TANDEM_CHECK(self.defined(), "[{}] undefined tensor", name);
   check_writable(self, name);
   if (self.numel() == 0) return;
+  if (!self.is_cpu()) [[unlikely]]
+    return device_table(self, name).fill(self, value);
   TANDEM_DISPATCH_ALL(self.dtype(), name, [&] {
     using T = scalar_t;
     const T v = store<T>(value.value);
@@ -411,8 +460,11 @@ void fill(const Tensor& self, const Scalar& value, const char* name) {
 
 Tensor binary(Binary op, const Tensor& a, const Tensor& b, const Scalar& alpha) {
   const char* name = op_name(op);
-  require_cpu(a, name);
-  require_cpu(b, name);
+  if (!(a.device() == b.device())) [[unlikely]] {
+    Tensor a2 = a, b2 = b;
+    move_cpu_scalars<2>(name, {&a2, &b2}, {"a", "b"});
+    return binary(op, a2, b2, alpha);
+  }
   Dtype ct = compute_dtype(op, result_type(a, b), alpha, name);
   Tensor ac, bc;  // converted operands, only when the dtype differs
   if (a.dtype() != ct) ac = cast(a, ct, name);
@@ -422,33 +474,47 @@ Tensor binary(Binary op, const Tensor& a, const Tensor& b, const Scalar& alpha) 
   Tensor out = a.shape() == b.shape()
                    ? make_empty(a.shape(), out_dtype(op, ct), a.device(), name)
                    : make_empty(broadcast_shapes(a.shape(), b.shape(), name), out_dtype(op, ct), a.device(), name);
+  if (!out.is_cpu()) [[unlikely]] {
+    if (out.numel() > 0) device_table(out, name).binary(op, out, A, B, alpha);
+    return out;
+  }
   run_binary(op, out, A, B, alpha);
   return out;
 }
 
 Tensor binary(Binary op, const Tensor& a, const Scalar& b) {
   const char* name = op_name(op);
-  require_cpu(a, name);
   Dtype ct = compute_dtype(op, result_type(a, b), 1, name);
   Tensor A = cast(a, ct, name);
   Tensor out = make_empty(a.shape(), out_dtype(op, ct), a.device(), name);
+  if (!out.is_cpu()) [[unlikely]] {
+    if (out.numel() > 0) device_table(out, name).binary_scalar(op, out, A, b, /*scalar_first=*/false);
+    return out;
+  }
   run_binary_scalar(op, out, A, b, /*scalar_first=*/false);
   return out;
 }
 
 Tensor binary(Binary op, const Scalar& a, const Tensor& b) {
   const char* name = op_name(op);
-  require_cpu(b, name);
   Dtype ct = compute_dtype(op, result_type(b, a), 1, name);
   Tensor B = cast(b, ct, name);
   Tensor out = make_empty(b.shape(), out_dtype(op, ct), b.device(), name);
+  if (!out.is_cpu()) [[unlikely]] {
+    if (out.numel() > 0) device_table(out, name).binary_scalar(op, out, B, a, /*scalar_first=*/true);
+    return out;
+  }
   run_binary_scalar(op, out, B, a, /*scalar_first=*/true);
   return out;
 }
 
 void binary_(Binary op, const Tensor& self, const Tensor& other_in, const Scalar& alpha, const char* name) {
-  require_cpu(self, name);
-  require_cpu(other_in, name);
+  if (!(self.device() == other_in.device())) [[unlikely]] {
+    Tensor other = other_in;
+    if (other.is_cpu() && other.dim() == 0) other = raw::to_device(other, self.device());
+    check_same_device(name, {{"self", self}, {"other", other}});
+    return binary_(op, self, other, alpha, name);
+  }
   Dtype ct = compute_dtype(op, result_type(self, other_in), alpha, name);
   Dtype out_dt = out_dtype(op, ct);
   check_cast(out_dt, self.dtype(), name);
@@ -461,17 +527,24 @@ void binary_(Binary op, const Tensor& self, const Tensor& other_in, const Scalar
   }
   Tensor other = unaliased(self, other_in, name);
   if (other.dtype() != ct) other = cast(other, ct, name);
+  if (!self.is_cpu()) [[unlikely]] {
+    if (self.numel() > 0) device_table(self, name).binary(op, self, self, other, alpha);
+    return;
+  }
   run_binary(op, self, self, other, alpha);
 }
 
 void binary_(Binary op, const Tensor& self, const Scalar& other, const char* name) {
-  require_cpu(self, name);
   Dtype ct = compute_dtype(op, result_type(self, other), 1, name);
   Dtype out_dt = out_dtype(op, ct);
   check_cast(out_dt, self.dtype(), name);
   check_writable(self, name);
   if (ct != self.dtype() || out_dt != ct) {
     copy(self, binary(op, self, other), name);
+    return;
+  }
+  if (!self.is_cpu()) [[unlikely]] {
+    if (self.numel() > 0) device_table(self, name).binary_scalar(op, self, self, other, /*scalar_first=*/false);
     return;
   }
   run_binary_scalar(op, self, self, other, /*scalar_first=*/false);
@@ -481,12 +554,15 @@ void binary_(Binary op, const Tensor& self, const Scalar& other, const char* nam
 
 Tensor unary(Unary op, const Tensor& a) {
   const char* name = op_name(op);
-  require_cpu(a, name);
   switch (op) {
     case Unary::logical_not:
     case Unary::isnan:
     case Unary::isinf: {
       Tensor out = make_empty(a.shape(), boolean, a.device(), name);
+      if (!out.is_cpu()) [[unlikely]] {
+        if (out.numel() > 0) device_table(out, name).unary(op, out, a);
+        return out;
+      }
       TANDEM_DISPATCH_ALL(a.dtype(), name, [&] {
         using T = scalar_t;
         if (op == Unary::logical_not) map<bool, T>(out, {&a}, LogicalNot{});
@@ -501,6 +577,10 @@ Tensor unary(Unary op, const Tensor& a) {
       TANDEM_CHECK(a.dtype() != boolean, "[{}] not supported for bool tensors{}", name,
                    op == Unary::neg ? "; use logical_not" : "");
       Tensor out = make_empty(a.shape(), a.dtype(), a.device(), name);
+      if (!out.is_cpu()) [[unlikely]] {
+        if (out.numel() > 0) device_table(out, name).unary(op, out, a);
+        return out;
+      }
       TANDEM_DISPATCH_NUMERIC(a.dtype(), name, [&] {
         using T = scalar_t;
         if (op == Unary::neg) map<T, T>(out, {&a}, Neg{});
@@ -514,6 +594,10 @@ Tensor unary(Unary op, const Tensor& a) {
   // Floating math: integer and bool inputs promote to the default float, as in PyTorch.
   Tensor A = is_floating(a.dtype()) ? a : cast(a, kDefaultFloat, name);
   Tensor out = make_empty(a.shape(), A.dtype(), a.device(), name);
+  if (!out.is_cpu()) [[unlikely]] {
+    if (out.numel() > 0) device_table(out, name).unary(op, out, A);
+    return out;
+  }
   TANDEM_DISPATCH_FLOATING(A.dtype(), name, [&] {
     using T = scalar_t;
     const std::array<const Tensor*, 1> in{&A};
@@ -534,7 +618,6 @@ Tensor unary(Unary op, const Tensor& a) {
 }
 
 Tensor pow_scalar(const Tensor& a, const Scalar& exponent) {
-  require_cpu(a, "pow");
   TANDEM_CHECK(a.dtype() != boolean, "[pow] not supported for bool tensors");
   Dtype ct = result_type(a, exponent);
   TANDEM_CHECK(!(is_integral(ct) && exponent.value < 0),
@@ -543,6 +626,10 @@ Tensor pow_scalar(const Tensor& a, const Scalar& exponent) {
   Tensor A = cast(a, ct, "pow");
   Tensor out = make_empty(a.shape(), ct, a.device(), "pow");
   const double e = exponent.value;
+  if (!out.is_cpu()) [[unlikely]] {
+    if (out.numel() > 0) device_table(out, "pow").pow_scalar(out, A, e);
+    return out;
+  }
   TANDEM_DISPATCH_NUMERIC(ct, "pow", [&] {
     using T = scalar_t;
     using C = C_t<T>;
@@ -593,13 +680,16 @@ template <class C> Clamp<C> make_clamp(std::optional<double> lo, std::optional<d
 }  // namespace
 
 Tensor clamp(const Tensor& a, std::optional<double> lo, std::optional<double> hi, const char* op) {
-  require_cpu(a, op);
   TANDEM_CHECK(lo || hi, "[{}] at least one of lo and hi must be given", op);
   TANDEM_CHECK(!(lo && std::isnan(*lo)) && !(hi && std::isnan(*hi)), "[{}] bounds must not be NaN", op);
   Dtype ct = clamp_dtype(a, lo, hi);
   TANDEM_CHECK(ct != boolean, "[{}] not supported for bool tensors", op);
   Tensor A = cast(a, ct, op);
   Tensor out = make_empty(a.shape(), ct, a.device(), op);
+  if (!out.is_cpu()) [[unlikely]] {
+    if (out.numel() > 0) device_table(out, op).clamp(out, A, lo, hi);
+    return out;
+  }
   TANDEM_DISPATCH_NUMERIC(ct, op, [&] {
     using T = scalar_t;
     map<T, T>(out, {&A}, make_clamp<C_t<T>>(lo, hi));
@@ -608,13 +698,16 @@ Tensor clamp(const Tensor& a, std::optional<double> lo, std::optional<double> hi
 }
 
 void clamp_(const Tensor& self, std::optional<double> lo, std::optional<double> hi) {
-  require_cpu(self, "clamp_");
   TANDEM_CHECK(lo || hi, "[clamp_] at least one of lo and hi must be given");
   TANDEM_CHECK(!(lo && std::isnan(*lo)) && !(hi && std::isnan(*hi)), "[clamp_] bounds must not be NaN");
   Dtype ct = clamp_dtype(self, lo, hi);
   check_cast(ct, self.dtype(), "clamp_");
   TANDEM_CHECK(ct != boolean, "[clamp_] not supported for bool tensors");
   check_writable(self, "clamp_");
+  if (!self.is_cpu()) [[unlikely]] {
+    if (self.numel() > 0) device_table(self, "clamp_").clamp(self, self, lo, hi);
+    return;
+  }
   TANDEM_DISPATCH_NUMERIC(self.dtype(), "clamp_", [&] {
     using T = scalar_t;
     map<T, T>(self, {&self}, make_clamp<C_t<T>>(lo, hi));
@@ -622,15 +715,21 @@ void clamp_(const Tensor& self, std::optional<double> lo, std::optional<double> 
 }
 
 Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
-  require_cpu(cond, "where");
-  require_cpu(a, "where");
-  require_cpu(b, "where");
+  if (!(cond.device() == a.device() && a.device() == b.device())) [[unlikely]] {
+    Tensor c2 = cond, a2 = a, b2 = b;
+    move_cpu_scalars<3>("where", {&c2, &a2, &b2}, {"condition", "a", "b"});
+    return where(c2, a2, b2);
+  }
   TANDEM_CHECK(cond.dtype() == boolean, "[where] condition must be a bool tensor, got {} (shape {})", cond.dtype(),
                cond.shape());
   Shape shape = broadcast_shapes(broadcast_or_same(cond, a, "where"), b.shape(), "where");
   Dtype ct = result_type(a, b);
   Tensor A = cast(a, ct, "where"), B = cast(b, ct, "where");
   Tensor out = make_empty(shape, ct, a.device(), "where");
+  if (!out.is_cpu()) [[unlikely]] {
+    if (out.numel() > 0) device_table(out, "where").where(out, cond, A, B);
+    return out;
+  }
   TANDEM_DISPATCH_ALL(ct, "where", [&] {
     using T = scalar_t;
     map<T, bool, T, T>(out, {&cond, &A, &B}, Where{});
@@ -644,9 +743,7 @@ struct Ternary {
   Tensor a, b;
 };
 Ternary prepare_ternary(const Tensor& self, const Tensor& a, const Tensor& b, const char* name) {
-  require_cpu(self, name);
-  require_cpu(a, name);
-  require_cpu(b, name);
+  check_same_device(name, {{"self", self}, {"tensor1", a}, {"tensor2", b}});
   TANDEM_CHECK(is_floating(self.dtype()), "[{}] self must be floating, got {}", name, self.dtype());
   check_cast(result_type(self, a, b), self.dtype(), name);
   check_broadcasts_to(a, self, "tensor1", name);
@@ -658,6 +755,10 @@ Ternary prepare_ternary(const Tensor& self, const Tensor& a, const Tensor& b, co
 
 void addcmul_(const Tensor& self, const Tensor& a, const Tensor& b, const Scalar& alpha) {
   Ternary t = prepare_ternary(self, a, b, "addcmul_");
+  if (!self.is_cpu()) [[unlikely]] {
+    if (self.numel() > 0) device_table(self, "addcmul_").pointwise3(Pointwise3::addcmul, self, t.a, t.b, alpha);
+    return;
+  }
   TANDEM_DISPATCH_FLOATING(self.dtype(), "addcmul_", [&] {
     using T = scalar_t;
     using C = C_t<T>;
@@ -667,6 +768,10 @@ void addcmul_(const Tensor& self, const Tensor& a, const Tensor& b, const Scalar
 
 void addcdiv_(const Tensor& self, const Tensor& a, const Tensor& b, const Scalar& alpha) {
   Ternary t = prepare_ternary(self, a, b, "addcdiv_");
+  if (!self.is_cpu()) [[unlikely]] {
+    if (self.numel() > 0) device_table(self, "addcdiv_").pointwise3(Pointwise3::addcdiv, self, t.a, t.b, alpha);
+    return;
+  }
   TANDEM_DISPATCH_FLOATING(self.dtype(), "addcdiv_", [&] {
     using T = scalar_t;
     using C = C_t<T>;
@@ -675,14 +780,17 @@ void addcdiv_(const Tensor& self, const Tensor& a, const Tensor& b, const Scalar
 }
 
 void lerp_(const Tensor& self, const Tensor& end_in, const Scalar& weight) {
-  require_cpu(self, "lerp_");
-  require_cpu(end_in, "lerp_");
+  check_same_device("lerp_", {{"self", self}, {"end", end_in}});
   TANDEM_CHECK(is_floating(self.dtype()), "[lerp_] self must be floating, got {}", self.dtype());
   TANDEM_CHECK(end_in.dtype() == self.dtype(), "[lerp_] expected end to have dtype {} like self, got {}",
                self.dtype(), end_in.dtype());
   check_broadcasts_to(end_in, self, "end", "lerp_");
   check_writable(self, "lerp_");
   Tensor end = unaliased(self, end_in, "lerp_");
+  if (!self.is_cpu()) [[unlikely]] {
+    if (self.numel() > 0) device_table(self, "lerp_").lerp(self, end, weight);
+    return;
+  }
   TANDEM_DISPATCH_FLOATING(self.dtype(), "lerp_", [&] {
     using T = scalar_t;
     using C = C_t<T>;
@@ -693,11 +801,17 @@ void lerp_(const Tensor& self, const Tensor& end_in, const Scalar& weight) {
 // ---------------------------------------------------------------- backward kernels
 
 namespace {
-// out = f(g, s) over the broadcast shape of g and s, in g's dtype (s cast when it differs).
-template <class F>
-Tensor grad_map2(const Tensor& g, const Tensor& s_in, const char* name, const F& f) {
+// out = f(g, s) over the broadcast shape of g and s, in g's dtype (s cast when it differs);
+// on a device, `on_device(table, out, g, s)` instead.
+template <class F, class D>
+Tensor grad_map2(const Tensor& g, const Tensor& s_in, const char* name, const F& f, const D& on_device) {
+  check_same_device(name, {{"grad", g}, {"input", s_in}});
   Tensor s = cast(s_in, g.dtype(), name);
   Tensor out = make_empty(broadcast_or_same(g, s, name), g.dtype(), g.device(), name);
+  if (!out.is_cpu()) [[unlikely]] {
+    if (out.numel() > 0) on_device(device_table(out, name), out, g, s);
+    return out;
+  }
   TANDEM_DISPATCH_FLOATING(g.dtype(), name, [&] {
     using T = scalar_t;
     map<T, T, T>(out, {&g, &s}, f);
@@ -705,10 +819,15 @@ Tensor grad_map2(const Tensor& g, const Tensor& s_in, const char* name, const F&
   return out;
 }
 template <class F>
-Tensor grad_map3(const Tensor& g, const Tensor& a_in, const Tensor& b_in, const char* name, const F& f) {
+Tensor grad_map3(const Tensor& g, const Tensor& a_in, const Tensor& b_in, const char* name, const F& f, Grad3 op) {
+  check_same_device(name, {{"grad", g}, {"a", a_in}, {"b", b_in}});
   Tensor a = cast(a_in, g.dtype(), name), b = cast(b_in, g.dtype(), name);
   Shape shape = broadcast_shapes(broadcast_or_same(g, a, name), b.shape(), name);
   Tensor out = make_empty(shape, g.dtype(), g.device(), name);
+  if (!out.is_cpu()) [[unlikely]] {
+    if (out.numel() > 0) device_table(out, name).grad3(op, out, g, a, b);
+    return out;
+  }
   TANDEM_DISPATCH_FLOATING(g.dtype(), name, [&] {
     using T = scalar_t;
     map<T, T, T, T>(out, {&g, &a, &b}, f);
@@ -719,63 +838,78 @@ Tensor grad_map3(const Tensor& g, const Tensor& a_in, const Tensor& b_in, const 
 
 Tensor unary_grad(Unary op, const Tensor& g, const Tensor& s) {
   const char* name = op_name(op);
+  auto dev = [op](DeviceKernels& k, const Tensor& out, const Tensor& g, const Tensor& s) {
+    k.unary_grad(op, out, g, s);
+  };
   switch (op) {
-    case Unary::abs: return grad_map2(g, s, name, AbsGradX{});
-    case Unary::sqrt: return grad_map2(g, s, name, SqrtGradY{});
-    case Unary::rsqrt: return grad_map2(g, s, name, RsqrtGradY{});
-    case Unary::tanh: return grad_map2(g, s, name, TanhGradY{});
-    case Unary::sigmoid: return grad_map2(g, s, name, SigmoidGradY{});
-    case Unary::relu: return grad_map2(g, s, name, ReluGradY{});
-    case Unary::gelu: return grad_map2(g, s, name, GeluGradX{});
-    case Unary::gelu_tanh: return grad_map2(g, s, name, GeluTanhGradX{});
-    case Unary::silu: return grad_map2(g, s, name, SiluGradX{});
+    case Unary::abs: return grad_map2(g, s, name, AbsGradX{}, dev);
+    case Unary::sqrt: return grad_map2(g, s, name, SqrtGradY{}, dev);
+    case Unary::rsqrt: return grad_map2(g, s, name, RsqrtGradY{}, dev);
+    case Unary::tanh: return grad_map2(g, s, name, TanhGradY{}, dev);
+    case Unary::sigmoid: return grad_map2(g, s, name, SigmoidGradY{}, dev);
+    case Unary::relu: return grad_map2(g, s, name, ReluGradY{}, dev);
+    case Unary::gelu: return grad_map2(g, s, name, GeluGradX{}, dev);
+    case Unary::gelu_tanh: return grad_map2(g, s, name, GeluTanhGradX{}, dev);
+    case Unary::silu: return grad_map2(g, s, name, SiluGradX{}, dev);
     default: fail("[{}] internal: no raw backward kernel for this op", name);
   }
 }
 
 Tensor clamp_grad(const Tensor& g, const Tensor& x, std::optional<double> lo, std::optional<double> hi) {
   Tensor out;
+  auto dev = [lo, hi](DeviceKernels& k, const Tensor& out, const Tensor& g, const Tensor& x) {
+    k.clamp_grad(out, g, x, lo, hi);
+  };
   TANDEM_DISPATCH_FLOATING(g.dtype(), "clamp", [&] {
     using C = C_t<scalar_t>;
     out = grad_map2(g, x, "clamp",
                     ClampGradX<C>{lo ? static_cast<C>(*lo) : C(0), hi ? static_cast<C>(*hi) : C(0), lo.has_value(),
-                                  hi.has_value()});
+                                  hi.has_value()},
+                    dev);
   });
   return out;
 }
 
 Tensor pow_scalar_grad(const Tensor& g, const Tensor& x, double exponent) {
   Tensor out;
+  auto dev = [exponent](DeviceKernels& k, const Tensor& out, const Tensor& g, const Tensor& x) {
+    k.pow_scalar_grad(out, g, x, exponent);
+  };
   TANDEM_DISPATCH_FLOATING(g.dtype(), "pow", [&] {
     using C = C_t<scalar_t>;
-    out = grad_map2(g, x, "pow", PowScalarGradX<C>{static_cast<C>(exponent)});
+    out = grad_map2(g, x, "pow", PowScalarGradX<C>{static_cast<C>(exponent)}, dev);
   });
   return out;
 }
 
 Tensor pow_grad_base(const Tensor& g, const Tensor& a, const Tensor& b) {
-  return grad_map3(g, a, b, "pow", PowGradBase{});
+  return grad_map3(g, a, b, "pow", PowGradBase{}, Grad3::pow_base);
 }
 Tensor pow_grad_exponent(const Tensor& g, const Tensor& a, const Tensor& b) {
-  return grad_map3(g, a, b, "pow", PowGradExponent{});
+  return grad_map3(g, a, b, "pow", PowGradExponent{}, Grad3::pow_exponent);
 }
 
 Tensor div_grad_other(const Tensor& g, const Tensor& a, const Tensor& b) {
-  return grad_map3(g, a, b, "div", DivGradOther{});
+  return grad_map3(g, a, b, "div", DivGradOther{}, Grad3::div_other);
 }
 
 Tensor extreme_grad(const Tensor& g, const Tensor& a, const Tensor& b, bool is_max, bool first) {
   const char* name = is_max ? "maximum" : "minimum";
   if (is_max) {
-    return first ? grad_map3(g, a, b, name, ExtremeGrad<true, true>{})
-                 : grad_map3(g, a, b, name, ExtremeGrad<true, false>{});
+    return first ? grad_map3(g, a, b, name, ExtremeGrad<true, true>{}, Grad3::max_first)
+                 : grad_map3(g, a, b, name, ExtremeGrad<true, false>{}, Grad3::max_second);
   }
-  return first ? grad_map3(g, a, b, name, ExtremeGrad<false, true>{})
-               : grad_map3(g, a, b, name, ExtremeGrad<false, false>{});
+  return first ? grad_map3(g, a, b, name, ExtremeGrad<false, true>{}, Grad3::min_first)
+               : grad_map3(g, a, b, name, ExtremeGrad<false, false>{}, Grad3::min_second);
 }
 
 Tensor where_grad(const Tensor& cond, const Tensor& g, bool take_true) {
+  check_same_device("where", {{"condition", cond}, {"grad", g}});
   Tensor out = make_empty(broadcast_or_same(cond, g, "where"), g.dtype(), g.device(), "where");
+  if (!out.is_cpu()) [[unlikely]] {
+    if (out.numel() > 0) device_table(out, "where").where_grad(out, cond, g, take_true);
+    return out;
+  }
   TANDEM_DISPATCH_FLOATING(g.dtype(), "where", [&] {
     using T = scalar_t;
     using C = C_t<T>;

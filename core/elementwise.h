@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <initializer_list>
 #include <optional>
 #include <type_traits>
 
@@ -348,7 +349,60 @@ bool can_cast(Dtype from, Dtype to);
 // CUDA" when no backend exists for their device).
 void require_cpu(const Tensor& t, const char* op);
 
+// ================================================================ device kernels
+// The kernel table a device backend registers (cuda/elementwise.cu) with
+// register_device_kernels<ew::DeviceKernels>. Core has already validated the arguments, promoted
+// and cast the operands and allocated the result exactly as for the CPU loops: every tensor is
+// on out's device, broadcasts to out's shape and already has the dtype the op computes in (the
+// same dtypes the CPU kernels get). `out` may be any strided view (in-place ops pass self); an
+// input aliases it only element for element.
+enum class Pointwise3 : uint8_t { addcmul, addcdiv };
+// Raw backward kernels (g, a, b) -> gradient, of the broadcast shape.
+enum class Grad3 : uint8_t { pow_base, pow_exponent, div_other, max_first, max_second, min_first, min_second };
+
+struct DeviceKernels {
+  virtual ~DeviceKernels() = default;
+  // out = a op b (alpha for add/sub); out is bool for comparisons and logic.
+  virtual void binary(Binary op, const Tensor& out, const Tensor& a, const Tensor& b, const Scalar& alpha) = 0;
+  // out = a op s, or s op a when scalar_first.
+  virtual void binary_scalar(Binary op, const Tensor& out, const Tensor& a, const Scalar& s, bool scalar_first) = 0;
+  // a has out's dtype, except for logical_not/isnan/isinf (out bool, a any dtype).
+  virtual void unary(Unary op, const Tensor& out, const Tensor& a) = 0;
+  virtual void pow_scalar(const Tensor& out, const Tensor& a, double exponent) = 0;
+  virtual void clamp(const Tensor& out, const Tensor& a, std::optional<double> lo, std::optional<double> hi) = 0;
+  virtual void where(const Tensor& out, const Tensor& cond, const Tensor& a, const Tensor& b) = 0;
+  // dst = src converted to dst's dtype (any pair), src broadcast to dst's shape; no overlap.
+  virtual void copy(const Tensor& dst, const Tensor& src) = 0;
+  virtual void fill(const Tensor& self, const Scalar& value) = 0;
+  virtual void pointwise3(Pointwise3 op, const Tensor& self, const Tensor& a, const Tensor& b, const Scalar& alpha) = 0;
+  virtual void lerp(const Tensor& self, const Tensor& end, const Scalar& weight) = 0;
+  virtual void unary_grad(Unary op, const Tensor& out, const Tensor& g, const Tensor& s) = 0;
+  virtual void clamp_grad(const Tensor& out, const Tensor& g, const Tensor& x, std::optional<double> lo,
+                          std::optional<double> hi) = 0;
+  virtual void pow_scalar_grad(const Tensor& out, const Tensor& g, const Tensor& x, double exponent) = 0;
+  virtual void grad3(Grad3 op, const Tensor& out, const Tensor& g, const Tensor& a, const Tensor& b) = 0;
+  // out = where(cond, g, 0) (take_true) or where(cond, 0, g).
+  virtual void where_grad(const Tensor& out, const Tensor& cond, const Tensor& g, bool take_true) = 0;
+};
+
+// Throws "[op] tensors are on different devices: a on cuda:0, b on cpu" unless all the named
+// tensors are on one device (each must be defined).
+struct NamedTensor {
+  const char* name;
+  const Tensor& t;
+};
+[[noreturn]] void fail_devices(const char* op, std::initializer_list<NamedTensor> ts);
+inline void check_same_device(const char* op, std::initializer_list<NamedTensor> ts) {
+  const Device d = ts.begin()->t.device();
+  for (const NamedTensor& n : ts)
+    if (!(n.t.device() == d)) [[unlikely]]
+      fail_devices(op, ts);
+}
+
 // Out of place. Operands broadcast; integer `div` gives f32; comparisons and logic give bool.
+// All tensors of an op are on one device, except that (as in PyTorch) a 0-dim CPU tensor may
+// join binary ops, binary_'s `other` and where on another device: it is copied there first and
+// keeps the type promotion of a 0-dim tensor.
 Tensor binary(Binary op, const Tensor& a, const Tensor& b, const Scalar& alpha = 1);
 Tensor binary(Binary op, const Tensor& a, const Scalar& b);
 Tensor binary(Binary op, const Scalar& a, const Tensor& b);  // rsub, Scalar / Tensor

@@ -5,6 +5,7 @@
 #include <type_traits>
 
 #include "core/backend.h"
+#include "core/elementwise.h"
 #include "core/iter.h"
 
 namespace tandem::index_kernels {
@@ -15,17 +16,36 @@ void check_defined(const Tensor& t, const char* op, const char* what) {
   TANDEM_CHECK(t.defined(), "[{}] {} is an undefined tensor", op, what);
 }
 
-// Only CPU kernels exist: a tensor elsewhere gets the backend's "built without CUDA" error, or,
-// in a CUDA build, a plain statement that this op has no kernel there yet.
-void require_cpu(const char* op, std::initializer_list<const Tensor*> ts) {
-  const Device dev = (*ts.begin())->device();
-  for (const Tensor* t : ts)
-    TANDEM_CHECK(t->device() == dev, "[{}] tensors must be on one device, got {} and {}", op, dev, t->device());
-  if (!dev.is_cpu()) {
-    backend_for(dev, op);
-    fail("[{}] has no kernel for {} tensors yet", op, dev);
+struct Named {
+  const char* name;
+  const Tensor& t;
+};
+
+// The one device all of an op's tensors are on; throws "[op] tensors are on different devices:
+// input on cuda:0, index on cpu" otherwise.
+Device one_device(const char* op, std::initializer_list<Named> ts) {
+  const Device dev = ts.begin()->t.device();
+  bool same = true;
+  for (const Named& n : ts) same = same && n.t.device() == dev;
+  if (!same) [[unlikely]] {
+    std::string list;
+    for (const Named& n : ts) list += fmt::format("{}{} on {}", list.empty() ? "" : ", ", n.name, n.t.device());
+    fail("[{}] tensors are on different devices: {}", op, list);
   }
+  return dev;
 }
+
+// The kernels for a non-CPU device (throws "built without CUDA" when it has no backend).
+DeviceKernels& kernels_for(Device dev, const char* op) { return device_kernels<DeviceKernels>(dev, op); }
+
+// A 1-D view of an index tensor in logical order (a contiguous copy when it has no such view).
+Tensor flat_index(const Tensor& index, const char* op) {
+  if (index.dim() == 1) return index;
+  const Tensor c = cast_copy(index, index.dtype(), op);
+  return make_view(c, Shape{c.numel()}, Strides{1}, c.storage_offset());
+}
+
+Tensor as_1d(const Tensor& t) { return t.dim() == 0 ? make_view(t, Shape{1}, Strides{1}, t.storage_offset()) : t; }
 
 void check_index_dtype(const Tensor& index, const char* op, const char* what) {
   TANDEM_CHECK(index.dtype() == i64 || index.dtype() == i32, "[{}] {} must be i64 or i32, got {} (shape {})", op,
@@ -135,8 +155,6 @@ void add_slices(const Tensor& out, int64_t dim, const std::vector<int64_t>& idx,
   });
 }
 
-Tensor as_1d(const Tensor& t) { return t.dim() == 0 ? make_view(t, Shape{1}, Strides{1}, t.storage_offset()) : t; }
-
 // Walks the positions p of `index`, calling body(element of `base` at index[p] along dim,
 // element of `other` at p) with bounds-checked index values: the loop gather and scatter_add
 // share (gather reads base into other, scatter_add accumulates other into base).
@@ -227,11 +245,11 @@ Tensor unsqueeze_view(const Tensor& a, int64_t dim) {
 }
 
 Tensor zeros_of(const Shape& shape, Dtype dtype, Device device, const char* op) {
-  if (!device.is_cpu()) {
-    backend_for(device, op);
-    fail("[{}] has no kernel for {} tensors yet", op, device);
-  }
   Tensor out = make_empty(shape, dtype, device, op);
+  if (!device.is_cpu()) [[unlikely]] {
+    if (out.numel() > 0) ew::fill(out, 0, op);
+    return out;
+  }
   // All-zero bytes are zero (or false) in every dtype, the 2-byte floats included.
   if (out.numel() > 0) std::memset(out.data_ptr(), 0, out.nbytes());
   return out;
@@ -239,8 +257,12 @@ Tensor zeros_of(const Shape& shape, Dtype dtype, Device device, const char* op) 
 
 void copy_into(const Tensor& dst, const Tensor& src, const char* op) {
   TANDEM_CHECK(dst.shape() == src.shape(), "[{}] internal: copy from {} into {}", op, src.shape(), dst.shape());
-  require_cpu(op, {&dst, &src});
+  const Device dev = one_device(op, {{"destination", dst}, {"source", src}});
   if (dst.numel() == 0) return;
+  if (!dev.is_cpu()) [[unlikely]] {
+    ew::copy(dst, src, op);
+    return;
+  }
   if (dst.dtype() == src.dtype()) {
     if (dst.is_contiguous() && src.is_contiguous()) {
       std::memcpy(dst.data_ptr(), src.data_ptr(), dst.nbytes());
@@ -281,8 +303,21 @@ Tensor embedding(const Tensor& weight, const Tensor& indices) {
   TANDEM_CHECK(weight.dim() == 2, "[embedding] weight must be 2-D [num_embeddings, embedding_dim], got {}",
                weight.shape());
   check_index_dtype(indices, op, "indices");
-  require_cpu(op, {&weight, &indices});
+  const Device dev = one_device(op, {{"weight", weight}, {"indices", indices}});
   const int64_t rows = weight.size(0), cols = weight.size(1);
+  if (!dev.is_cpu()) [[unlikely]] {
+    Shape out_shape = indices.shape();
+    out_shape.push_back(cols);
+    Tensor out = make_empty(out_shape, weight.dtype(), dev, op);
+    const int64_t n = indices.numel();
+    const IndexOutOfRange bad = kernels_for(dev, op).index_select(make_view(out, Shape{n, cols}, Strides{cols, 1}, 0),
+                                                                   weight, 0, flat_index(indices, op), true);
+    TANDEM_CHECK(bad.position < 0,
+                 "[embedding] index {} (at flat position {}) is out of range for an embedding table of {} rows "
+                 "(weight {})",
+                 bad.value, bad.position, rows, weight.shape());
+    return out;
+  }
   const std::vector<int64_t> idx = indices.to_vector<int64_t>();
   for (size_t k = 0; k < idx.size(); ++k)
     TANDEM_CHECK(idx[k] >= 0 && idx[k] < rows,
@@ -300,6 +335,15 @@ Tensor embedding(const Tensor& weight, const Tensor& indices) {
 Tensor embedding_backward(const Tensor& grad, const Tensor& indices, int64_t num_rows) {
   const char* op = "embedding_backward";
   const int64_t cols = grad.size(-1);
+  if (!grad.is_cpu()) [[unlikely]] {
+    one_device(op, {{"grad", grad}, {"indices", indices}});
+    const int64_t n = indices.numel();
+    const Tensor g = cast_copy(grad, grad.dtype(), op);
+    Tensor out = zeros_of(Shape{num_rows, cols}, grad.dtype(), grad.device(), op);
+    kernels_for(grad.device(), op)
+        .index_add(out, 0, flat_index(indices, op), make_view(g, Shape{n, cols}, Strides{cols, 1}, g.storage_offset()));
+    return out;
+  }
   const std::vector<int64_t> idx = indices.to_vector<int64_t>();
   const int64_t n = static_cast<int64_t>(idx.size());
   const Tensor g = cast_copy(grad, grad.dtype(), op);  // contiguous, so it views as [n, cols]
@@ -314,8 +358,20 @@ Tensor index_select(const Tensor& a, int64_t dim, const Tensor& index) {
   check_defined(index, op, "index");
   check_index_dtype(index, op, "index");
   TANDEM_CHECK(index.dim() <= 1, "[index_select] index must be 0-D or 1-D, got shape {}", index.shape());
-  require_cpu(op, {&a, &index});
+  const Device dev = one_device(op, {{"input", a}, {"index", index}});
   dim = wrap_dim(dim, a.dim(), op);
+  if (!dev.is_cpu()) [[unlikely]] {
+    if (a.dim() == 0)
+      TANDEM_CHECK(index.numel() == 1, "[index_select] a 0-dim input takes exactly one index, got {}", index.numel());
+    const Tensor src = as_1d(a);
+    Shape out_shape = src.shape();
+    out_shape[dim] = index.numel();
+    Tensor out = make_empty(out_shape, a.dtype(), dev, op);
+    const IndexOutOfRange bad = kernels_for(dev, op).index_select(out, src, dim, as_1d(index), true);
+    TANDEM_CHECK(bad.position < 0, "[index_select] index {} is out of range for dim {} of size {} (input {})",
+                 bad.value, dim, src.size(dim), a.shape());
+    return a.dim() == 0 ? make_view(out, Shape{}, Strides{}, 0) : out;
+  }
   const std::vector<int64_t> idx = index.to_vector<int64_t>();
   if (a.dim() == 0)
     TANDEM_CHECK(idx.size() == 1, "[index_select] a 0-dim input takes exactly one index, got {}", idx.size());
@@ -333,6 +389,12 @@ Tensor index_select(const Tensor& a, int64_t dim, const Tensor& index) {
 
 Tensor index_add_zeros(const Shape& shape, int64_t dim, const Tensor& index, const Tensor& src) {
   const char* op = "index_select_backward";
+  if (!src.is_cpu()) [[unlikely]] {
+    one_device(op, {{"grad", src}, {"index", index}});
+    Tensor out = zeros_of(shape, src.dtype(), src.device(), op);
+    kernels_for(src.device(), op).index_add(as_1d(out), dim, as_1d(index), as_1d(cast_copy(src, src.dtype(), op)));
+    return out;
+  }
   const std::vector<int64_t> idx = index.to_vector<int64_t>();
   Tensor out = zeros_of(shape, src.dtype(), src.device(), op);
   add_slices(as_1d(out), dim, idx, as_1d(src), op);
@@ -346,12 +408,18 @@ Tensor gather(const Tensor& a, int64_t dim, const Tensor& index) {
   check_defined(a, op, "input");
   check_defined(index, op, "index");
   check_index_dtype(index, op, "index");
-  require_cpu(op, {&a, &index});
+  const Device dev = one_device(op, {{"input", a}, {"index", index}});
   TANDEM_CHECK(index.dim() == a.dim(), "[gather] index must have as many dims as the input: index is {}, input is {}",
                index.shape(), a.shape());
   dim = wrap_dim(dim, a.dim(), op);
   check_index_geometry(a, dim, index, op);
   Tensor out = make_empty(index.shape(), a.dtype(), a.device(), op);
+  if (!dev.is_cpu()) [[unlikely]] {
+    const IndexOutOfRange bad = kernels_for(dev, op).gather(as_1d(out), as_1d(a), dim, as_1d(index), true);
+    TANDEM_CHECK(bad.position < 0, "[gather] index {} is out of range for dim {} of size {} (input {})", bad.value,
+                 dim, as_1d(a).size(dim), a.shape());
+    return out;
+  }
   gather_into(out, a, dim, index, op);
   return out;
 }
@@ -362,7 +430,7 @@ Tensor scatter_add(const Tensor& a, int64_t dim, const Tensor& index, const Tens
   check_defined(index, op, "index");
   check_defined(src, op, "src");
   check_index_dtype(index, op, "index");
-  require_cpu(op, {&a, &index, &src});
+  const Device dev = one_device(op, {{"input", a}, {"index", index}, {"src", src}});
   TANDEM_CHECK(src.dtype() == a.dtype(), "[scatter_add] src must have the input's dtype: input is {}, src is {}",
                a.dtype(), src.dtype());
   TANDEM_CHECK(index.dim() == a.dim() && src.dim() == a.dim(),
@@ -375,6 +443,14 @@ Tensor scatter_add(const Tensor& a, int64_t dim, const Tensor& index, const Tens
                  index.shape(), src.shape(), d);
   check_index_geometry(a, dim, index, op);
   Tensor out = cast_copy(a, a.dtype(), op, /*force=*/true);
+  if (!dev.is_cpu()) [[unlikely]] {
+    // Only src's leading index-shaped block is read: made contiguous, its element p pairs with index[p].
+    const Tensor block = cast_copy(make_view(src, index.shape(), src.strides(), src.storage_offset()), src.dtype(), op);
+    const IndexOutOfRange bad = kernels_for(dev, op).scatter_add(as_1d(out), dim, as_1d(index), as_1d(block), true);
+    TANDEM_CHECK(bad.position < 0, "[scatter_add] index {} is out of range for dim {} of size {} (input {})",
+                 bad.value, dim, as_1d(a).size(dim), a.shape());
+    return out;
+  }
   scatter_add_into(out, dim, index, src, op);
   return out;
 }
@@ -382,6 +458,12 @@ Tensor scatter_add(const Tensor& a, int64_t dim, const Tensor& index, const Tens
 Tensor gather_padded(const Tensor& grad, int64_t dim, const Tensor& index, const Shape& src_shape) {
   const char* op = "scatter_add_backward";
   Tensor out = zeros_of(src_shape, grad.dtype(), grad.device(), op);
+  if (!grad.is_cpu()) [[unlikely]] {
+    one_device(op, {{"grad", grad}, {"index", index}});
+    kernels_for(grad.device(), op)
+        .gather(as_1d(make_view(out, index.shape(), out.strides(), 0)), as_1d(grad), dim, as_1d(index), false);
+    return out;
+  }
   gather_into(make_view(out, index.shape(), out.strides(), 0), grad, dim, index, op);
   return out;
 }
@@ -394,7 +476,7 @@ Tensor masked_fill(const Tensor& a, const Tensor& mask, const Scalar& value) {
   check_defined(mask, op, "mask");
   TANDEM_CHECK(mask.dtype() == boolean, "[masked_fill] mask must be bool, got {} (shape {})", mask.dtype(),
                mask.shape());
-  require_cpu(op, {&a, &mask});
+  const Device dev = one_device(op, {{"input", a}, {"mask", mask}});
   bool fits = mask.dim() <= a.dim();
   for (int64_t i = 0; fits && i < mask.dim(); ++i) {
     const int64_t m = mask.size(mask.dim() - 1 - i), s = a.size(a.dim() - 1 - i);
@@ -403,6 +485,10 @@ Tensor masked_fill(const Tensor& a, const Tensor& mask, const Scalar& value) {
   TANDEM_CHECK(fits, "[masked_fill] mask of shape {} cannot be broadcast to the input's shape {}", mask.shape(),
                a.shape());
   Tensor out = make_empty(a.shape(), a.dtype(), a.device(), op);
+  if (!dev.is_cpu()) [[unlikely]] {
+    kernels_for(dev, op).masked_fill(out, a, mask, value);
+    return out;
+  }
   TANDEM_DISPATCH_ALL(a.dtype(), op, [&] {
     const scalar_t v = from_scalar<scalar_t>(value);
     for_each_run<3>(a.shape(), {&out, &a, &mask}, [v](const StridedRun<3>& r) {
@@ -453,10 +539,7 @@ Tensor cat(const TensorList& tensors, int64_t dim, const char* op) {
     }
     out_shape[dim] += t.size(dim);
   }
-  if (!device.is_cpu()) {
-    backend_for(device, op);
-    fail("[{}] has no kernel for {} tensors yet", op, device);
-  }
+  // Any device: copy_into casts and copies each piece with the device's copy kernel.
   Tensor out = make_empty(out_shape, dtype, device, op);
   int64_t offset = 0;
   for (const Tensor& t : tensors) {

@@ -46,6 +46,39 @@ Tensor masked_fill(const Tensor& a, const Tensor& mask, const Scalar& value);
 Tensor cat(const TensorList& tensors, int64_t dim, const char* op = "cat");
 Tensor stack(const TensorList& tensors, int64_t dim);
 
+// ---- device kernels ----
+// The table a device backend registers (cuda/index.cu) with register_device_kernels. Core has
+// validated every argument and allocated the outputs exactly as for the CPU; all tensors are on
+// one device; index tensors are i32 or i64 of any strides. Kernels never touch memory outside a
+// tensor for an out-of-range index: they skip it and, when `check` is set, report the one at the
+// lowest logical position of the index tensor, which reads that report back to the host (the one
+// host sync of these ops: the forward ops check, the backward kernels do not, their indices were
+// checked by the forward).
+struct IndexOutOfRange {
+  int64_t position = -1;  // logical position in the index tensor; -1: all in range
+  int64_t value = 0;
+};
+
+struct DeviceKernels {
+  virtual ~DeviceKernels() = default;
+  // out.select(dim, k) = src.select(dim, index[k]); index is 1-D, out has src's shape with dim
+  // resized to index.numel(). Any strides for src and out.
+  virtual IndexOutOfRange index_select(const Tensor& out, const Tensor& src, int64_t dim, const Tensor& index,
+                                       bool check) = 0;
+  // out.select(dim, index[k]) += src.select(dim, k) for every k: contiguous out and src, 1-D
+  // index; deterministic (slices summed in order of k, as on the CPU).
+  virtual void index_add(const Tensor& out, int64_t dim, const Tensor& index, const Tensor& src) = 0;
+  // Over the positions p of index: out[p] = a[p with coordinate dim replaced by index[p]]. out,
+  // a, index have a's number of dims; any strides.
+  virtual IndexOutOfRange gather(const Tensor& out, const Tensor& a, int64_t dim, const Tensor& index, bool check) = 0;
+  // out[p with dim replaced by index[p]] += src[p] over the positions p of index: contiguous out,
+  // src contiguous with index's shape; deterministic (summed in logical order of p).
+  virtual IndexOutOfRange scatter_add(const Tensor& out, int64_t dim, const Tensor& index, const Tensor& src,
+                                      bool check) = 0;
+  // out (contiguous, a's shape) = mask ? value : a; mask (bool) broadcasts to a.
+  virtual void masked_fill(const Tensor& out, const Tensor& a, const Tensor& mask, const Scalar& value) = 0;
+};
+
 // True for the 1-D empty tensors cat skips (PyTorch's legacy behaviour).
 inline bool cat_skips(const Tensor& t) { return t.dim() == 1 && t.size(0) == 0; }
 

@@ -7,6 +7,8 @@
 #include <type_traits>
 #include <vector>
 
+#include "core/backend.h"
+#include "core/elementwise.h"
 #include "core/iter.h"
 #include "core/reduce.h"
 
@@ -146,7 +148,6 @@ void check_pair(const Tensor& a, const Tensor& b, const char* op) {
                b.dtype());
   TANDEM_CHECK(a.dtype() != boolean, "[{}] bool tensors are not supported (shapes {} and {})", op, a.shape(),
                b.shape());
-  require_cpu(a, op);
 }
 
 // batch strides of t's leading (rank - 2) dims aligned with `batch` (0 where broadcast).
@@ -238,9 +239,14 @@ int64_t leading_numel(const Tensor& t) {
 
 }  // namespace
 
-void batched_gemm(Dtype dtype, const Shape& batch, int64_t M, int64_t N, int64_t K, const MatOperand& a,
-                  const MatOperand& b, void* c, const Strides& c_batch_strides, int64_t c_numel, bool accumulate,
-                  const char* op) {
+void batched_gemm(Device device, Dtype dtype, const Shape& batch, int64_t M, int64_t N, int64_t K,
+                  const MatOperand& a, const MatOperand& b, void* c, const Strides& c_batch_strides, int64_t c_numel,
+                  bool accumulate, const char* op) {
+  if (!device.is_cpu()) {
+    device_kernels<MatmulDeviceKernels>(device, op)
+        .batched_gemm(device, dtype, batch, M, N, K, a, b, c, c_batch_strides, c_numel, accumulate, op);
+    return;
+  }
   const int64_t nb = numel_of(batch);
   if (M == 0 || N == 0) return;
   bool c_reduces = false;
@@ -293,8 +299,8 @@ void batched_gemm(Dtype dtype, const Shape& batch, int64_t M, int64_t N, int64_t
 Tensor matmul_kernel(const Tensor& a, const Tensor& b, const char* op) {
   MatmulGeometry g = matmul_geometry(a, b, op);
   Tensor out = make_empty(g.out_shape, a.dtype(), a.device(), op);
-  batched_gemm(a.dtype(), g.batch, g.M, g.N, g.K, g.a, g.b, out.data_ptr(), g.out_batch_strides, out.numel(), false,
-               op);
+  batched_gemm(a.device(), a.dtype(), g.batch, g.M, g.N, g.K, g.a, g.b, out.data_ptr(), g.out_batch_strides,
+               out.numel(), false, op);
   return out;
 }
 
@@ -340,7 +346,9 @@ Tensor linear_kernel(const Tensor& x_in, const Tensor& weight, const Tensor& bia
   Shape out_shape(std::vector<int64_t>(x.shape().begin(), x.shape().end() - 1));
   out_shape.push_back(out_f);
   Tensor out = make_empty(out_shape, x.dtype(), x.device(), op);
-  if (bias.defined() && rows > 0) {
+  if (bias.defined() && rows > 0 && !out.is_cpu()) {
+    ew::copy(out, bias, op);  // broadcast over the rows; the GEMM then adds x W^T with beta = 1
+  } else if (bias.defined() && rows > 0) {
     // Pre-fill every row with the bias; the GEMM then adds x W^T with beta = 1.
     TANDEM_DISPATCH_NUMERIC(x.dtype(), op, [&] {
       using T = scalar_t;
@@ -353,7 +361,8 @@ Tensor linear_kernel(const Tensor& x_in, const Tensor& weight, const Tensor& bia
   }
   MatOperand xa{x.data_ptr(), {}, xs0, x.stride(-1)};
   MatOperand wt{weight.data_ptr(), {}, weight.stride(1), weight.stride(0)};  // W^T, no copy
-  batched_gemm(x.dtype(), {}, rows, out_f, in, xa, wt, out.data_ptr(), {}, out.numel(), bias.defined(), op);
+  batched_gemm(x.device(), x.dtype(), {}, rows, out_f, in, xa, wt, out.data_ptr(), {}, out.numel(), bias.defined(),
+               op);
   return out;
 }
 
@@ -370,16 +379,21 @@ Tensor addmm_kernel(const Tensor& bias, const Tensor& a, const Tensor& b) {
   TANDEM_CHECK(bias.dim() <= 2 && broadcast_shapes(bias.shape(), out_shape, op) == out_shape,
                "[addmm] bias of shape {} cannot be broadcast to the result shape {}", bias.shape(), out_shape);
   Tensor out = make_empty(out_shape, a.dtype(), a.device(), op);
-  TANDEM_DISPATCH_NUMERIC(a.dtype(), op, [&] {
-    using T = scalar_t;
-    for_each_run<2>(out_shape, {&out, &bias}, [](const StridedRun<2>& r) {
-      for (int64_t i = 0; i < r.n; ++i)
-        *reinterpret_cast<T*>(r.ptr[0] + i * r.stride[0]) = *reinterpret_cast<const T*>(r.ptr[1] + i * r.stride[1]);
+  if (!out.is_cpu()) {
+    ew::copy(out, bias, op);
+  } else {
+    TANDEM_DISPATCH_NUMERIC(a.dtype(), op, [&] {
+      using T = scalar_t;
+      for_each_run<2>(out_shape, {&out, &bias}, [](const StridedRun<2>& r) {
+        for (int64_t i = 0; i < r.n; ++i)
+          *reinterpret_cast<T*>(r.ptr[0] + i * r.stride[0]) = *reinterpret_cast<const T*>(r.ptr[1] + i * r.stride[1]);
+      });
     });
-  });
+  }
   MatOperand A{a.data_ptr(), {}, a.stride(0), a.stride(1)};
   MatOperand B{b.data_ptr(), {}, b.stride(0), b.stride(1)};
-  batched_gemm(a.dtype(), {}, a.size(0), b.size(1), a.size(1), A, B, out.data_ptr(), {}, out.numel(), true, op);
+  batched_gemm(a.device(), a.dtype(), {}, a.size(0), b.size(1), a.size(1), A, B, out.data_ptr(), {}, out.numel(), true,
+               op);
   return out;
 }
 
@@ -389,6 +403,8 @@ std::array<Tensor, 2> matmul_backward(const Tensor& grad, const Tensor& a, const
   TANDEM_CHECK(grad.shape() == geo.out_shape, "[{}] gradient has shape {}, expected {}", op, grad.shape(),
                geo.out_shape);
   TANDEM_CHECK(grad.dtype() == a.dtype(), "[{}] gradient has dtype {}, expected {}", op, grad.dtype(), a.dtype());
+  TANDEM_CHECK(grad.device() == a.device(), "[{}] tensors are on different devices: gradient on {}, a and b on {}", op,
+               grad.device(), a.device());
   // The gradient as [batch..., M, N], with the same 1-D promotion as the forward.
   const size_t nb = geo.batch.size();
   MatOperand g{grad.data_ptr(), Strides(std::vector<int64_t>(grad.strides().begin(), grad.strides().begin() + nb)),
@@ -398,16 +414,16 @@ std::array<Tensor, 2> matmul_backward(const Tensor& grad, const Tensor& a, const
     // grad_a = g b^T: [M, N] x [N, K]
     Tensor ga = make_empty(a.shape(), a.dtype(), a.device(), op);
     Strides cb = a.dim() == 1 ? Strides(nb, 0) : reducing_batch_strides(a.shape(), 2, geo.batch);
-    batched_gemm(a.dtype(), geo.batch, geo.M, geo.K, geo.N, g, geo.b.transposed(), ga.data_ptr(), cb, ga.numel(),
-                 false, op);
+    batched_gemm(a.device(), a.dtype(), geo.batch, geo.M, geo.K, geo.N, g, geo.b.transposed(), ga.data_ptr(), cb,
+                 ga.numel(), false, op);
     out[0] = ga;
   }
   if (need_b) {
     // grad_b = a^T g: [K, M] x [M, N]
     Tensor gb = make_empty(b.shape(), b.dtype(), b.device(), op);
     Strides cb = b.dim() == 1 ? Strides(nb, 0) : reducing_batch_strides(b.shape(), 2, geo.batch);
-    batched_gemm(b.dtype(), geo.batch, geo.K, geo.N, geo.M, geo.a.transposed(), g, gb.data_ptr(), cb, gb.numel(),
-                 false, op);
+    batched_gemm(b.device(), b.dtype(), geo.batch, geo.K, geo.N, geo.M, geo.a.transposed(), g, gb.data_ptr(), cb,
+                 gb.numel(), false, op);
     out[1] = gb;
   }
   return out;
@@ -416,7 +432,10 @@ std::array<Tensor, 2> matmul_backward(const Tensor& grad, const Tensor& a, const
 std::array<Tensor, 3> linear_backward(const Tensor& grad, const Tensor& x_in, const Tensor& weight, bool need_x,
                                       bool need_w, bool need_b) {
   const char* op = "linear_backward";
-  require_cpu(grad, op);
+  TANDEM_CHECK(grad.defined(), "[{}] got an undefined gradient", op);
+  TANDEM_CHECK(grad.device() == weight.device() && x_in.device() == weight.device(),
+               "[{}] tensors are on different devices: gradient on {}, input on {}, weight on {}", op, grad.device(),
+               x_in.device(), weight.device());
   const int64_t in = weight.size(1), out_f = weight.size(0);
   Tensor g = grad;
   int64_t gs0;
@@ -431,7 +450,7 @@ std::array<Tensor, 3> linear_backward(const Tensor& grad, const Tensor& x_in, co
     // grad_x = g W: [rows, out] x [out, in]
     Tensor gx = make_empty(x_in.shape(), x_in.dtype(), x_in.device(), op);
     MatOperand w{weight.data_ptr(), {}, weight.stride(0), weight.stride(1)};
-    batched_gemm(g.dtype(), {}, rows, in, out_f, ga, w, gx.data_ptr(), {}, gx.numel(), false, op);
+    batched_gemm(g.device(), g.dtype(), {}, rows, in, out_f, ga, w, gx.data_ptr(), {}, gx.numel(), false, op);
     out[0] = gx;
   }
   if (need_w) {
@@ -444,7 +463,8 @@ std::array<Tensor, 3> linear_backward(const Tensor& grad, const Tensor& x_in, co
     }
     Tensor gw = make_empty(weight.shape(), weight.dtype(), weight.device(), op);
     MatOperand xa{x.data_ptr(), {}, xs0, x.stride(-1)};
-    batched_gemm(g.dtype(), {}, out_f, in, rows, ga.transposed(), xa, gw.data_ptr(), {}, gw.numel(), false, op);
+    batched_gemm(g.device(), g.dtype(), {}, out_f, in, rows, ga.transposed(), xa, gw.data_ptr(), {}, gw.numel(), false,
+                 op);
     out[1] = gw;
   }
   if (need_b) {

@@ -4,7 +4,8 @@
 // Everything funnels into one strided batched GEMM. f32/f64 go to CBLAS (OpenBLAS); an operand
 // whose rows or columns are unit-stride is passed with a leading dimension and a transpose flag
 // instead of being copied, so x.matmul(w.t()) copies nothing. f16/bf16 are computed through f32,
-// integers with a plain loop.
+// integers with a plain loop. Tensors on another device take the same route up to the GEMM, which
+// goes to that device's MatmulDeviceKernels (cuda/matmul.cu: cuBLAS).
 #pragma once
 
 #include <array>
@@ -27,9 +28,20 @@ struct MatOperand {
 // B[i] K x N. C's rows are contiguous (ldc = N); its batch strides may be 0, in which case the
 // products of that dim are summed into it (C must then span c_numel elements to be zeroed).
 // Batch dims that fold into M (B shared across the batch) or into K (C shared) become one GEMM.
-void batched_gemm(Dtype dtype, const Shape& batch, int64_t M, int64_t N, int64_t K, const MatOperand& a,
-                  const MatOperand& b, void* c, const Strides& c_batch_strides, int64_t c_numel, bool accumulate,
-                  const char* op);
+// Every pointer is in `device`'s memory; non-CPU devices go to their MatmulDeviceKernels.
+void batched_gemm(Device device, Dtype dtype, const Shape& batch, int64_t M, int64_t N, int64_t K,
+                  const MatOperand& a, const MatOperand& b, void* c, const Strides& c_batch_strides, int64_t c_numel,
+                  bool accumulate, const char* op);
+
+// The GEMM of a non-CPU backend (registered with register_device_kernels). Same contract as
+// batched_gemm; core has validated the operands and allocated C, and the call is ordered on the
+// device's current stream.
+struct MatmulDeviceKernels {
+  virtual ~MatmulDeviceKernels() = default;
+  virtual void batched_gemm(Device device, Dtype dtype, const Shape& batch, int64_t M, int64_t N, int64_t K,
+                            const MatOperand& a, const MatOperand& b, void* c, const Strides& c_batch_strides,
+                            int64_t c_numel, bool accumulate, const char* op) = 0;
+};
 
 Tensor matmul_kernel(const Tensor& a, const Tensor& b, const char* op = "matmul");
 Tensor mm_kernel(const Tensor& a, const Tensor& b);

@@ -4,6 +4,7 @@
 #include <limits>
 #include <vector>
 
+#include "core/backend.h"
 #include "core/iter.h"
 #include "core/reduce.h"
 
@@ -29,15 +30,26 @@ SliceGeometry slice_geometry(const Shape& s, int64_t dim) {
 template <class T>
 using A = acc_t<T>;
 
+NnDeviceKernels& device_table(const Tensor& t, const char* op) { return device_kernels<NnDeviceKernels>(t.device(), op); }
+
+void require_floating_input(const Tensor& t, const char* op) {
+  TANDEM_CHECK(is_floating(t.dtype()), "[{}] needs a floating tensor, got {} (shape {})", op, t.dtype(), t.shape());
+}
+
 }  // namespace
 
 Tensor softmax_kernel(const Tensor& a_in, int64_t dim, bool log, const char* op) {
-  require_cpu(a_in, op);
+  TANDEM_CHECK(a_in.defined(), "[{}] got an undefined tensor", op);
   const int64_t d = wrap_dim(dim, a_in.dim(), op);
   Tensor a = materialize(a_in, op);
   Tensor y = make_empty(a.shape(), a.dtype(), a.device(), op);
   const SliceGeometry sg = slice_geometry(a.shape(), d);
   const int64_t n = sg.n, inner = sg.inner;
+  if (!a.is_cpu()) {
+    require_floating_input(a, op);
+    if (a.numel() > 0) device_table(a, op).softmax(a, y, sg.outer, n, inner, log);
+    return y;
+  }
   TANDEM_DISPATCH_FLOATING(a.dtype(), op, [&] {
     using T = scalar_t;
     using Acc = A<T>;
@@ -93,13 +105,20 @@ Tensor softmax_kernel(const Tensor& a_in, int64_t dim, bool log, const char* op)
 }
 
 Tensor softmax_backward_kernel(const Tensor& g_in, const Tensor& y_in, int64_t dim, bool log, const char* op) {
-  require_cpu(g_in, op);
+  require_same_device(op, {&g_in, &y_in});
   const int64_t d = wrap_dim(dim, y_in.dim(), op);
   Tensor g = materialize(g_in, op);
   Tensor y = materialize(y_in, op);
   Tensor gx = make_empty(y.shape(), y.dtype(), y.device(), op);
   const SliceGeometry sg = slice_geometry(y.shape(), d);
   const int64_t n = sg.n, inner = sg.inner;
+  if (!y.is_cpu()) {
+    require_floating_input(y, op);
+    TANDEM_CHECK(g.dtype() == y.dtype() && g.shape() == y.shape(), "[{}] gradient {} {} does not match output {} {}",
+                 op, g.dtype(), g.shape(), y.dtype(), y.shape());
+    if (y.numel() > 0) device_table(y, op).softmax_backward(g, y, gx, sg.outer, n, inner, log);
+    return gx;
+  }
   TANDEM_DISPATCH_FLOATING(y.dtype(), op, [&] {
     using T = scalar_t;
     using Acc = A<T>;
@@ -130,7 +149,7 @@ Tensor softmax_backward_kernel(const Tensor& g_in, const Tensor& y_in, int64_t d
 LayerNormForward layer_norm_kernel(const Tensor& x_in, const Shape& ns, const Tensor& weight_in,
                                    const Tensor& bias_in, double eps) {
   const char* op = "layer_norm";
-  require_cpu(x_in, op);
+  TANDEM_CHECK(x_in.defined(), "[layer_norm] got an undefined input");
   TANDEM_CHECK(is_floating(x_in.dtype()), "[layer_norm] needs a floating input, got {} (shape {})", x_in.dtype(),
                x_in.shape());
   TANDEM_CHECK(!ns.empty(), "[layer_norm] normalized_shape must have at least one dim (input {})", x_in.shape());
@@ -159,6 +178,10 @@ LayerNormForward layer_norm_kernel(const Tensor& x_in, const Shape& ns, const Te
   r.y = make_empty(x.shape(), x.dtype(), x.device(), op);
   r.mean = make_empty(Shape{rows}, stat_dtype, x.device(), op);
   r.rstd = make_empty(Shape{rows}, stat_dtype, x.device(), op);
+  if (!x.is_cpu()) {
+    if (rows > 0) device_table(x, op).layer_norm(x, w, b, eps, rows, D, r);
+    return r;
+  }
   TANDEM_DISPATCH_FLOATING(x.dtype(), op, [&] {
     using T = scalar_t;
     using Acc = A<T>;
@@ -195,7 +218,7 @@ std::array<Tensor, 3> layer_norm_backward_kernel(const Tensor& g_in, const Tenso
                                                  const Tensor& rstd, const Tensor& weight_in, const Shape& ns, bool need_x,
                                                  bool need_w, bool need_b) {
   const char* op = "layer_norm_backward";
-  require_cpu(g_in, op);
+  require_same_device(op, {&g_in, &x_in, &mean, &rstd, &weight_in});
   Tensor g = materialize(g_in, op);
   Tensor x = materialize(x_in, op);
   Tensor w = weight_in.defined() ? materialize(weight_in, op) : Tensor();
@@ -205,6 +228,12 @@ std::array<Tensor, 3> layer_norm_backward_kernel(const Tensor& g_in, const Tenso
   if (need_x) out[0] = make_empty(x.shape(), x.dtype(), x.device(), op);
   if (need_w) out[1] = make_empty(ns, x.dtype(), x.device(), op);
   if (need_b) out[2] = make_empty(ns, x.dtype(), x.device(), op);
+  if (!x.is_cpu()) {
+    TANDEM_CHECK(g.dtype() == x.dtype() && g.shape() == x.shape(), "[{}] gradient {} {} does not match input {} {}",
+                 op, g.dtype(), g.shape(), x.dtype(), x.shape());
+    device_table(x, op).layer_norm_backward(g, x, materialize(mean, op), materialize(rstd, op), w, rows, D, out);
+    return out;
+  }
   TANDEM_DISPATCH_FLOATING(x.dtype(), op, [&] {
     using T = scalar_t;
     using Acc = A<T>;
@@ -262,12 +291,17 @@ std::array<Tensor, 3> layer_norm_backward_kernel(const Tensor& g_in, const Tenso
 
 std::pair<Tensor, Tensor> dropout_kernel(const Tensor& x, const Tensor& uniform, double p) {
   const char* op = "dropout";
-  require_cpu(x, op);
+  require_same_device(op, {&x, &uniform});
   TANDEM_CHECK(uniform.dtype() == f32 && uniform.shape() == x.shape(),
                "[dropout] internal: uniform samples must be f32 of shape {}, got {} {}", x.shape(), uniform.dtype(),
                uniform.shape());
   Tensor out = make_empty(x.shape(), x.dtype(), x.device(), op);
   Tensor mask = make_empty(x.shape(), x.dtype(), x.device(), op);
+  if (!x.is_cpu()) {
+    require_floating_input(x, op);
+    device_table(x, op).dropout(materialize(x, op), materialize(uniform, op), p, out, mask);
+    return {out, mask};
+  }
   TANDEM_DISPATCH_FLOATING(x.dtype(), op, [&] {
     using T = scalar_t;
     using Acc = A<T>;
@@ -288,8 +322,15 @@ std::pair<Tensor, Tensor> dropout_kernel(const Tensor& x, const Tensor& uniform,
 
 Tensor dropout_backward_kernel(const Tensor& g, const Tensor& mask) {
   const char* op = "dropout_backward";
-  require_cpu(g, op);
+  require_same_device(op, {&g, &mask});
   Tensor out = make_empty(mask.shape(), mask.dtype(), mask.device(), op);
+  if (!mask.is_cpu()) {
+    require_floating_input(mask, op);
+    TANDEM_CHECK(g.dtype() == mask.dtype(), "[{}] gradient dtype {} does not match {}", op, g.dtype(), mask.dtype());
+    Tensor gb = g.shape() == mask.shape() ? g : g.expand(mask.shape());
+    device_table(mask, op).dropout_backward(materialize(gb, op), materialize(mask, op), out);
+    return out;
+  }
   TANDEM_DISPATCH_FLOATING(mask.dtype(), op, [&] {
     using T = scalar_t;
     using Acc = A<T>;
@@ -301,6 +342,51 @@ Tensor dropout_backward_kernel(const Tensor& g, const Tensor& mask) {
       }
     });
   });
+  return out;
+}
+
+CrossEntropyRows cross_entropy_rows_kernel(const Tensor& logits_in, const Tensor& target_in, const Tensor& weight_in,
+                                           int64_t ignore_index, double label_smoothing) {
+  const char* op = "cross_entropy";
+  require_same_device(op, {&logits_in, &target_in, &weight_in});
+  TANDEM_CHECK(!logits_in.is_cpu(), "[{}] internal: the fused kernel is for device tensors", op);
+  TANDEM_CHECK(logits_in.dim() == 2 && target_in.dim() == 1 && target_in.size(0) == logits_in.size(0) &&
+                   target_in.dtype() == i64,
+               "[{}] internal: fused rows need logits [M, C] and i64 target [M], got {} and {} {}", op,
+               logits_in.shape(), target_in.dtype(), target_in.shape());
+  require_floating_input(logits_in, op);
+  const int64_t rows = logits_in.size(0), classes = logits_in.size(1);
+  if (weight_in.defined())
+    TANDEM_CHECK(weight_in.dtype() == logits_in.dtype() && weight_in.shape() == Shape{classes},
+                 "[{}] internal: weight must be {} [{}], got {} {}", op, logits_in.dtype(), classes, weight_in.dtype(),
+                 weight_in.shape());
+  Tensor logits = materialize(logits_in, op);
+  Tensor target = materialize(target_in, op);
+  Tensor weight = weight_in.defined() ? materialize(weight_in, op) : Tensor();
+  const Dtype stat_dtype = logits.dtype() == f64 ? f64 : f32;
+  CrossEntropyRows r;
+  r.loss = make_empty(Shape{rows}, logits.dtype(), logits.device(), op);
+  r.lse = make_empty(Shape{rows}, stat_dtype, logits.device(), op);
+  r.kept = make_empty(Shape{rows}, logits.dtype(), logits.device(), op);
+  if (rows > 0) device_table(logits, op).cross_entropy(logits, target, weight, ignore_index, label_smoothing, r);
+  return r;
+}
+
+Tensor cross_entropy_rows_backward_kernel(const Tensor& g, const Tensor& logits, const Tensor& target,
+                                          const Tensor& weight, const Tensor& lse, int64_t ignore_index,
+                                          double label_smoothing) {
+  const char* op = "cross_entropy_backward";
+  require_same_device(op, {&g, &logits, &target, &weight, &lse});
+  TANDEM_CHECK(!logits.is_cpu(), "[{}] internal: the fused kernel is for device tensors", op);
+  TANDEM_CHECK(g.dtype() == logits.dtype() && g.numel() == logits.size(0),
+               "[{}] gradient {} {} does not match the {} rows of logits {}", op, g.dtype(), g.shape(), logits.size(0),
+               logits.dtype());
+  Tensor out = make_empty(logits.shape(), logits.dtype(), logits.device(), op);
+  if (logits.numel() > 0)
+    device_table(logits, op).cross_entropy_backward(materialize(g, op), materialize(logits, op),
+                                                    materialize(target, op),
+                                                    weight.defined() ? materialize(weight, op) : Tensor(),
+                                                    materialize(lse, op), ignore_index, label_smoothing, out);
   return out;
 }
 

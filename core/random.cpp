@@ -15,10 +15,9 @@ namespace {
 // reproducible streams without locking.
 thread_local PhiloxState generator;
 
-void require_cpu(const Tensor& t, const char* op) {
-  if (t.is_cpu()) return;
-  backend_for(t.device(), op);  // throws "built without CUDA" in a CPU-only build
-  fail("[{}] has no kernel for {} tensors yet", op, t.device());
+// The device's kernels (throws "built without CUDA" in a CPU-only build).
+rng::DeviceKernels& kernels_for(const Tensor& t, const char* op) {
+  return device_kernels<rng::DeviceKernels>(t.device(), op);
 }
 
 // Writing random values through a broadcast (stride-0) view would silently give many elements
@@ -87,10 +86,14 @@ void fill_uniform(const Tensor& t, double lo, double hi, const char* op) {
   TANDEM_CHECK(t.is_floating_point(), "[{}] expected a floating dtype, got {}", op, t.dtype());
   TANDEM_CHECK(lo <= hi && std::isfinite(lo) && std::isfinite(hi), "[{}] expects finite lo <= hi, got lo={} hi={}",
                op, lo, hi);
-  require_cpu(t, op);
   require_no_overlap(t, op);
   const double span = hi - lo;
-  const int words = t.dtype() == f64 ? 2 : 1;
+  const int words = rng::float_words(t.dtype());
+  if (!t.is_cpu()) [[unlikely]] {
+    rng::DeviceKernels& k = kernels_for(t, op);
+    k.uniform(t, lo, hi, philox_reserve(philox_blocks(t.numel(), words)));
+    return;
+  }
   BlockCache cache{philox_reserve(philox_blocks(t.numel(), words)), words};
   int w = 0;
   switch (t.dtype()) {
@@ -123,9 +126,13 @@ void fill_normal(const Tensor& t, double mean, double std, const char* op) {
   TANDEM_CHECK(t.is_floating_point(), "[{}] expected a floating dtype, got {}", op, t.dtype());
   TANDEM_CHECK(std >= 0 && std::isfinite(std) && std::isfinite(mean),
                "[{}] expects a finite mean and std >= 0, got mean={} std={}", op, mean, std);
-  require_cpu(t, op);
   require_no_overlap(t, op);
-  const int words = t.dtype() == f64 ? 2 : 1;
+  const int words = rng::float_words(t.dtype());
+  if (!t.is_cpu()) [[unlikely]] {
+    rng::DeviceKernels& k = kernels_for(t, op);
+    k.normal(t, mean, std, philox_reserve(philox_blocks(t.numel(), words)));
+    return;
+  }
   BlockCache cache{philox_reserve(philox_blocks(t.numel(), words)), words};
   int w = 0;
   if (t.dtype() == f64) {
@@ -151,11 +158,15 @@ void fill_randint(const Tensor& t, int64_t low, int64_t high, const char* op) {
   } else if (t.dtype() == boolean) {
     TANDEM_CHECK(low >= 0 && high <= 2, "[{}] range [{}, {}) does not fit dtype bool", op, low, high);
   }
-  require_cpu(t, op);
   require_no_overlap(t, op);
   // The unsigned difference is exact for any int64 pair with high > low.
   const uint64_t range = static_cast<uint64_t>(high) - static_cast<uint64_t>(low);
-  const int words = range > 0xffffffffull ? 2 : 1;
+  const int words = rng::randint_words(range);
+  if (!t.is_cpu()) [[unlikely]] {
+    rng::DeviceKernels& k = kernels_for(t, op);
+    k.randint(t, low, range, philox_reserve(philox_blocks(t.numel(), words)));
+    return;
+  }
   BlockCache cache{philox_reserve(philox_blocks(t.numel(), words)), words};
   int w = 0;
   // Modulo reduction, as PyTorch does; its bias is below range / 2^32 (or / 2^64).
@@ -174,19 +185,13 @@ void fill_randint(const Tensor& t, int64_t low, int64_t high, const char* op) {
 }  // namespace raw
 
 namespace {
+// Generated where it lives: the element values do not depend on the device.
 Tensor new_random(const Shape& shape, const TensorOptions& opts, const char* op) {
   backend_for(opts.device, op);
-  // Generate on the CPU, then move: the element values do not depend on the device.
-  Tensor t = make_empty(shape, opts.dtype, kCPU, op);
-  return t;
+  return make_empty(shape, opts.dtype, opts.device, op);
 }
 
 Tensor finish(Tensor t, const TensorOptions& opts, const char* op) {
-  if (!(opts.device == kCPU)) {
-    Tensor d = make_empty(t.shape(), t.dtype(), opts.device, op);
-    backend_for(opts.device, op).copy_bytes(d.data_ptr(), opts.device, t.data_ptr(), kCPU, t.nbytes());
-    t = d;
-  }
   if (opts.requires_grad) t.requires_grad_();
   return t;
 }

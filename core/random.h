@@ -80,6 +80,22 @@ TANDEM_HOST_DEVICE inline double normal_f64_from_block(const philox::Counter& b,
   return k ? p.z1 : p.z0;
 }
 
+// 32-bit words per element of randint over [low, low + range).
+TANDEM_HOST_DEVICE constexpr int randint_words(uint64_t range) { return range > 0xffffffffull ? 2 : 1; }
+// 32-bit words per element of a uniform or normal fill of a floating dtype.
+constexpr int float_words(Dtype dtype) { return dtype == f64 ? 2 : 1; }
+
+// The table a device backend registers (cuda/random.cu). Core has validated the arguments and
+// reserved `state` (philox_reserve) exactly as for the CPU; the kernel fills t (any strides, no
+// two elements sharing memory) in logical order so that element i gets what the CPU gives it.
+struct DeviceKernels {
+  virtual ~DeviceKernels() = default;
+  virtual void uniform(const Tensor& t, double lo, double hi, PhiloxState state) = 0;
+  virtual void normal(const Tensor& t, double mean, double std, PhiloxState state) = 0;
+  // Values low + x % range, x of randint_words(range) words.
+  virtual void randint(const Tensor& t, int64_t low, uint64_t range, PhiloxState state) = 0;
+};
+
 }  // namespace rng
 
 namespace raw {

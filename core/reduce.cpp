@@ -7,6 +7,7 @@
 #include <type_traits>
 
 #include "core/backend.h"
+#include "core/elementwise.h"
 #include "core/iter.h"
 
 namespace tandem::detail {
@@ -186,6 +187,10 @@ void require_nonempty(const Tensor& a, const ReducePlan& pl, const char* op) {
                a.shape());
 }
 
+ReduceDeviceKernels& device_table(const Tensor& t, const char* op) {
+  return device_kernels<ReduceDeviceKernels>(t.device(), op);
+}
+
 }  // namespace
 
 ReducePlan plan_reduction(const Tensor& a, const Shape& dims, bool keepdim, const char* op) {
@@ -214,10 +219,26 @@ void require_cpu(const Tensor& t, const char* op) {
   fail("[{}] has no kernel for {} tensors yet (shape {}, {})", op, t.device(), t.shape(), t.dtype());
 }
 
+void require_same_device(const char* op, std::initializer_list<const Tensor*> ts) {
+  const Tensor* first = nullptr;
+  for (const Tensor* t : ts) {
+    if (!t->defined()) continue;
+    if (first == nullptr) {
+      first = t;
+    } else if (t->device() != first->device()) [[unlikely]] {
+      fail("[{}] tensors are on different devices: {} and {} (shapes {} and {})", op, first->device(), t->device(),
+           first->shape(), t->shape());
+    }
+  }
+}
+
 Tensor materialize(const Tensor& t, const char* op) {
   if (t.is_contiguous()) return t;
-  require_cpu(t, op);
   Tensor out = make_empty(t.shape(), t.dtype(), t.device(), op);
+  if (!t.is_cpu()) {
+    ew::copy(out, t, op);  // the device's strided copy
+    return out;
+  }
   TANDEM_DISPATCH_ALL(t.dtype(), op, [&] {
     for_each_run<2>(t.shape(), {&out, &t}, [](const StridedRun<2>& r) {
       char* d = r.ptr[0];
@@ -231,8 +252,11 @@ Tensor materialize(const Tensor& t, const char* op) {
 
 Tensor convert(const Tensor& t, Dtype dtype, const char* op) {
   if (t.dtype() == dtype) return materialize(t, op);
-  require_cpu(t, op);
   Tensor out = make_empty(t.shape(), dtype, t.device(), op);
+  if (!t.is_cpu()) {
+    ew::copy(out, t, op);  // the device's converting copy
+    return out;
+  }
   TANDEM_DISPATCH_ALL(t.dtype(), op, [&] {
     using S = scalar_t;
     TANDEM_DISPATCH_ALL(dtype, op, [&] {
@@ -268,18 +292,26 @@ Tensor keepdim_view(const Tensor& r, const ReducePlan& pl) {
 Dtype sum_dtype(Dtype in) { return is_integral(in, /*include_bool=*/true) ? i64 : in; }
 
 Tensor sum_kernel(const Tensor& a, const ReducePlan& pl) {
-  require_cpu(a, "sum");
+  TANDEM_CHECK(a.defined(), "[sum] got an undefined tensor");
   Tensor out = make_empty(pl.out_shape, sum_dtype(a.dtype()), a.device(), "sum");
+  if (!a.is_cpu()) {
+    device_table(a, "sum").reduce(ReduceOp::sum, a, pl, out, 0);
+    return out;
+  }
   sum_into(a, pl, out, 1.0);
   return out;
 }
 
 Tensor mean_kernel(const Tensor& a, const ReducePlan& pl) {
-  require_cpu(a, "mean");
+  TANDEM_CHECK(a.defined(), "[mean] got an undefined tensor");
   TANDEM_CHECK(is_floating(a.dtype()),
                "[mean] needs a floating tensor, got {} (shape {}); convert it first, e.g. .to(f32)", a.dtype(),
                a.shape());
   Tensor out = make_empty(pl.out_shape, a.dtype(), a.device(), "mean");
+  if (!a.is_cpu()) {
+    device_table(a, "mean").reduce(ReduceOp::mean, a, pl, out, 0);
+    return out;
+  }
   sum_into(a, pl, out, static_cast<double>(pl.count));
   return out;
 }
@@ -300,12 +332,15 @@ Tensor sum_to_shape(const Tensor& g, const Shape& shape, const char* op) {
     }
     any = any || reduced[i];
   }
-  require_cpu(g, op);
   ReducePlan pl = plan_from_mask(g, std::move(reduced), true);
   // Keepdim order with the leading dims dropped is exactly `shape`'s contiguous order.
   Tensor out = make_empty(shape, sum_dtype(g.dtype()), g.device(), op);
   if (any) {
-    sum_into(g, pl, out, 1.0);
+    if (!g.is_cpu()) {
+      device_table(g, op).reduce(ReduceOp::sum, g, pl, out, 0);
+    } else {
+      sum_into(g, pl, out, 1.0);
+    }
   } else {
     out = materialize(make_view(g, shape, Strides(std::vector<int64_t>(g.strides().begin() + lead, g.strides().end())),
                                 g.storage_offset()),
@@ -315,9 +350,13 @@ Tensor sum_to_shape(const Tensor& g, const Shape& shape, const char* op) {
 }
 
 Tensor extreme_kernel(const Tensor& a, const ReducePlan& pl, Extreme which, const char* op) {
-  require_cpu(a, op);
+  TANDEM_CHECK(a.defined(), "[{}] got an undefined tensor", op);
   require_nonempty(a, pl, op);
   Tensor out = make_empty(pl.out_shape, a.dtype(), a.device(), op);
+  if (!a.is_cpu()) {
+    device_table(a, op).reduce(which == Extreme::max ? ReduceOp::amax : ReduceOp::amin, a, pl, out, 0);
+    return out;
+  }
   TANDEM_DISPATCH_ALL(a.dtype(), op, [&] {
     using T = scalar_t;
     using Acc = acc_t<T>;
@@ -360,10 +399,14 @@ Tensor extreme_kernel(const Tensor& a, const ReducePlan& pl, Extreme which, cons
 
 std::pair<Tensor, Tensor> extreme_with_index_kernel(const Tensor& a, const ReducePlan& pl, Extreme which,
                                                     bool want_values, const char* op) {
-  require_cpu(a, op);
+  TANDEM_CHECK(a.defined(), "[{}] got an undefined tensor", op);
   require_nonempty(a, pl, op);
   Tensor values = want_values ? make_empty(pl.out_shape, a.dtype(), a.device(), op) : Tensor();
   Tensor indices = make_empty(pl.out_shape, i64, a.device(), op);
+  if (!a.is_cpu()) {
+    device_table(a, op).extreme_with_index(a, pl, which, values, indices);
+    return {values, indices};
+  }
   TANDEM_DISPATCH_ALL(a.dtype(), op, [&] {
     using T = scalar_t;
     using Acc = acc_t<T>;
@@ -396,9 +439,13 @@ std::pair<Tensor, Tensor> extreme_with_index_kernel(const Tensor& a, const Reduc
 
 Tensor var_kernel(const Tensor& a, const ReducePlan& pl, int64_t correction, bool take_sqrt) {
   const char* op = take_sqrt ? "std" : "var";
-  require_cpu(a, op);
+  TANDEM_CHECK(a.defined(), "[{}] got an undefined tensor", op);
   require_floating(a, op);
   Tensor out = make_empty(pl.out_shape, a.dtype(), a.device(), op);
+  if (!a.is_cpu()) {
+    device_table(a, op).reduce(take_sqrt ? ReduceOp::std : ReduceOp::var, a, pl, out, correction);
+    return out;
+  }
   TANDEM_DISPATCH_FLOATING(a.dtype(), op, [&] {
     using T = scalar_t;
     using Acc = acc_t<T>;
@@ -419,9 +466,13 @@ Tensor var_kernel(const Tensor& a, const ReducePlan& pl, int64_t correction, boo
 }
 
 Tensor logsumexp_kernel(const Tensor& a, const ReducePlan& pl) {
-  require_cpu(a, "logsumexp");
+  TANDEM_CHECK(a.defined(), "[logsumexp] got an undefined tensor");
   require_floating(a, "logsumexp");
   Tensor out = make_empty(pl.out_shape, a.dtype(), a.device(), "logsumexp");
+  if (!a.is_cpu()) {
+    device_table(a, "logsumexp").reduce(ReduceOp::logsumexp, a, pl, out, 0);
+    return out;
+  }
   TANDEM_DISPATCH_FLOATING(a.dtype(), "logsumexp", [&] {
     using T = scalar_t;
     using Acc = acc_t<T>;
@@ -449,9 +500,13 @@ Tensor logsumexp_kernel(const Tensor& a, const ReducePlan& pl) {
 }
 
 Tensor norm_kernel(const Tensor& a, const ReducePlan& pl) {
-  require_cpu(a, "norm");
+  TANDEM_CHECK(a.defined(), "[norm] got an undefined tensor");
   require_floating(a, "norm");
   Tensor out = make_empty(pl.out_shape, a.dtype(), a.device(), "norm");
+  if (!a.is_cpu()) {
+    device_table(a, "norm").reduce(ReduceOp::norm, a, pl, out, 0);
+    return out;
+  }
   TANDEM_DISPATCH_FLOATING(a.dtype(), "norm", [&] {
     using T = scalar_t;
     using Acc = acc_t<T>;
@@ -470,9 +525,14 @@ Tensor norm_kernel(const Tensor& a, const ReducePlan& pl) {
 // ---- backward kernels ----
 
 Tensor expand_grad(const Tensor& g, const ReducePlan& pl, const Shape& in_shape, double scale) {
-  require_cpu(g, "sum_backward");
+  TANDEM_CHECK(g.defined(), "[sum_backward] got an undefined tensor");
   Tensor gv = keepdim_view(g, pl);
   Tensor out = make_empty(in_shape, g.dtype(), g.device(), "sum_backward");
+  if (!g.is_cpu()) {
+    TANDEM_CHECK(is_floating(g.dtype()), "[sum_backward] needs a floating gradient, got {}", g.dtype());
+    device_table(g, "sum_backward").pointwise_grad(ReduceGradOp::scale, out, gv, Tensor(), Tensor(), scale);
+    return out;
+  }
   TANDEM_DISPATCH_FLOATING(g.dtype(), "sum_backward", [&] {
     using T = scalar_t;
     using Acc = acc_t<T>;
@@ -488,10 +548,19 @@ Tensor expand_grad(const Tensor& g, const ReducePlan& pl, const Shape& in_shape,
 }
 
 Tensor extreme_grad(const Tensor& g, const Tensor& a, const Tensor& result, const ReducePlan& pl) {
-  require_cpu(a, "amax_backward");
+  require_same_device("amax_backward", {&g, &a, &result});
   Tensor rv = keepdim_view(result, pl);
   Tensor gv = keepdim_view(g, pl);
   Tensor mask = make_empty(a.shape(), a.dtype(), a.device(), "amax_backward");
+  if (!a.is_cpu()) {
+    TANDEM_CHECK(is_floating(a.dtype()), "[amax_backward] needs a floating input, got {}", a.dtype());
+    ReduceDeviceKernels& k = device_table(a, "amax_backward");
+    k.pointwise_grad(ReduceGradOp::extreme_mask, mask, a, rv, Tensor(), 0);
+    ReducePlan mp = replan(mask, pl);
+    Tensor cnt = sum_kernel(mask, mp);
+    k.pointwise_grad(ReduceGradOp::extreme_split, mask, mask, gv, keepdim_view(cnt, mp), 0);
+    return mask;
+  }
   TANDEM_DISPATCH_FLOATING(a.dtype(), "amax_backward", [&] {
     using T = scalar_t;
     using Acc = acc_t<T>;
@@ -519,13 +588,18 @@ Tensor extreme_grad(const Tensor& g, const Tensor& a, const Tensor& result, cons
 }
 
 Tensor index_grad(const Tensor& g, const Tensor& indices, const ReducePlan& pl, const Shape& in_shape, int64_t dim) {
-  require_cpu(g, "max_backward");
+  require_same_device("max_backward", {&g, &indices});
   Tensor out = make_empty(in_shape, g.dtype(), g.device(), "max_backward");
-  std::memset(out.data_ptr(), 0, out.nbytes());  // all-zero bits are 0.0 in every float type
   Tensor gv = keepdim_view(g, pl);
   Tensor iv = keepdim_view(indices, pl);
   Tensor ov = make_view(out, pl.keep_shape, out.strides(), 0);
   const int64_t dim_stride = in_shape.empty() ? 0 : out.strides()[dim];
+  if (!g.is_cpu()) {
+    TANDEM_CHECK(is_floating(g.dtype()), "[max_backward] needs a floating gradient, got {}", g.dtype());
+    device_table(g, "max_backward").index_grad(out, ov, gv, iv, dim_stride);
+    return out;
+  }
+  std::memset(out.data_ptr(), 0, out.nbytes());  // all-zero bits are 0.0 in every float type
   TANDEM_DISPATCH_FLOATING(g.dtype(), "max_backward", [&] {
     using T = scalar_t;
     const int64_t sb = dim_stride * static_cast<int64_t>(sizeof(T));
@@ -543,11 +617,24 @@ Tensor index_grad(const Tensor& g, const Tensor& indices, const ReducePlan& pl, 
 Tensor var_grad(const Tensor& g, const Tensor& a, const Tensor& result, const ReducePlan& pl, int64_t correction,
                 bool is_std) {
   const char* op = is_std ? "std_backward" : "var_backward";
-  require_cpu(a, op);
+  require_same_device(op, {&g, &a, &result});
   Tensor mean = make_empty(pl.out_shape, a.dtype(), a.device(), op);
-  sum_into(a, pl, mean, static_cast<double>(pl.count));
   Tensor factor = make_empty(pl.out_shape, a.dtype(), a.device(), op);
   Tensor out = make_empty(a.shape(), a.dtype(), a.device(), op);
+  if (!a.is_cpu()) {
+    require_floating(a, op);
+    ReduceDeviceKernels& k = device_table(a, op);
+    k.reduce(ReduceOp::mean, a, pl, mean, 0);
+    const double denom = static_cast<double>(std::max<int64_t>(0, pl.count - correction));
+    if (is_std) {
+      k.pointwise_grad(ReduceGradOp::std_factor, factor, g, result, Tensor(), denom);
+    } else {
+      k.pointwise_grad(ReduceGradOp::var_factor, factor, g, Tensor(), Tensor(), denom);
+    }
+    k.pointwise_grad(ReduceGradOp::center_scale, out, a, keepdim_view(mean, pl), keepdim_view(factor, pl), 0);
+    return out;
+  }
+  sum_into(a, pl, mean, static_cast<double>(pl.count));
   TANDEM_DISPATCH_FLOATING(a.dtype(), op, [&] {
     using T = scalar_t;
     using Acc = acc_t<T>;
@@ -578,11 +665,16 @@ namespace {
 // out = f(x, result, g) elementwise over a's shape, result and g broadcast over reduced dims.
 template <class F>
 Tensor pointwise_grad(const Tensor& g, const Tensor& a, const Tensor& result, const ReducePlan& pl, const char* op,
-                      F f) {
-  require_cpu(a, op);
+                      ReduceGradOp device_op, F f) {
+  require_same_device(op, {&g, &a, &result});
   Tensor rv = keepdim_view(result, pl);
   Tensor gv = keepdim_view(g, pl);
   Tensor out = make_empty(a.shape(), a.dtype(), a.device(), op);
+  if (!a.is_cpu()) {
+    require_floating(a, op);
+    device_table(a, op).pointwise_grad(device_op, out, a, rv, gv, 0);
+    return out;
+  }
   TANDEM_DISPATCH_FLOATING(a.dtype(), op, [&] {
     using T = scalar_t;
     using Acc = acc_t<T>;
@@ -600,12 +692,12 @@ Tensor pointwise_grad(const Tensor& g, const Tensor& a, const Tensor& result, co
 }  // namespace
 
 Tensor logsumexp_grad(const Tensor& g, const Tensor& a, const Tensor& result, const ReducePlan& pl) {
-  return pointwise_grad(g, a, result, pl, "logsumexp_backward",
+  return pointwise_grad(g, a, result, pl, "logsumexp_backward", ReduceGradOp::logsumexp,
                         [](auto x, auto res, auto gi) { return gi * std::exp(x - res); });
 }
 
 Tensor norm_grad(const Tensor& g, const Tensor& a, const Tensor& result, const ReducePlan& pl) {
-  return pointwise_grad(g, a, result, pl, "norm_backward", [](auto x, auto res, auto gi) {
+  return pointwise_grad(g, a, result, pl, "norm_backward", ReduceGradOp::norm, [](auto x, auto res, auto gi) {
     using Acc = decltype(x);
     return res == Acc(0) ? Acc(0) : gi * x / res;
   });

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <vector>
 
 #include "core/tensor.h"
@@ -56,7 +57,9 @@ ReducePlan replan(const Tensor& t, const ReducePlan& like);
 
 // Throws "[op] tensor on cuda:0 ..." for tensors without a CPU kernel here.
 void require_cpu(const Tensor& t, const char* op);
-// A contiguous copy (the tensor itself when already contiguous).
+// Throws "[op] tensors are on different devices: cuda:0 and cpu" unless all defined ones share a device.
+void require_same_device(const char* op, std::initializer_list<const Tensor*> ts);
+// A contiguous copy (the tensor itself when already contiguous), on the tensor's device.
 Tensor materialize(const Tensor& t, const char* op);
 // A copy converted to `dtype` (contiguous).
 Tensor convert(const Tensor& t, Dtype dtype, const char* op);
@@ -98,5 +101,37 @@ Tensor var_grad(const Tensor& g, const Tensor& a, const Tensor& result, const Re
 Tensor logsumexp_grad(const Tensor& g, const Tensor& a, const Tensor& result, const ReducePlan& plan);
 // norm: g * x / norm (zero where the norm is zero, the subgradient PyTorch picks).
 Tensor norm_grad(const Tensor& g, const Tensor& a, const Tensor& result, const ReducePlan& plan);
+
+// ---- device kernels ----
+// The raw work of the kernels above for tensors on a device; a backend registers one (CUDA:
+// cuda/reduce.cu). Core has validated the arguments and allocated every output (contiguous, the
+// dtype the CPU kernel gives) before it calls these; inputs may be strided.
+enum class ReduceOp : uint8_t { sum, mean, amax, amin, var, std, logsumexp, norm };
+// Elementwise backward steps, out = f(in0, in1, in2) with the inputs broadcast to out's shape:
+//   scale:         in0 * p                       (g)
+//   extreme_mask:  in0 == in1 (or both NaN) ? 1 : 0 (x, result)
+//   extreme_split: in0 != 0 ? in1 / in2 : 0      (mask, g, count)
+//   var_factor:    in0 * 2 / p                   (g; p = N - correction)
+//   std_factor:    in0 / (p * in1)               (g, result)
+//   center_scale:  in2 * (in0 - in1)             (x, mean, factor)
+//   logsumexp:     in2 * exp(in0 - in1)          (x, result, g)
+//   norm:          in1 == 0 ? 0 : in2 * in0 / in1 (x, result, g)
+enum class ReduceGradOp : uint8_t { scale, extreme_mask, extreme_split, var_factor, std_factor, center_scale, logsumexp, norm };
+
+struct ReduceDeviceKernels {
+  virtual ~ReduceDeviceKernels() = default;
+  // out (plan.out_shape) = the reduction `op` of a; `correction` is var/std's.
+  virtual void reduce(ReduceOp op, const Tensor& a, const ReducePlan& plan, const Tensor& out, int64_t correction) = 0;
+  // values (may be undefined) and indices of the extreme, with the CPU's tie and NaN rules.
+  virtual void extreme_with_index(const Tensor& a, const ReducePlan& plan, Extreme which, const Tensor& values,
+                                  const Tensor& indices) = 0;
+  // Floating dtypes; in1/in2 may be undefined where `op` does not read them.
+  virtual void pointwise_grad(ReduceGradOp op, const Tensor& out, const Tensor& in0, const Tensor& in1,
+                              const Tensor& in2, double p) = 0;
+  // Zeroes out (contiguous) and stores g at out[keep position + index * dim_stride]; `out_keep`
+  // is out viewed with plan.keep_shape, g_keep and index_keep the keepdim views.
+  virtual void index_grad(const Tensor& out, const Tensor& out_keep, const Tensor& g_keep, const Tensor& index_keep,
+                          int64_t dim_stride) = 0;
+};
 
 }  // namespace tandem::detail

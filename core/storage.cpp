@@ -55,6 +55,7 @@ std::once_flag cuda_once;
 #ifdef TANDEM_WITH_CUDA
 namespace cuda {
 void install();  // cuda/install.cpp: registers the CUDA Backend and every kernel table
+void require_device(Device device, const char* op);  // cuda/runtime.cpp: "[op] no CUDA device: ..."
 }
 #endif
 
@@ -99,7 +100,12 @@ void set_num_threads(int n) {
 
 Storage::Storage(size_t nbytes, Device device, const char* op)
     : nbytes_(nbytes), device_(device) {
-  data_ = backend_for(device, op).allocate(nbytes, device);
+  Backend& backend = backend_for(device, op);
+#ifdef TANDEM_WITH_CUDA
+  // Here, where the op is known, so a missing GPU reads "[zeros] no CUDA device: ...".
+  if (device.is_cuda()) cuda::require_device(device, op);
+#endif
+  data_ = backend.allocate(nbytes, device);
 }
 
 Storage::Storage(void* data, size_t nbytes, Device device, std::function<void(void*)> deleter)

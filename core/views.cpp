@@ -3,19 +3,10 @@
 #include <cstring>
 
 #include "core/backend.h"
+#include "core/elementwise.h"
 #include "core/iter.h"
 
 namespace tandem::raw {
-
-namespace {
-
-void require_cpu(const Tensor& t, const char* op) {
-  if (t.is_cpu()) return;
-  backend_for(t.device(), op);  // throws "built without CUDA" in a CPU-only build
-  fail("[{}] has no kernel for {} tensors yet", op, t.device());
-}
-
-}  // namespace
 
 Shape infer_size(const Shape& shape, int64_t numel, const char* op) {
   Shape out = shape;
@@ -270,8 +261,11 @@ Shape flatten_shape(const Tensor& a, int64_t start_dim, int64_t end_dim) {
 void copy_same_dtype(const Tensor& dst, const Tensor& src, const char* op) {
   TANDEM_CHECK(dst.dtype() == src.dtype(), "[{}] copy between dtypes {} and {} (expected one dtype)", op, dst.dtype(),
                src.dtype());
-  require_cpu(dst, op);
-  require_cpu(src, op);
+  if (!(dst.is_cpu() && src.is_cpu())) [[unlikely]] {
+    ew::check_same_device(op, {{"dst", dst}, {"src", src}});
+    if (dst.numel() > 0) device_kernels<ew::DeviceKernels>(dst.device(), op).copy(dst, src);
+    return;
+  }
   if (dst.numel() == 0) return;
   if (dst.is_contiguous() && src.is_contiguous() && dst.shape() == src.shape()) {
     std::memmove(dst.data_ptr(), src.data_ptr(), dst.nbytes());

@@ -5,10 +5,24 @@ namespace tandem::cuda {
 
 void install_backend();              // cuda/backend.cpp
 void install_elementwise_kernels();  // cuda/elementwise.cu
+void install_matmul_kernels();       // cuda/matmul.cu
+void install_optim_kernels();        // cuda/optim.cu
+void install_reduce_kernels();       // cuda/reduce.cu
+void install_nn_kernels();           // cuda/nn_ops.cu
+void install_index_kernels();        // cuda/index.cu
+void install_random_kernels();       // cuda/random.cu
+void install_creation_kernels();     // cuda/creation.cu
 
 void install() {
   install_backend();
   install_elementwise_kernels();
+  install_matmul_kernels();
+  install_optim_kernels();
+  install_reduce_kernels();
+  install_nn_kernels();
+  install_index_kernels();
+  install_random_kernels();
+  install_creation_kernels();
 }
 
 }  // namespace tandem::cuda

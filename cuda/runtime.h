@@ -18,7 +18,7 @@ int device_count();
 bool is_available();
 // Why CUDA is unusable here ("cudaGetDeviceCount: no CUDA-capable device is detected"), or "".
 std::string unavailable_reason();
-// Throws "[op] no CUDA device: ..." or "[op] cuda:3 does not exist (2 devices)".
+// Throws "[op] no CUDA device: ..." or "[op] cuda:3 does not exist (this machine has 2 CUDA devices)".
 void require_device(Device device, const char* op);
 
 int current_device();
@@ -83,7 +83,9 @@ class StreamGuard {
   int device_;
 };
 
-// An owning event (timing disabled unless asked for).
+// An owning event (timing disabled unless asked for). The CUDA event is created at the first
+// record(), on the recording stream's device, so constructing one needs no GPU; before it is
+// recorded, wait() is a no-op, query() is true and synchronize() returns at once.
 class Event {
  public:
   explicit Event(bool timing = false);
@@ -99,9 +101,12 @@ class Event {
   bool query() const;
   float elapsed_ms(const Event& end) const;  // both recorded, timing on
   cudaEvent_t raw() const { return raw_; }
+  bool recorded() const { return raw_ != nullptr; }
 
  private:
   cudaEvent_t raw_ = nullptr;
+  int device_ = -1;
+  bool timing_ = false;
 };
 
 // TF32 for f32 matmuls: off by default, as in PyTorch (torch.backends.cuda.matmul.allow_tf32).
@@ -109,5 +114,8 @@ bool allow_tf32();
 void set_allow_tf32(bool on);
 
 void synchronize(int device);
+
+// The device a raw stream belongs to (cudaStreamGetDevice).
+int stream_device(cudaStream_t stream);
 
 }  // namespace tandem::cuda

@@ -3,6 +3,9 @@
 #include <mutex>
 
 #include "dist/dist.h"
+#ifdef TANDEM_WITH_NCCL
+#include "dist/nccl_backend.h"
+#endif
 
 namespace tandem::dist {
 
@@ -14,8 +17,25 @@ struct State {
   std::map<std::string, BackendFactory> factories;
 };
 State& state() {
-  static State* s = new State();  // outlives static destruction: groups may be freed late
+  static State* s = [] {  // outlives static destruction: groups may be freed late
+    auto* st = new State();
+#ifdef TANDEM_WITH_NCCL
+    st->factories["nccl"] = make_nccl_world;
+#endif
+    return st;
+  }();
   return *s;
+}
+
+// "auto" under a launcher: nccl when it is registered and, for the built-in one, a device is usable
+// here (CPU tensors on an nccl group go over its MPI companion), else mpi.
+bool auto_picks_nccl(const State& s) {
+  if (!s.factories.count("nccl")) return false;
+#ifdef TANDEM_WITH_NCCL
+  return nccl_available();
+#else
+  return true;
+#endif
 }
 
 ProcessGroupPtr make_local_world(const InitOptions& o) {
@@ -46,7 +66,7 @@ ProcessGroupPtr init(const InitOptions& options) {
     if (!launched_by_mpi()) {
       backend = "threads";
     } else {
-      backend = s.factories.count("nccl") ? "nccl" : "mpi";
+      backend = auto_picks_nccl(s) ? "nccl" : "mpi";
     }
   }
   if (s.world) {
@@ -70,8 +90,13 @@ ProcessGroupPtr init(const InitOptions& options) {
   } else {
     auto it = s.factories.find(backend);
     if (it == s.factories.end()) {
+#ifdef TANDEM_WITH_CUDA
+      TANDEM_CHECK(backend != "nccl", "[dist] the nccl backend needs a CUDA build with NCCL (this tandem was built "
+                   "without NCCL); use backend mpi");
+#else
       TANDEM_CHECK(backend != "nccl", "[dist] the nccl backend needs a CUDA build (this tandem was built without "
                    "CUDA); use backend mpi");
+#endif
       fail("[dist] unknown backend '{}' (available: auto, mpi, threads{})", backend,
            s.factories.empty() ? "" : ", registered ones");
     }

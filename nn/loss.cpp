@@ -1,6 +1,8 @@
 #include "nn/loss.h"
 
+#include "autograd/node.h"
 #include "autograd/ops.h"
+#include "core/nn_ops.h"
 
 namespace tandem::nn {
 
@@ -75,6 +77,37 @@ Tensor reduce(const Tensor& losses, Reduction reduction, const Shape& out_shape)
   fail("[loss] unknown reduction");
 }
 
+// Class-index targets on a device: one fused kernel each way (core/nn_ops.h gives the formula,
+// the one the composed CPU path below computes) instead of log_softmax, gather and masked sums.
+Tensor fused_cross_entropy(const Tensor& logits, const Tensor& target, const CrossEntropyOptions& options) {
+  Rows rows = to_rows(logits, target, "cross_entropy");
+  const int64_t classes = rows.input.size(1);
+  check_target_range(rows.target, classes, options.ignore_index, "cross_entropy");
+  Tensor weight = options.weight.defined()
+                      ? class_weights(options.weight, classes, rows.input.dtype(), "cross_entropy").detach()
+                      : Tensor();
+  Tensor input = rows.input;
+  detail::CrossEntropyRows r = detail::cross_entropy_rows_kernel(input, rows.target, weight, options.ignore_index,
+                                                                 options.label_smoothing);
+  Tensor loss = r.loss;
+  if (autograd::any_requires_grad({&input})) {
+    autograd::record(
+        "CrossEntropyBackward", {&input}, {&loss},
+        [target = rows.target, weight, lse = r.lse, ignore = options.ignore_index,
+         eps = options.label_smoothing](autograd::BackwardContext& ctx) -> TensorList {
+          return {detail::cross_entropy_rows_backward_kernel(ctx.grads[0], ctx.saved(0), target, weight, lse, ignore,
+                                                             eps)};
+        },
+        {input});
+  }
+  switch (options.reduction) {
+    case Reduction::none: return loss.reshape(rows.out_shape);
+    case Reduction::sum: return sum(loss);
+    case Reduction::mean: return div(sum(loss), sum(r.kept));
+  }
+  fail("[cross_entropy] unknown reduction");
+}
+
 }  // namespace
 
 Tensor nll_loss(const Tensor& input, const Tensor& target, const NLLLossOptions& options) {
@@ -114,6 +147,9 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, const CrossEntr
   const int64_t class_dim = logits.dim() == 1 ? 0 : 1;
   const int64_t classes = logits.size(class_dim);
   const double eps = options.label_smoothing;
+  const bool weight_needs_grad = options.weight.defined() && options.weight.requires_grad();
+  if (!logits.is_cpu() && !target.is_floating_point() && !weight_needs_grad)
+    return fused_cross_entropy(logits, target, options);
   Tensor logp = log_softmax(logits, class_dim);
 
   // Class probabilities as target (same shape as the logits).

@@ -5,6 +5,8 @@
 
 #include "autograd/grad_mode.h"
 #include "autograd/ops.h"
+#include "core/backend.h"
+#include "core/optim_kernels.h"
 
 namespace tandem::optim {
 
@@ -308,12 +310,41 @@ bool fusable(const Tensor& p, const Tensor& g, const Tensor& buf) {
          p.storage() != g.storage() && (!buf.defined() || buf.storage() != p.storage());
 }
 
+// The same for parameters on a device, whose backend runs the fused step (any floating dtype).
+bool device_fusable(const Tensor& p, const Tensor& g, const Tensor& buf) {
+  if (p.is_cpu()) return false;
+  auto ok = [&](const Tensor& t) {
+    return t.device() == p.device() && t.is_contiguous() && t.dtype() == p.dtype() && t.shape() == p.shape();
+  };
+  return is_floating(p.dtype()) && ok(p) && ok(g) && (!buf.defined() || ok(buf)) && p.storage() != g.storage() &&
+         (!buf.defined() || (buf.storage() != p.storage() && buf.storage() != g.storage()));
+}
+
+// Runs `run(device, batch)` once per (device, dtype) of the entries' parameters, in order.
+template <class Entry, class Run>
+void run_per_device(const std::vector<Entry>& entries, Run run) {
+  std::vector<bool> done(entries.size(), false);
+  for (size_t i = 0; i < entries.size(); ++i) {
+    if (done[i]) continue;
+    const Tensor& first = entries[i].param;
+    std::vector<Entry> batch;
+    for (size_t j = i; j < entries.size(); ++j) {
+      const Tensor& p = entries[j].param;
+      if (done[j] || p.device() != first.device() || p.dtype() != first.dtype()) continue;
+      batch.push_back(entries[j]);
+      done[j] = true;
+    }
+    run(first.device(), batch);
+  }
+}
+
 }  // namespace
 
 void SGD::step() {
   NoGradGuard guard;
   for (auto& group : groups_) {
     const SGDOptions& o = group.options;
+    std::vector<detail::SgdStepTensors> on_device;
     for (const Tensor& p : group.params) {
       Tensor g = p.grad();
       if (!g.defined()) continue;
@@ -339,6 +370,11 @@ void SGD::step() {
         if (buf.defined()) buf.bump_version();
         continue;
       }
+      if (device_fusable(p, g, buf)) {
+        if (first) buf = st->buffers.insert("momentum_buffer", empty_like(p));  // written by the kernel
+        on_device.push_back({p, g, buf, first});
+        continue;
+      }
       // General path (other dtypes, strided tensors): torch.optim.SGD's ops verbatim.
       Tensor d = o.maximize ? neg(g) : g;
       if (o.weight_decay != 0) d = add(d, p, o.weight_decay);
@@ -353,6 +389,14 @@ void SGD::step() {
       }
       p.add_(d, -o.lr);
     }
+    run_per_device(on_device, [&](Device device, const std::vector<detail::SgdStepTensors>& batch) {
+      detail::SgdStepOptions so{o.lr, o.momentum, o.dampening, o.weight_decay, o.nesterov, o.maximize};
+      device_kernels<detail::OptimDeviceKernels>(device, "SGD").sgd_step(batch, so);
+      for (const auto& t : batch) {
+        t.param.bump_version();
+        if (t.momentum_buffer.defined()) t.momentum_buffer.bump_version();
+      }
+    });
   }
 }
 
@@ -429,6 +473,7 @@ void Adam::step() {
   NoGradGuard guard;
   for (auto& group : groups_) {
     const AdamOptions& o = group.options;
+    std::vector<detail::AdamStepTensors> on_device;
     for (const Tensor& p : group.params) {
       Tensor g = p.grad();
       if (!g.defined()) continue;
@@ -460,6 +505,11 @@ void Adam::step() {
         }
         continue;
       }
+      if (device_fusable(p, g, exp_avg) && device_fusable(p, exp_avg_sq, Tensor()) &&
+          (!max_sq.defined() || device_fusable(p, max_sq, Tensor()))) {
+        on_device.push_back({p, g, exp_avg, exp_avg_sq, max_sq, step_size, bias_correction2_sqrt});
+        continue;
+      }
 
       // General path: torch.optim.adam/_single_tensor_adam(w), non-capturable branch, op for op.
       Tensor grad = o.maximize ? neg(g) : g;
@@ -481,6 +531,15 @@ void Adam::step() {
       denom.add_(o.eps);
       addcdiv_(p, exp_avg, denom, -step_size);
     }
+    run_per_device(on_device, [&](Device device, const std::vector<detail::AdamStepTensors>& batch) {
+      detail::AdamStepOptions ao{o.lr, o.beta1, o.beta2, o.eps, o.weight_decay, o.amsgrad, o.maximize, decoupled_};
+      device_kernels<detail::OptimDeviceKernels>(device, name_.c_str()).adam_step(batch, ao);
+      for (const auto& t : batch) {
+        for (const Tensor* x : {&t.param, &t.exp_avg, &t.exp_avg_sq, &t.max_exp_avg_sq}) {
+          if (x->defined()) x->bump_version();
+        }
+      }
+    });
   }
 }
 

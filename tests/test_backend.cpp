@@ -2,12 +2,25 @@
 #include <catch2/catch.hpp>
 
 #include "tandem.h"
+#ifdef TANDEM_WITH_CUDA
+#include "cuda/runtime.h"
+#endif
 
 using namespace tandem;
 
 TEST_CASE("CUDA tensors in a build without CUDA are a clear error", "[backend]") {
 #ifdef TANDEM_WITH_CUDA
-  WARN("SKIP: this build has the CUDA backend");
+  // A CUDA build always has the backend; without a usable device, CUDA tensors are a clear error.
+  REQUIRE(has_backend(DeviceType::cuda));
+  if (cuda::is_available()) {
+    WARN("SKIP: this machine has a CUDA device (test_cuda_runtime covers it)");
+    return;
+  }
+  REQUIRE(cuda::device_count() == 0);
+  REQUIRE_THROWS_WITH(zeros({2}, Device::cuda(0)), Catch::StartsWith("[zeros] no CUDA device") &&
+                                                       Catch::Contains(cuda::unavailable_reason()));
+  REQUIRE_THROWS_WITH(ones({2}).to(Device::cuda(1)), Catch::StartsWith("[to] no CUDA device"));
+  REQUIRE_THROWS_WITH(randn({2}, TensorOptions(f32, Device::cuda())), Catch::Contains("no CUDA device"));
 #else
   REQUIRE_FALSE(has_backend(DeviceType::cuda));
   REQUIRE_THROWS_WITH(zeros({2, 3}, Device::cuda(0)), Catch::Contains("tandem was built without CUDA") &&

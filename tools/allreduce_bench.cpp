@@ -1,8 +1,13 @@
 // allreduce_bench: an nccl-tests-style sweep of dist allreduce (sum, in place) from 8 B to 64 MiB,
 // with raw MPI_Allreduce on the same buffers in the same run as the peer.
 //
-//   mpirun -np 2 tools/allreduce_bench [--backend mpi|threads] [--ranks N] [--dtype f32,f16,...]
-//                                      [--min-bytes 8] [--max-bytes 64M] [--json]
+//   mpirun -np 2 tools/allreduce_bench [--backend mpi|threads|nccl] [--device cpu|cuda] [--ranks N]
+//                                      [--dtype f32,f16,...] [--min-bytes 8] [--max-bytes 64M] [--json]
+//
+// --backend nccl (CUDA tensors; --device cuda is its default) times with CUDA events on the current
+// stream and takes raw ncclAllReduce on the same device buffers (its own communicator, on the
+// current stream, synchronised after each call as ours is waited) as the peer. --device cuda with
+// mpi or threads stages through host buffers and has no peer.
 //
 // Per size: count, dtype, median time over several timed batches (the slowest rank's), algbw =
 // bytes / time, busbw = algbw * 2 (n - 1) / n (what each rank's link carries), for ours and raw MPI.
@@ -20,6 +25,13 @@
 
 #include "bench_common.h"
 #include "dist/dist.h"
+#ifdef TANDEM_WITH_CUDA
+#include "cuda/check.h"
+#include "cuda/runtime.h"
+#endif
+#ifdef TANDEM_WITH_NCCL
+#include <nccl.h>
+#endif
 
 using namespace tandem;
 using namespace tandem::dist;
@@ -28,6 +40,7 @@ namespace {
 
 struct Args {
   std::string backend = "mpi";
+  std::string device;  // "cpu" or "cuda"; default cuda for nccl, else cpu
   int ranks = 2;  // threads backend only
   std::vector<Dtype> dtypes = {f32};
   size_t min_bytes = 8;
@@ -60,6 +73,8 @@ Args parse(int argc, char** argv) {
     };
     if (k == "--backend") {
       a.backend = next();
+    } else if (k == "--device") {
+      a.device = next();
     } else if (k == "--ranks") {
       a.ranks = std::atoi(next().c_str());
     } else if (k == "--dtype") {
@@ -79,11 +94,21 @@ Args parse(int argc, char** argv) {
     } else if (k == "--json") {
       a.json = true;
     } else {
-      tandem::fail("[allreduce_bench] unknown option '{}' (--backend --ranks --dtype --min-bytes --max-bytes --json)", k);
+      tandem::fail("[allreduce_bench] unknown option '{}' (--backend --device --ranks --dtype --min-bytes --max-bytes "
+                   "--json)", k);
     }
   }
-  TANDEM_CHECK(a.backend == "mpi" || a.backend == "threads", "[allreduce_bench] --backend is mpi or threads, got '{}'",
-               a.backend);
+  TANDEM_CHECK(a.backend == "mpi" || a.backend == "threads" || a.backend == "nccl",
+               "[allreduce_bench] --backend is mpi, threads or nccl, got '{}'", a.backend);
+  if (a.device.empty()) a.device = a.backend == "nccl" ? "cuda" : "cpu";
+  TANDEM_CHECK(a.device == "cpu" || a.device == "cuda", "[allreduce_bench] --device is cpu or cuda, got '{}'", a.device);
+  TANDEM_CHECK(a.backend != "nccl" || a.device == "cuda", "[allreduce_bench] --backend nccl needs --device cuda");
+#ifndef TANDEM_WITH_NCCL
+  TANDEM_CHECK(a.backend != "nccl", "[allreduce_bench] --backend nccl needs a CUDA build of tandem with NCCL");
+#endif
+#ifndef TANDEM_WITH_CUDA
+  TANDEM_CHECK(a.device == "cpu", "[allreduce_bench] --device cuda needs a CUDA build of tandem");
+#endif
   return a;
 }
 
@@ -154,22 +179,133 @@ std::string human(size_t b) {
 // Batches sized so that each size takes a fraction of a second.
 int iters_for(size_t bytes) { return static_cast<int>(std::clamp<size_t>((size_t(32) << 20) / std::max<size_t>(bytes, 4096), 2, 1000)); }
 
+#ifdef TANDEM_WITH_CUDA
+// As bench::median_seconds, timed by CUDA events on the current stream around each batch (every
+// call completes before the next, so the end event marks the last completion).
+double median_seconds_cuda(const std::function<void()>& fn, int iters, int runs, int warmup) {
+  const int device = cuda::current_device();
+  for (int i = 0; i < warmup; ++i) fn();
+  std::vector<double> samples;
+  for (int r = 0; r < runs; ++r) {
+    cuda::Event start(true), end(true);
+    start.record(cuda::current_stream(device));
+    for (int i = 0; i < iters; ++i) fn();
+    end.record(cuda::current_stream(device));
+    end.synchronize();
+    samples.push_back(start.elapsed_ms(end) / 1e3 / iters);
+  }
+  std::sort(samples.begin(), samples.end());
+  return samples[samples.size() / 2];
+}
+#endif
+
+#ifdef TANDEM_WITH_NCCL
+[[noreturn]] void nccl_failed(ncclResult_t rc, const char* call) {
+  tandem::fail("[allreduce_bench] {} failed: {}", call, ncclGetErrorString(rc));
+}
+#define BENCH_NCCL(call)                                     \
+  do {                                                       \
+    ncclResult_t bench_rc_ = (call);                         \
+    if (bench_rc_ != ncclSuccess) nccl_failed(bench_rc_, #call); \
+  } while (0)
+
+// The peer for --backend nccl: a communicator of its own over MPI_COMM_WORLD, on the current device.
+struct RawNccl {
+  ncclComm_t comm = nullptr;
+  RawNccl() {
+    int rank = 0, size = 1;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    ncclUniqueId id;
+    if (rank == 0) BENCH_NCCL(ncclGetUniqueId(&id));
+    MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, MPI_COMM_WORLD);
+    BENCH_NCCL(ncclCommInitRank(&comm, size, id, rank));
+  }
+  ~RawNccl() {
+    if (comm) (void)ncclCommDestroy(comm);
+  }
+  ncclDataType_t type(Dtype d) const {
+    switch (d) {
+      case f32: return ncclFloat32;
+      case f64: return ncclFloat64;
+      case f16: return ncclFloat16;
+      case bf16: return ncclBfloat16;
+      case i32: return ncclInt32;
+      default: return ncclInt64;
+    }
+  }
+  void allreduce(const Tensor& t) const {
+    cudaStream_t s = cuda::current_stream(t.device());
+    BENCH_NCCL(ncclAllReduce(t.data_ptr(), t.data_ptr(), t.numel(), type(t.dtype()), ncclSum, comm, s));
+    TANDEM_CUDA_CHECK(cudaStreamSynchronize(s));
+  }
+};
+#endif
+
+// The benchmark's buffer on the benchmarked device; CPU-side fills and checks go through `host`.
+struct Buffer {
+  Tensor host, t;
+  Device device;
+  Buffer(int64_t count, Dtype dt, Device dev) : host(make_empty({count}, dt, kCPU, "bench")), device(dev) {
+    t = dev.is_cpu() ? host : host.to(dev);
+  }
+  void upload() {
+    if (!device.is_cpu()) t = host.to(device);
+  }
+  const Tensor& download() {
+    if (!device.is_cpu()) {
+      Tensor c = t.to(kCPU);
+      std::memcpy(host.data_ptr(), c.data_ptr(), c.nbytes());
+    }
+    return host;
+  }
+};
+
 void sweep(ProcessGroup& pg, const Args& args, bool with_mpi, std::vector<Result>& out) {
   const int n = pg.size();
+  const bool on_cuda = args.device == "cuda";
+  Device dev = kCPU;
+#ifdef TANDEM_WITH_CUDA
+  if (on_cuda) dev = Device::cuda(cuda::current_device());
+  auto timed = on_cuda ? median_seconds_cuda : bench::median_seconds;
+#else
+  auto timed = bench::median_seconds;
+#endif
+#ifdef TANDEM_WITH_NCCL
+  std::unique_ptr<RawNccl> raw_nccl;
+  if (args.backend == "nccl") raw_nccl = std::make_unique<RawNccl>();
+#endif
   for (Dtype dt : args.dtypes) {
     for (size_t bytes = std::max(args.min_bytes, itemsize(dt)); bytes <= args.max_bytes; bytes *= 2) {
       int64_t count = static_cast<int64_t>(bytes / itemsize(dt));
-      Tensor t = make_empty({count}, dt, kCPU, "bench");
+      Buffer buf(count, dt, dev);
+      const Tensor& t = buf.t;
       Result r{count * itemsize(dt), count, dt, 0, NAN, ""};
-      fill(t, pg.rank());
+      fill(buf.host, pg.rank());
+      buf.upload();
       pg.allreduce(t)->wait();
-      r.error = check(t, n);
+      r.error = check(buf.download(), n);
       const int iters = iters_for(bytes);
-      zero(t);  // timed runs sum zeros, so repeated sums cannot overflow
+      zero(buf.host);  // timed runs sum zeros, so repeated sums cannot overflow
+      buf.upload();
       auto ours = [&] { pg.allreduce(t)->wait(); };
       pg.barrier()->wait();
-      r.ours_s = bench::median_seconds(ours, iters, 5, std::min(iters, 20));
-      if (with_mpi) {
+      r.ours_s = timed(ours, iters, 5, std::min(iters, 20));
+#ifdef TANDEM_WITH_NCCL
+      if (raw_nccl) {
+        fill(buf.host, pg.rank());
+        buf.upload();
+        raw_nccl->allreduce(t);
+        std::string raw_err = check(buf.download(), n);
+        if (!raw_err.empty() && r.error.empty()) r.error = "raw NCCL: " + raw_err;
+        zero(buf.host);
+        buf.upload();
+        auto raw = [&] { raw_nccl->allreduce(t); };
+        MPI_Barrier(MPI_COMM_WORLD);
+        r.raw_s = timed(raw, iters, 5, std::min(iters, 20));
+      }
+#endif
+      if (with_mpi && !on_cuda) {
         auto [type, op] = raw_type(dt);
         fill(t, pg.rank());
         MPI_Allreduce(MPI_IN_PLACE, t.data_ptr(), static_cast<int>(count), type, op, MPI_COMM_WORLD);
@@ -179,6 +315,8 @@ void sweep(ProcessGroup& pg, const Args& args, bool with_mpi, std::vector<Result
         auto raw = [&] { MPI_Allreduce(MPI_IN_PLACE, t.data_ptr(), static_cast<int>(count), type, op, MPI_COMM_WORLD); };
         MPI_Barrier(MPI_COMM_WORLD);
         r.raw_s = bench::median_seconds(raw, iters, 5, std::min(iters, 20));
+      }
+      if (with_mpi) {
         // Report the slowest rank, as nccl-tests does.
         double times[2] = {r.ours_s, r.raw_s}, worst[2];
         MPI_Allreduce(times, worst, 2, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
@@ -197,8 +335,10 @@ void report(const std::vector<Result>& results, int n, const Args& args, bool fa
   const double busf = n > 1 ? 2.0 * (n - 1) / n : 1.0;
   if (args.json) {
     std::vector<bench::Row> rows;
+    // CPU rows keep their names; device rows say backend and device.
+    std::string where = args.device == "cpu" ? "" : fmt::format("{}_{}_", args.backend, args.device);
     for (const auto& r : results) {
-      std::string base = fmt::format("allreduce_{}_{}_np{}", dtype_name(r.dtype), human(r.bytes), n);
+      std::string base = fmt::format("allreduce_{}{}_{}_np{}", where, dtype_name(r.dtype), human(r.bytes), n);
       bench::Row bw{base + "_busbw", r.bytes / r.ours_s * busf / 1e9, {}, "GB/s", "", r.error};
       bench::Row lat{base + "_time", r.ours_s * 1e6, {}, "us", "", r.error};
       if (!std::isnan(r.raw_s)) {
@@ -211,8 +351,11 @@ void report(const std::vector<Result>& results, int n, const Args& args, bool fa
     bench::print_rows(rows, true);
     return;
   }
-  fmt::print("# allreduce (sum, in place), backend {}, {} ranks; ours vs raw MPI_Allreduce on the same buffers\n",
-             args.backend, n);
+  const char* peer = args.backend == "nccl" ? "raw ncclAllReduce (current stream, synchronised per call)"
+                     : args.device == "cpu" ? "raw MPI_Allreduce"
+                                            : "no peer (device tensors staged through host buffers)";
+  fmt::print("# allreduce (sum, in place), backend {} on {}, {} ranks; ours vs {} on the same buffers\n", args.backend,
+             args.device, n, peer);
   fmt::print("# {:>10} {:>10} {:>6} | {:>10} {:>8} {:>8} | {:>10} {:>8} {:>8} | {:>6} {}\n", "size", "count", "type",
              "time(us)", "algbw", "busbw", "raw(us)", "algbw", "busbw", "ratio", "check");
   for (const auto& r : results) {
@@ -232,8 +375,9 @@ int main(int argc, char** argv) {
     std::vector<Result> results;
     int n = 1;
     bool lead = true;
-    if (args.backend == "mpi") {
-      ProcessGroupPtr world = init(InitOptions{"mpi", {}, {}});
+    if (args.backend == "mpi" || args.backend == "nccl") {
+      mpi_info();  // MPI for the peer and the slowest-rank report, also without mpirun
+      ProcessGroupPtr world = init(InitOptions{args.backend, {}, {}});
       n = world->size();
       lead = world->rank() == 0;
       sweep(*world, args, true, results);

@@ -1,0 +1,952 @@
+// The nccl backend (see dist/nccl_backend.h). Compiled to the "needs a CUDA build" stubs unless
+// Tandem is built with CUDA and NCCL (TANDEM_WITH_NCCL).
+#include "dist/nccl_backend.h"
+
+#ifndef TANDEM_WITH_NCCL
+
+namespace tandem::dist {
+
+bool nccl_available() { return false; }
+
+ProcessGroupPtr make_nccl_world(const InitOptions&) {
+  fail("[dist] the nccl backend needs a CUDA build with NCCL (this tandem was built without {}); use backend mpi",
+#ifdef TANDEM_WITH_CUDA
+       "NCCL"
+#else
+       "CUDA"
+#endif
+  );
+}
+
+}  // namespace tandem::dist
+
+#else  // TANDEM_WITH_NCCL
+
+#include <fmt/format.h>
+#include <nccl.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <thread>
+
+#include "cuda/allocator.h"
+#include "cuda/check.h"
+#include "cuda/runtime.h"
+#include "dist/comm_thread.h"
+#include "dist/queued_group.h"
+
+namespace tandem::dist {
+
+namespace {
+
+// ---- checked NCCL calls ----
+
+// "[nccl] ncclAllReduce(...) failed at dist/nccl_backend.cpp:412: unhandled cuda error (...)"
+[[noreturn]] void throw_nccl_error(ncclResult_t rc, const char* call, const char* file, int line) {
+  std::string_view fn(call);
+  fn = fn.substr(0, fn.find('('));
+  std::string_view where(file);
+  if (size_t p = where.rfind("dist/"); p != std::string_view::npos) where = where.substr(p);
+  const char* detail = ncclGetLastError(nullptr);
+  fail("[nccl] {}(...) failed at {}:{}: {}{}", fn, where, line, ncclGetErrorString(rc),
+       detail && *detail ? fmt::format(" ({})", detail) : std::string());
+}
+
+#define TANDEM_NCCL_CHECK(call)                                                   \
+  do {                                                                            \
+    ncclResult_t tandem_nccl_rc_ = (call);                                        \
+    if (tandem_nccl_rc_ != ncclSuccess) [[unlikely]]                              \
+      throw_nccl_error(tandem_nccl_rc_, #call, __FILE__, __LINE__);               \
+  } while (0)
+
+// ncclGroupStart/End around several calls; the destructor closes a group left open by a throw.
+class NcclCallGroup {
+ public:
+  NcclCallGroup() { TANDEM_NCCL_CHECK(ncclGroupStart()); }
+  ~NcclCallGroup() {
+    if (open_) (void)ncclGroupEnd();
+  }
+  NcclCallGroup(const NcclCallGroup&) = delete;
+  NcclCallGroup& operator=(const NcclCallGroup&) = delete;
+  void end() {
+    open_ = false;
+    TANDEM_NCCL_CHECK(ncclGroupEnd());
+  }
+
+ private:
+  bool open_ = true;
+};
+
+ncclDataType_t nccl_type(Dtype d) {
+  switch (d) {
+    case f32: return ncclFloat32;
+    case f64: return ncclFloat64;
+    case f16: return ncclFloat16;
+    case bf16: return ncclBfloat16;
+    case i32: return ncclInt32;
+    case i64: return ncclInt64;
+    case boolean: return ncclUint8;  // 0/1 bytes: or = max, and = min
+  }
+  return ncclUint8;
+}
+
+ncclRedOp_t nccl_op(ReduceOp r, Dtype d) {
+  if (d == boolean) return (r == ReduceOp::sum || r == ReduceOp::max) ? ncclMax : ncclMin;
+  switch (r) {
+    case ReduceOp::sum: return ncclSum;
+    case ReduceOp::avg: return ncclAvg;
+    case ReduceOp::min: return ncclMin;
+    case ReduceOp::max: return ncclMax;
+    case ReduceOp::product: return ncclProd;
+  }
+  return ncclSum;
+}
+
+std::string duration_text(Milliseconds t) {
+  return t.count() % 1000 == 0 ? fmt::format("{} s", t.count() / 1000) : fmt::format("{} ms", t.count());
+}
+
+// ---- argument checks (the same messages as the other backends, dist/queued_group.cpp) ----
+
+void check_tensor(const Tensor& t, const char* op, const char* what) {
+  TANDEM_CHECK(t.defined(), "[{}] {} is an undefined tensor", op, what);
+  TANDEM_CHECK(t.is_contiguous(), "[{}] {} must be contiguous (shape {}, strides {})", op, what, t.shape(), t.strides());
+}
+
+void check_same_dtype(const Tensor& a, const Tensor& b, const char* op, const char* what_a, const char* what_b) {
+  TANDEM_CHECK(a.dtype() == b.dtype(), "[{}] {} is {} but {} is {}", op, what_a, a.dtype(), what_b, b.dtype());
+  TANDEM_CHECK(a.device() == b.device(), "[{}] {} is on {} but {} is on {}", op, what_a, a.device(), what_b, b.device());
+}
+
+void check_reduce(ReduceOp r, Dtype d, const char* op) {
+  TANDEM_CHECK(r != ReduceOp::avg || is_floating(d), "[{}] avg needs a floating dtype, got {} (use sum)", op, d);
+}
+
+Shape row_shape(const Tensor& t) {
+  Shape s;
+  for (int64_t i = 1; i < t.dim(); ++i) s.push_back(t.size(i));
+  return s;
+}
+
+bool is_cpu_tensor(const Tensor& t) { return t.defined() && t.is_cpu(); }
+
+uint64_t fnv1a(const std::string& s) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
+  return h;
+}
+
+constexpr size_t kFingerprintBytes = 256;
+constexpr int64_t kFingerprintWords = kFingerprintBytes / 8;
+constexpr int64_t kIdWords = (sizeof(ncclUniqueId) + 7) / 8;
+
+// ---- the communicator, its comm stream and its watchdog ----
+
+// One collective in flight: done when `done` (recorded on the comm stream after it) has fired.
+struct Pending {
+  std::string what;  // "allreduce #3 on group world (nccl, rank 0 of 2)"
+  std::string kind;  // "allreduce"
+  uint64_t seq = 0;
+  WorkPtr work;
+  TensorList result;  // the Work's result
+  TensorList keep;    // inputs and scratch: alive until the collective has finished
+  cuda::Event done;
+  Milliseconds timeout{0};
+  Clock::time_point deadline;
+};
+
+// What the group and its watchdog thread share (the watchdog keeps it alive while it drains).
+struct NcclComm {
+  NcclComm(int rank_, int size_, int device_, std::string name_)
+      : rank(rank_), size(size_), device(device_), name(std::move(name_)) {
+    cuda::DeviceGuard guard(device);
+    stream = cuda::Stream::create(device, -1);  // high priority: gradients leave as soon as ready
+  }
+
+  ~NcclComm() {
+    ncclComm_t c = comm.exchange(nullptr);
+    if (c == nullptr) return;
+    // Never throws. Once the CUDA runtime is shutting down (a group destroyed at exit) NCCL cannot
+    // be torn down safely: the process is ending anyway. A broken communicator is aborted, not flushed.
+    if (cudaSetDevice(device) != cudaSuccess) return;
+    if (broken.empty() && ncclCommDestroy(c) == ncclSuccess) return;
+    (void)ncclCommAbort(c);
+  }
+
+  // "nccl group of 2 ranks (group world, rank 0)"
+  std::string label() const {
+    return fmt::format("nccl group of {} rank{} (group {}, rank {})", size, size == 1 ? "" : "s", name, rank);
+  }
+
+  std::string broken_reason() {
+    std::lock_guard lock(state_mutex);
+    return broken;
+  }
+
+  cuda::Event take_event() {
+    std::lock_guard lock(state_mutex);
+    if (free_events.empty()) return cuda::Event(false);
+    cuda::Event e = std::move(free_events.back());
+    free_events.pop_back();
+    return e;
+  }
+
+  // Hands a launched collective to the watchdog, or fails it if the group broke meanwhile.
+  void push(Pending p) {
+    std::string reason;
+    {
+      std::lock_guard lock(state_mutex);
+      if (broken.empty()) {
+        pending.push_back(std::move(p));
+      } else {
+        reason = broken;
+      }
+    }
+    if (reason.empty()) {
+      cv.notify_one();
+      return;
+    }
+    p.work->mark_failed(std::make_exception_ptr(
+        Error(fmt::format("[dist] {} failed: the group is broken ({})", p.what, reason))));
+  }
+
+  void start_watchdog(const std::shared_ptr<NcclComm>& self) {
+    watchdog = std::thread([self] { self->watch(); });
+  }
+
+  // Stops the watchdog once the collectives in flight are done (or failed at their deadline).
+  void stop() noexcept {
+    {
+      std::lock_guard lock(state_mutex);
+      stopping = true;
+    }
+    cv.notify_all();
+    if (!watchdog.joinable()) return;
+    if (std::this_thread::get_id() == watchdog.get_id()) {
+      watchdog.detach();  // the last reference went away in a continuation: the thread finishes alone
+    } else {
+      watchdog.join();
+    }
+  }
+
+  // Marks the group broken (later calls fail at once) and aborts the communicator; the watchdog
+  // then fails what is in flight. Never throws.
+  void break_group(const std::string& reason, bool holding_issue_lock) noexcept {
+    try {
+      std::lock_guard lock(state_mutex);
+      if (broken.empty()) broken = reason;
+      is_broken.store(true);
+    } catch (...) {
+    }
+    abort_comm(holding_issue_lock);
+    cv.notify_all();
+  }
+
+  // Watchdog only: fails every collective in flight, the first (the one that timed out or failed)
+  // with `front_error` when given.
+  void fail_pending(std::exception_ptr front_error) noexcept {
+    std::deque<Pending> failed;
+    std::string reason;
+    {
+      std::lock_guard lock(state_mutex);
+      failed.swap(pending);
+      reason = broken;
+    }
+    bool first = true;
+    for (Pending& p : failed) {
+      try {
+        std::exception_ptr e = first && front_error ? front_error
+                                                    : std::make_exception_ptr(Error(fmt::format(
+                                                          "[dist] {} failed: the group is broken ({})", p.what, reason)));
+        p.work->mark_failed(e);
+      } catch (...) {
+      }
+      first = false;
+    }
+  }
+
+  void abort_comm(bool holding_issue_lock) noexcept {
+    // A thread issuing a collective holds the issue lock; one blocked inside NCCL (a peer that
+    // never connects) only comes back once the communicator is aborted, so wait a little for the
+    // lock, then abort without it.
+    std::unique_lock<std::mutex> issue(issue_mutex, std::defer_lock);
+    if (!holding_issue_lock) {
+      for (int i = 0; i < 200 && !issue.try_lock(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    ncclComm_t c = comm.exchange(nullptr);
+    if (c != nullptr) {
+      (void)cudaSetDevice(device);
+      (void)ncclCommAbort(c);
+    }
+  }
+
+  void watch();
+
+  const int rank, size, device;
+  const std::string name;
+  std::atomic<ncclComm_t> comm{nullptr};
+  cuda::Stream stream;  // every collective of the group runs here, in issue order
+  cuda::Event ready;    // the caller's stream position, re-recorded per collective (issue lock)
+  std::mutex issue_mutex;  // NCCL calls, sequence numbers, `ready`
+
+  std::mutex state_mutex;  // the fields below
+  std::condition_variable cv;
+  std::deque<Pending> pending;
+  std::vector<cuda::Event> free_events;
+  bool stopping = false;
+  std::string broken;  // non-empty once broken
+  std::atomic<bool> is_broken{false};  // the same, for polling without the lock
+  std::thread watchdog;
+};
+
+void NcclComm::watch() {
+  set_on_comm_thread(true);  // continuations run here: a blocking wait inside one is reported
+  (void)cudaSetDevice(device);
+  for (;;) {
+    Pending* front = nullptr;
+    {
+      std::unique_lock lock(state_mutex);
+      cv.wait(lock, [&] { return stopping || !pending.empty(); });
+      if (pending.empty()) return;  // stopping and drained
+      front = &pending.front();  // only this thread pops; push_back keeps references valid
+    }
+    if (is_broken.load()) {  // broken by an issuing thread (a launch that failed half-way)
+      fail_pending(nullptr);
+      continue;
+    }
+    // The collectives complete in order on the comm stream: only the oldest needs polling, and
+    // its deadline is the earliest.
+    std::string failure;
+    bool timed_out = false, done = false;
+    const Clock::time_point polling_since = Clock::now();
+    for (uint64_t spin = 0;; ++spin) {
+      try {
+        done = front->done.query();
+      } catch (const std::exception& e) {
+        failure = fmt::format("[dist] {} failed on {}: {}; the communicator was aborted and the group is broken",
+                              front->what, label(), e.what());
+        break;
+      }
+      if (done) break;
+      if ((spin & 15) == 15) {
+        if (is_broken.load()) break;  // failure stays empty: fail_pending below gives the reason
+        ncclResult_t async = ncclSuccess;
+        ncclComm_t c = comm.load();
+        ncclResult_t rc = c ? ncclCommGetAsyncError(c, &async) : ncclInvalidUsage;
+        if (rc != ncclSuccess || (async != ncclSuccess && async != ncclInProgress)) {
+          ncclResult_t shown = rc != ncclSuccess ? rc : async;
+          const char* detail = c ? ncclGetLastError(c) : nullptr;
+          failure = fmt::format(
+              "[dist] {} #{} failed on {}: NCCL reported an asynchronous error: {}{} (a peer failed or left); the "
+              "communicator was aborted and the group is broken",
+              front->kind, front->seq, label(), ncclGetErrorString(shown),
+              detail && *detail ? fmt::format(" ({})", detail) : std::string());
+          break;
+        }
+        if (Clock::now() > front->deadline) {
+          timed_out = true;
+          failure = fmt::format(
+              "[dist] {} #{} timed out after {} on {}; NCCL cannot tell which ranks did not arrive "
+              "(TANDEM_DIST_DEBUG=detail checks that every rank called it); the communicator was aborted and the "
+              "group is broken",
+              front->kind, front->seq, duration_text(front->timeout), label());
+          break;
+        }
+      }
+      // Spin briefly for small collectives' latency, then poll gently, then lazily (a collective
+      // queued behind a long stretch of the caller's compute).
+      if (spin < 2000) {
+        std::this_thread::yield();
+      } else if (Clock::now() - polling_since < std::chrono::milliseconds(100)) {
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
+      } else {
+        std::this_thread::sleep_for(std::chrono::microseconds(500));
+      }
+    }
+    if (!failure.empty()) {
+      std::exception_ptr e = timed_out ? std::make_exception_ptr(TimeoutError(failure, false))
+                                       : std::make_exception_ptr(Error(failure));
+      break_group(failure, false);
+      fail_pending(e);
+      continue;
+    }
+    if (!done) {  // broken meanwhile by an issuing thread
+      fail_pending(nullptr);
+      continue;
+    }
+    Pending p;
+    {
+      std::lock_guard lock(state_mutex);
+      p = std::move(pending.front());
+      pending.pop_front();
+      free_events.push_back(std::move(p.done));
+    }
+    try {
+      p.work->mark_completed(std::move(p.result));  // runs the continuations, on this thread
+    } catch (...) {
+    }
+  }
+}
+
+// ---- the group ----
+
+struct Launch {
+  OpKind kind = OpKind::barrier;
+  int peer = 0;  // broadcast root, send dst, recv src
+  int tag = 0;
+  std::string fingerprint;
+  std::vector<int64_t> in_splits, out_splits;  // all_to_all
+  TensorList result;
+  TensorList keep;
+};
+
+// Enqueues a collective's NCCL calls on the comm stream; may add scratch tensors to `keep`.
+using Body = std::function<void(ncclComm_t, cudaStream_t, TensorList& keep)>;
+
+std::shared_ptr<ProcessGroup> create_group(ProcessGroupPtr cpu, int device, int local_size);
+
+class NcclGroup final : public ProcessGroup {
+ public:
+  NcclGroup(ProcessGroupPtr cpu, std::shared_ptr<NcclComm> comm, int local_size)
+      : cpu_(std::move(cpu)), comm_(std::move(comm)), local_size_(local_size),
+        timeout_ms_(cpu_->timeout().count()), debug_(cpu_->debug_checks()) {}
+  ~NcclGroup() override { comm_->stop(); }
+
+  int rank() const override { return comm_->rank; }
+  int size() const override { return comm_->size; }
+  std::string_view backend() const override { return "nccl"; }
+  std::string name() const override { return comm_->name; }
+  void set_timeout(Milliseconds timeout) override {
+    TANDEM_CHECK(timeout.count() > 0, "[dist] timeout must be positive, got {} ms", timeout.count());
+    timeout_ms_.store(timeout.count());
+    cpu_->set_timeout(timeout);
+  }
+  Milliseconds timeout() const override { return Milliseconds(timeout_ms_.load()); }
+  void set_debug_checks(bool on) override {
+    debug_.store(on);
+    cpu_->set_debug_checks(on);
+  }
+  bool debug_checks() const override { return debug_.load(); }
+  bool is_broken() const override { return !comm_->broken_reason().empty() || cpu_->is_broken(); }
+
+  WorkPtr allreduce(const Tensor& tensor, ReduceOp reduce) override {
+    if (is_cpu_tensor(tensor)) return cpu("allreduce").allreduce(tensor, reduce);
+    check_tensor(tensor, "allreduce", "tensor");
+    check_device(tensor, "allreduce", "tensor");
+    check_reduce(reduce, tensor.dtype(), "allreduce");
+    Launch l;
+    l.kind = OpKind::allreduce;
+    l.fingerprint = fmt::format("allreduce({}) {} {}", reduce_op_name(reduce), tensor.dtype(), tensor.shape());
+    l.result = {tensor};
+    return launch(std::move(l), [tensor, reduce](ncclComm_t c, cudaStream_t s, TensorList&) {
+      if (tensor.numel() == 0) return;
+      void* p = tensor.data_ptr();
+      TANDEM_NCCL_CHECK(ncclAllReduce(p, p, tensor.numel(), nccl_type(tensor.dtype()),
+                                      nccl_op(reduce, tensor.dtype()), c, s));
+    });
+  }
+
+  WorkPtr allreduce_coalesced(const TensorList& tensors, ReduceOp reduce) override {
+    TANDEM_CHECK(!tensors.empty(), "[allreduce_coalesced] needs at least one tensor");
+    if (is_cpu_tensor(tensors[0])) return cpu("allreduce_coalesced").allreduce_coalesced(tensors, reduce);
+    std::string shapes;
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      auto what = fmt::format("tensor {}", i);
+      check_tensor(tensors[i], "allreduce_coalesced", what.c_str());
+      check_same_dtype(tensors[i], tensors[0], "allreduce_coalesced", what.c_str(), "tensor 0");
+      shapes += (i ? ", " : "") + fmt::format("{}", tensors[i].shape());
+    }
+    check_device(tensors[0], "allreduce_coalesced", "tensor 0");
+    check_reduce(reduce, tensors[0].dtype(), "allreduce_coalesced");
+    Launch l;
+    l.kind = OpKind::allreduce_coalesced;
+    l.fingerprint = fmt::format("allreduce_coalesced({}) {} {} tensors {}", reduce_op_name(reduce),
+                                tensors[0].dtype(), tensors.size(), shapes);
+    l.result = tensors;
+    return launch(std::move(l), [tensors, reduce](ncclComm_t c, cudaStream_t s, TensorList&) {
+      const Dtype dt = tensors[0].dtype();
+      NcclCallGroup group;
+      for (const Tensor& t : tensors) {
+        if (t.numel() == 0) continue;
+        void* p = t.data_ptr();
+        TANDEM_NCCL_CHECK(ncclAllReduce(p, p, t.numel(), nccl_type(dt), nccl_op(reduce, dt), c, s));
+      }
+      group.end();
+    });
+  }
+
+  WorkPtr broadcast(const Tensor& tensor, int root) override {
+    if (is_cpu_tensor(tensor)) return cpu("broadcast").broadcast(tensor, root);
+    check_tensor(tensor, "broadcast", "tensor");
+    check_device(tensor, "broadcast", "tensor");
+    TANDEM_CHECK(root >= 0 && root < size(), "[broadcast] root {} is not a rank of group {} (size {})", root, name(),
+                 size());
+    Launch l;
+    l.kind = OpKind::broadcast;
+    l.peer = root;
+    l.fingerprint = fmt::format("broadcast(root {}) {} {}", root, tensor.dtype(), tensor.shape());
+    l.result = {tensor};
+    return launch(std::move(l), [tensor, root](ncclComm_t c, cudaStream_t s, TensorList&) {
+      if (tensor.nbytes() == 0) return;
+      void* p = tensor.data_ptr();
+      TANDEM_NCCL_CHECK(ncclBroadcast(p, p, tensor.nbytes(), ncclUint8, root, c, s));
+    });
+  }
+
+  WorkPtr allgather(const TensorList& outputs, const Tensor& input) override {
+    if (is_cpu_tensor(input)) return cpu("allgather").allgather(outputs, input);
+    check_tensor(input, "allgather", "input");
+    check_device(input, "allgather", "input");
+    TANDEM_CHECK(static_cast<int>(outputs.size()) == size(), "[allgather] needs one output per rank ({}), got {}",
+                 size(), outputs.size());
+    for (size_t i = 0; i < outputs.size(); ++i) {
+      auto what = fmt::format("output {}", i);
+      check_tensor(outputs[i], "allgather", what.c_str());
+      check_same_dtype(outputs[i], input, "allgather", what.c_str(), "input");
+      TANDEM_CHECK(outputs[i].shape() == input.shape(), "[allgather] {} has shape {} but input has shape {}", what,
+                   outputs[i].shape(), input.shape());
+    }
+    Launch l;
+    l.kind = OpKind::allgather;
+    l.fingerprint = fmt::format("allgather {} {}", input.dtype(), input.shape());
+    l.result = outputs;
+    l.keep = {input};
+    const int n = size(), device = comm_->device;
+    return launch(std::move(l), [outputs, input, n, device](ncclComm_t c, cudaStream_t s, TensorList& keep) {
+      const size_t bytes = input.nbytes();
+      if (bytes == 0) return;
+      // Gathered into one buffer, then copied out on the comm stream (the outputs need not be adjacent).
+      Tensor flat = make_empty({n * input.numel()}, input.dtype(), Device::cuda(device), "allgather");
+      keep.push_back(flat);
+      char* f = static_cast<char*>(flat.data_ptr());
+      TANDEM_NCCL_CHECK(ncclAllGather(input.data_ptr(), f, input.numel(), nccl_type(input.dtype()), c, s));
+      for (int k = 0; k < n; ++k) {
+        TANDEM_CUDA_CHECK(cudaMemcpyAsync(outputs[k].data_ptr(), f + bytes * k, bytes, cudaMemcpyDeviceToDevice, s));
+      }
+    });
+  }
+
+  WorkPtr allgather_into(const Tensor& output, const Tensor& input) override {
+    if (is_cpu_tensor(input)) return cpu("allgather_into").allgather_into(output, input);
+    check_tensor(input, "allgather_into", "input");
+    check_tensor(output, "allgather_into", "output");
+    check_same_dtype(output, input, "allgather_into", "output", "input");
+    check_device(input, "allgather_into", "input");
+    TANDEM_CHECK(output.numel() == input.numel() * size(),
+                 "[allgather_into] output has {} elements (shape {}), expected {} x input {} = {}", output.numel(),
+                 output.shape(), size(), input.shape(), input.numel() * size());
+    Launch l;
+    l.kind = OpKind::allgather_into;
+    l.fingerprint = fmt::format("allgather_into {} {}", input.dtype(), input.shape());
+    l.result = {output};
+    l.keep = {input};
+    return launch(std::move(l), [output, input](ncclComm_t c, cudaStream_t s, TensorList&) {
+      if (input.numel() == 0) return;
+      TANDEM_NCCL_CHECK(
+          ncclAllGather(input.data_ptr(), output.data_ptr(), input.numel(), nccl_type(input.dtype()), c, s));
+    });
+  }
+
+  WorkPtr reduce_scatter(const Tensor& output, const TensorList& inputs, ReduceOp reduce) override {
+    if (is_cpu_tensor(output)) return cpu("reduce_scatter").reduce_scatter(output, inputs, reduce);
+    check_tensor(output, "reduce_scatter", "output");
+    check_device(output, "reduce_scatter", "output");
+    check_reduce(reduce, output.dtype(), "reduce_scatter");
+    TANDEM_CHECK(static_cast<int>(inputs.size()) == size(), "[reduce_scatter] needs one input per rank ({}), got {}",
+                 size(), inputs.size());
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      auto what = fmt::format("input {}", i);
+      check_tensor(inputs[i], "reduce_scatter", what.c_str());
+      check_same_dtype(inputs[i], output, "reduce_scatter", what.c_str(), "output");
+      TANDEM_CHECK(inputs[i].shape() == output.shape(), "[reduce_scatter] {} has shape {} but output has shape {}",
+                   what, inputs[i].shape(), output.shape());
+    }
+    Launch l;
+    l.kind = OpKind::reduce_scatter;
+    l.fingerprint = fmt::format("reduce_scatter({}) {} {}", reduce_op_name(reduce), output.dtype(), output.shape());
+    l.result = {output};
+    l.keep = inputs;
+    const int n = size(), device = comm_->device;
+    return launch(std::move(l), [output, inputs, reduce, n, device](ncclComm_t c, cudaStream_t s, TensorList& keep) {
+      const size_t bytes = output.nbytes();
+      if (bytes == 0) return;
+      Tensor flat = make_empty({n * output.numel()}, output.dtype(), Device::cuda(device), "reduce_scatter");
+      keep.push_back(flat);
+      char* f = static_cast<char*>(flat.data_ptr());
+      for (int k = 0; k < n; ++k) {
+        TANDEM_CUDA_CHECK(cudaMemcpyAsync(f + bytes * k, inputs[k].data_ptr(), bytes, cudaMemcpyDeviceToDevice, s));
+      }
+      const Dtype dt = output.dtype();
+      TANDEM_NCCL_CHECK(
+          ncclReduceScatter(f, output.data_ptr(), output.numel(), nccl_type(dt), nccl_op(reduce, dt), c, s));
+    });
+  }
+
+  WorkPtr reduce_scatter_tensor(const Tensor& output, const Tensor& input, ReduceOp reduce) override {
+    if (is_cpu_tensor(output)) return cpu("reduce_scatter_tensor").reduce_scatter_tensor(output, input, reduce);
+    check_tensor(output, "reduce_scatter_tensor", "output");
+    check_tensor(input, "reduce_scatter_tensor", "input");
+    check_same_dtype(output, input, "reduce_scatter_tensor", "output", "input");
+    check_device(output, "reduce_scatter_tensor", "output");
+    check_reduce(reduce, output.dtype(), "reduce_scatter_tensor");
+    TANDEM_CHECK(input.numel() == output.numel() * size(),
+                 "[reduce_scatter_tensor] input has {} elements (shape {}), expected {} x output {} = {}",
+                 input.numel(), input.shape(), size(), output.shape(), output.numel() * size());
+    Launch l;
+    l.kind = OpKind::reduce_scatter_tensor;
+    l.fingerprint =
+        fmt::format("reduce_scatter_tensor({}) {} {}", reduce_op_name(reduce), output.dtype(), output.shape());
+    l.result = {output};
+    l.keep = {input};
+    return launch(std::move(l), [output, input, reduce](ncclComm_t c, cudaStream_t s, TensorList&) {
+      if (output.numel() == 0) return;
+      const Dtype dt = output.dtype();
+      TANDEM_NCCL_CHECK(ncclReduceScatter(input.data_ptr(), output.data_ptr(), output.numel(), nccl_type(dt),
+                                          nccl_op(reduce, dt), c, s));
+    });
+  }
+
+  WorkPtr all_to_all(const Tensor& output, const Tensor& input, const AllToAllSplits& splits) override {
+    if (is_cpu_tensor(input)) return cpu("all_to_all").all_to_all(output, input, splits);
+    check_tensor(output, "all_to_all", "output");
+    check_tensor(input, "all_to_all", "input");
+    check_same_dtype(output, input, "all_to_all", "output", "input");
+    check_device(input, "all_to_all", "input");
+    TANDEM_CHECK(input.dim() >= 1 && output.dim() >= 1, "[all_to_all] input {} and output {} need at least one dim",
+                 input.shape(), output.shape());
+    TANDEM_CHECK(row_shape(input) == row_shape(output), "[all_to_all] input {} and output {} must agree beyond dim 0",
+                 input.shape(), output.shape());
+    const int n = size();
+    auto check_splits = [&](const std::vector<int64_t>& s, const Tensor& t, const char* what) {
+      if (s.empty()) return equal_splits(t.size(0), n, what);
+      TANDEM_CHECK(static_cast<int>(s.size()) == n, "[all_to_all] {} splits need one entry per rank ({}), got {}",
+                   what, n, s.size());
+      int64_t total = 0;
+      for (int64_t v : s) {
+        TANDEM_CHECK(v >= 0, "[all_to_all] {} splits must be non-negative, got [{}]", what, fmt::join(s, ", "));
+        total += v;
+      }
+      TANDEM_CHECK(total == t.size(0), "[all_to_all] {} splits [{}] sum to {} but the {} has {} rows (shape {})",
+                   what, fmt::join(s, ", "), total, what, t.size(0), t.shape());
+      return s;
+    };
+    Launch l;
+    l.kind = OpKind::all_to_all;
+    l.in_splits = check_splits(splits.input, input, "input");
+    l.out_splits = check_splits(splits.output, output, "output");
+    l.fingerprint = fmt::format("all_to_all {} rows of {}", input.dtype(), row_shape(input));
+    l.result = {output};
+    l.keep = {input};
+    std::vector<int64_t> in = l.in_splits, out = l.out_splits;  // copied before l moves into launch
+    return launch(std::move(l), [output, input, in, out, n](ncclComm_t c, cudaStream_t s, TensorList&) {
+      size_t row = output.element_size();
+      for (int64_t d = 1; d < output.dim(); ++d) row *= output.size(d);
+      const char* src = static_cast<const char*>(input.data_ptr());
+      char* dst = static_cast<char*>(output.data_ptr());
+      NcclCallGroup group;
+      size_t soff = 0, roff = 0;
+      for (int k = 0; k < n; ++k) {
+        const size_t sb = in[k] * row, rb = out[k] * row;
+        if (sb) TANDEM_NCCL_CHECK(ncclSend(src + soff, sb, ncclUint8, k, c, s));
+        if (rb) TANDEM_NCCL_CHECK(ncclRecv(dst + roff, rb, ncclUint8, k, c, s));
+        soff += sb;
+        roff += rb;
+      }
+      group.end();
+    });
+  }
+
+  // A one-element allreduce: complete once every rank has reached it.
+  WorkPtr barrier() override {
+    Launch l;
+    l.kind = OpKind::barrier;
+    l.fingerprint = "barrier";
+    const int device = comm_->device;
+    return launch(std::move(l), [this, device](ncclComm_t c, cudaStream_t s, TensorList& keep) {
+      if (!barrier_buffer_.defined()) barrier_buffer_ = make_empty({1}, i32, Device::cuda(device), "barrier");
+      keep.push_back(barrier_buffer_);
+      void* p = barrier_buffer_.data_ptr();
+      TANDEM_NCCL_CHECK(ncclAllReduce(p, p, 1, ncclInt32, ncclSum, c, s));  // the value is never read
+    });
+  }
+
+  WorkPtr send(const Tensor& tensor, int dst, int tag) override {
+    if (is_cpu_tensor(tensor)) return cpu("send").send(tensor, dst, tag);
+    check_p2p("send", "dst", tensor, dst, tag);
+    Launch l;
+    l.kind = OpKind::send;
+    l.peer = dst;
+    l.tag = tag;
+    l.result = {tensor};
+    return launch(std::move(l), [tensor, dst](ncclComm_t c, cudaStream_t s, TensorList&) {
+      if (tensor.nbytes() == 0) return;
+      TANDEM_NCCL_CHECK(ncclSend(tensor.data_ptr(), tensor.nbytes(), ncclUint8, dst, c, s));
+    });
+  }
+
+  WorkPtr recv(const Tensor& tensor, int src, int tag) override {
+    if (is_cpu_tensor(tensor)) return cpu("recv").recv(tensor, src, tag);
+    check_p2p("recv", "src", tensor, src, tag);
+    Launch l;
+    l.kind = OpKind::recv;
+    l.peer = src;
+    l.tag = tag;
+    l.result = {tensor};
+    return launch(std::move(l), [tensor, src](ncclComm_t c, cudaStream_t s, TensorList&) {
+      if (tensor.nbytes() == 0) return;
+      TANDEM_NCCL_CHECK(ncclRecv(tensor.data_ptr(), tensor.nbytes(), ncclUint8, src, c, s));
+    });
+  }
+
+  // The companion group splits first (it checks that every rank listed the same ranks); its
+  // members then bootstrap their communicator over it.
+  ProcessGroupPtr new_group(const std::vector<int>& ranks) override {
+    std::string reason = comm_->broken_reason();
+    TANDEM_CHECK(reason.empty(), "[dist] cannot run new_group on group {}: the group is broken ({})", name(), reason);
+    ProcessGroupPtr cpu_child = cpu_->new_group(ranks);
+    {
+      std::lock_guard issue(comm_->issue_mutex);
+      ++next_seq_;  // a collective of this group, as on the other backends
+    }
+    if (!cpu_child) return nullptr;
+    ProcessGroupPtr g = create_group(cpu_child, comm_->device, local_size_);
+    g->set_timeout(timeout());
+    g->set_debug_checks(debug_checks());
+    return g;
+  }
+
+ private:
+  // The companion group, for CPU tensors; fails at once when this group is broken.
+  ProcessGroup& cpu(const char* op) {
+    std::string reason = comm_->broken_reason();
+    TANDEM_CHECK(reason.empty(), "[dist] cannot run {} on group {}: the group is broken ({})", op, name(), reason);
+    return *cpu_;
+  }
+
+  void check_device(const Tensor& t, const char* op, const char* what) const {
+    TANDEM_CHECK(t.device() == Device::cuda(comm_->device),
+                 "[{}] {} is on {} but the nccl group {} communicates on cuda:{} (CPU tensors go over MPI)", op, what,
+                 t.device(), name(), comm_->device);
+  }
+
+  void check_p2p(const char* what, const char* peer_name, const Tensor& tensor, int peer, int tag) const {
+    check_tensor(tensor, what, "tensor");
+    check_device(tensor, what, "tensor");
+    TANDEM_CHECK(peer >= 0 && peer < size() && peer != rank(),
+                 "[{}] {} {} must be another rank of group {} (size {}, this is rank {})", what, peer_name, peer,
+                 name(), size(), rank());
+    TANDEM_CHECK(tag >= 0 && tag < (1 << 15), "[{}] tag {} must be in [0, 32768)", what, tag);
+  }
+
+  std::string describe(const Launch& l, uint64_t seq) const {
+    std::string where = fmt::format("group {} (nccl, rank {} of {})", name(), rank(), size());
+    switch (l.kind) {
+      case OpKind::send: return fmt::format("send #{} to rank {} (tag {}) on {}", seq, l.peer, l.tag, where);
+      case OpKind::recv: return fmt::format("recv #{} from rank {} (tag {}) on {}", seq, l.peer, l.tag, where);
+      default: return fmt::format("{} #{} on {}", op_kind_name(l.kind), seq, where);
+    }
+  }
+
+  // Issue path: sequence number, debug fingerprints, then the NCCL calls on the comm stream after
+  // the caller's stream; no host synchronisation.
+  WorkPtr launch(Launch l, const Body& body) {
+    NcclComm& c = *comm_;
+    std::lock_guard issue(c.issue_mutex);
+    const bool collective = l.kind != OpKind::send && l.kind != OpKind::recv;
+    uint64_t& counter = collective ? next_seq_ : next_p2p_;
+    const uint64_t seq = counter;
+    const std::string what = describe(l, seq);
+    std::string reason = c.broken_reason();
+    TANDEM_CHECK(reason.empty(), "[dist] cannot run {}: the group is broken ({})", what, reason);
+    TANDEM_CHECK(!cpu_->is_broken(), "[dist] cannot run {}: the group is broken (its {} companion group {} is)", what,
+                 cpu_->backend(), cpu_->name());
+    ++counter;
+    if (collective && debug_checks() && size() > 1) check_fingerprints(l, seq, what);
+    auto work = std::make_shared<Work>(what);
+    Pending p;
+    p.what = what;
+    p.kind = std::string(op_kind_name(l.kind));
+    p.seq = seq;
+    p.work = work;
+    p.result = std::move(l.result);
+    p.keep = std::move(l.keep);
+    p.timeout = timeout();
+    p.deadline = Clock::now() + p.timeout;
+    try {
+      cuda::DeviceGuard guard(c.device);
+      ncclComm_t nc = c.comm.load();
+      TANDEM_CHECK(nc != nullptr, "[dist] cannot run {}: the group is broken ({})", what, c.broken_reason());
+      cudaStream_t s = c.stream.raw();
+      c.ready.record(cuda::current_stream(c.device));  // after everything the caller issued so far
+      c.ready.wait(s);
+      body(nc, s, p.keep);
+      // The caching allocator must not hand these blocks out again before the comm stream is done.
+      for (const Tensor& t : p.keep) cuda::record_stream(t, s);
+      for (const Tensor& t : p.result) cuda::record_stream(t, s);
+      p.done = c.take_event();
+      p.done.record(s);
+    } catch (const std::exception& e) {
+      // This rank's part may be missing while the peers' went ahead: they would wait for it until
+      // their timeout, so this group cannot be trusted any more.
+      c.break_group(fmt::format("{} could not be launched: {}", what, e.what()), true);
+      throw;
+    }
+    c.push(std::move(p));
+    return work;
+  }
+
+  // TANDEM_DIST_DEBUG=detail: before the collective, every rank's fingerprint (and all_to_all
+  // splits) goes to every rank over the companion group; all ranks see the same table, so all
+  // throw the same mismatch. Blocks the caller (debug mode only).
+  void check_fingerprints(const Launch& l, uint64_t seq, const std::string& what) {
+    const int n = size();
+    const int64_t words = kFingerprintWords + 2 * n;
+    std::string fp = l.fingerprint;
+    if (fp.size() >= kFingerprintBytes) fp = fmt::format("{}... (hash {:016x})", fp.substr(0, 180), fnv1a(fp));
+    Tensor mine = make_empty({words}, i64, kCPU, "dist debug");
+    auto* w = mine.data_ptr<int64_t>();
+    std::memset(w, 0, mine.nbytes());
+    std::memcpy(w, fp.data(), fp.size());
+    const bool a2a = l.kind == OpKind::all_to_all;
+    for (int k = 0; k < n; ++k) {
+      w[kFingerprintWords + k] = a2a ? l.in_splits[k] : -1;       // rows this rank sends to k
+      w[kFingerprintWords + n + k] = a2a ? l.out_splits[k] : -1;  // rows it expects from k
+    }
+    Tensor all = make_empty({n * words}, i64, kCPU, "dist debug");
+    try {
+      cpu_->allgather_into(all, mine)->wait();
+    } catch (const std::exception& e) {
+      std::string msg = fmt::format("[dist] {}: the debug fingerprint exchange failed: {}", what, e.what());
+      comm_->break_group(msg, true);
+      throw Error(msg);
+    }
+    const int64_t* a = all.data_ptr<int64_t>();
+    std::vector<std::string> fps(n);
+    bool mismatch = false;
+    for (int r = 0; r < n; ++r) {
+      const char* text = reinterpret_cast<const char*>(a + r * words);
+      fps[r] = std::string(text, strnlen(text, kFingerprintBytes));
+      mismatch |= fps[r] != fp;
+    }
+    if (mismatch) {
+      std::vector<std::pair<std::string, std::vector<int>>> calls;
+      for (int r = 0; r < n; ++r) {
+        auto it = std::find_if(calls.begin(), calls.end(), [&](auto& call) { return call.first == fps[r]; });
+        if (it == calls.end()) {
+          calls.push_back({fps[r], {r}});
+        } else {
+          it->second.push_back(r);
+        }
+      }
+      std::string parts;
+      for (auto& [text, ranks] : calls) {
+        if (!parts.empty()) parts += "; ";
+        parts += fmt::format("{} {} called {}", ranks.size() == 1 ? "rank" : "ranks", fmt::join(ranks, ", "), text);
+      }
+      fail("[dist] collective mismatch at #{} on group {} (nccl, {} ranks): {}", seq, name(), n, parts);
+    }
+    if (!a2a) return;
+    for (int src = 0; src < n; ++src) {
+      for (int dst = 0; dst < n; ++dst) {
+        int64_t sends = a[src * words + kFingerprintWords + dst];
+        int64_t expects = a[dst * words + kFingerprintWords + n + src];
+        TANDEM_CHECK(sends == expects, "[all_to_all] split mismatch at #{} on group {}: rank {} sends {} rows to rank {}, "
+                     "which expects {}", seq, name(), src, sends, dst, expects);
+      }
+    }
+  }
+
+  ProcessGroupPtr cpu_;
+  std::shared_ptr<NcclComm> comm_;
+  int local_size_;
+  std::atomic<int64_t> timeout_ms_;
+  std::atomic<bool> debug_;
+  uint64_t next_seq_ = 0;  // issue lock
+  uint64_t next_p2p_ = 0;
+  Tensor barrier_buffer_;  // issue lock
+};
+
+// Collective over `cpu`'s ranks: sets up this rank's device state, broadcasts rank 0's
+// ncclUniqueId over `cpu`, agrees that every rank is ready (so that one failing rank makes all
+// throw instead of leaving the others in ncclCommInitRank), then creates the communicator.
+std::shared_ptr<ProcessGroup> create_group(ProcessGroupPtr cpu, int device, int local_size) {
+  const int rank = cpu->rank(), size = cpu->size();
+  std::string local_error;
+  std::shared_ptr<NcclComm> comm;
+  Tensor id = make_empty({kIdWords}, i64, kCPU, "nccl bootstrap");
+  std::memset(id.data_ptr(), 0, id.nbytes());
+  try {
+    comm = std::make_shared<NcclComm>(rank, size, device, cpu->name());
+    if (rank == 0) {
+      ncclUniqueId uid;
+      TANDEM_NCCL_CHECK(ncclGetUniqueId(&uid));
+      std::memcpy(id.data_ptr(), &uid, sizeof uid);
+    }
+  } catch (const std::exception& e) {
+    local_error = e.what();
+  }
+  cpu->broadcast(id, 0)->wait();
+  Tensor status = make_empty({1}, i32, kCPU, "nccl bootstrap");
+  status.data_ptr<int32_t>()[0] = local_error.empty() ? 0 : 1;
+  cpu->allreduce(status, ReduceOp::max)->wait();
+  TANDEM_CHECK(local_error.empty(), "[nccl] cannot create nccl group {} on rank {} (cuda:{}): {}", cpu->name(), rank,
+               device, local_error);
+  TANDEM_CHECK(status.data_ptr<int32_t>()[0] == 0,
+               "[nccl] cannot create nccl group {}: another rank failed to set up (see its error)", cpu->name());
+  ncclUniqueId uid;
+  std::memcpy(&uid, id.data_ptr(), sizeof uid);
+  try {
+    cuda::DeviceGuard guard(device);
+    ncclComm_t c = nullptr;
+    TANDEM_NCCL_CHECK(ncclCommInitRank(&c, size, uid, rank));
+    comm->comm.store(c);
+  } catch (const std::exception& e) {
+    std::string hint;
+    if (local_size > cuda::device_count()) {
+      hint = fmt::format("; {} ranks on this node share {} CUDA device{}, but NCCL needs a device per rank (use "
+                         "backend mpi to share a GPU)", local_size, cuda::device_count(),
+                         cuda::device_count() == 1 ? "" : "s");
+    }
+    fail("[nccl] cannot create nccl group {} of {} ranks on rank {} (cuda:{}): {}{}", cpu->name(), size, rank, device,
+         e.what(), hint);
+  }
+  comm->start_watchdog(comm);
+  return std::make_shared<NcclGroup>(std::move(cpu), std::move(comm), local_size);
+}
+
+}  // namespace
+
+bool nccl_available() {
+  try {
+    if (!cuda::is_available()) return false;
+    return !launched_by_mpi() || mpi_info().local_size <= cuda::device_count();
+  } catch (...) {
+    return false;
+  }
+}
+
+ProcessGroupPtr make_nccl_world(const InitOptions& options) {
+  TANDEM_CHECK(cuda::is_available(), "[dist] the nccl backend needs a CUDA device: {}", cuda::unavailable_reason());
+  ProcessGroupPtr cpu;
+  int device = 0, local_size = 1;
+  if (launched_by_mpi()) {
+    MpiInfo m = mpi_info();
+    cpu = make_mpi_world(options.timeout, options.debug_checks);
+    device = m.local_rank % cuda::device_count();  // the local rank picks the device
+    local_size = m.local_size;
+  } else {
+    cpu = make_thread_world(1, ThreadsOptions{options.timeout, options.debug_checks})[0];
+    device = cuda::current_device();
+  }
+  cuda::set_device(device);
+  return create_group(std::move(cpu), device, local_size);
+}
+
+}  // namespace tandem::dist
+
+#endif  // TANDEM_WITH_NCCL

@@ -1,0 +1,350 @@
+// The index family on CUDA against the same ops on the CPU: embedding (forward and the
+// deterministic sorted backward), index_select, gather, scatter_add, masked_fill, cat and stack,
+// every dtype, contiguous and permuted operands, gradients through autograd, bounds errors (the
+// same messages as on the CPU) and mixed-device errors.
+#include <catch2/catch.hpp>
+
+#include <cstring>
+#include <vector>
+
+#include "cuda_test_util.h"
+#include "tandem.h"
+#include "test_util.h"
+
+using namespace tandem;
+using Catch::Contains;
+using test_util::require_close;
+
+namespace {
+
+const Device kGPU = Device::cuda(0);
+
+double tol_for(Dtype d) {
+  switch (d) {
+    case f64: return 1e-12;
+    case f32: return 1e-5;
+    case f16: return 2e-3;
+    case bf16: return 2e-2;
+    default: return 0;
+  }
+}
+
+// Fresh random values of dtype (integers in [-4, 4], bools at random).
+Tensor random(const Shape& shape, Dtype dtype) {
+  if (dtype == boolean) return randint(0, 2, shape, boolean);
+  if (is_integral(dtype)) return randint(-4, 5, shape, dtype);
+  return to_dtype(randn(shape), dtype);
+}
+
+std::vector<double> host_values(const Tensor& t) {
+  return to_dtype(t.is_cpu() ? t : t.to(kCPU), f64).contiguous().to_vector<double>();
+}
+
+void require_same(const Tensor& gpu, const Tensor& cpu, double tol) {
+  REQUIRE(gpu.device() == kGPU);
+  REQUIRE(gpu.shape() == cpu.shape());
+  REQUIRE(gpu.dtype() == cpu.dtype());
+  require_close(host_values(gpu), host_values(cpu), tol);
+}
+
+// Element bits of a contiguous CPU copy: exact comparisons of copies and in-order sums.
+std::vector<unsigned char> bits(const Tensor& t) {
+  Tensor c = (t.is_cpu() ? t : t.to(kCPU)).contiguous();
+  std::vector<unsigned char> b(c.nbytes());
+  if (!b.empty()) std::memcpy(b.data(), c.data_ptr(), b.size());
+  return b;
+}
+
+void require_bit_equal(const Tensor& gpu, const Tensor& cpu) {
+  REQUIRE(gpu.device() == kGPU);
+  REQUIRE(gpu.shape() == cpu.shape());
+  REQUIRE(gpu.dtype() == cpu.dtype());
+  REQUIRE(bits(gpu) == bits(cpu));
+}
+
+Tensor gpu_leaf(const Tensor& cpu_value) {
+  Tensor t = cpu_value.to(kGPU);
+  t.requires_grad_();
+  return t;
+}
+Tensor cpu_leaf(const Tensor& cpu_value) {
+  Tensor t = cpu_value.clone();
+  t.requires_grad_();
+  return t;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- embedding
+
+TEST_CASE("cuda embedding: rows for indices of any shape, every dtype, bit for bit", "[cuda][index][embedding]") {
+  TANDEM_REQUIRE_CUDA_OR_SKIP();
+  manual_seed(11);
+  for (Dtype dt : {f32, f64, f16, bf16, i32, i64, boolean}) {
+    for (int64_t cols : {3, 64, 768}) {  // the generic kernel and the row kernel
+      INFO(dt << ", " << cols << " columns");
+      Tensor w = random({50, cols}, dt);
+      for (Dtype it : {i64, i32}) {
+        Tensor idx = randint(0, 50, {4, 7}, it);
+        require_bit_equal(embedding(w.to(kGPU), idx.to(kGPU)), embedding(w, idx));
+      }
+    }
+  }
+  // A transposed (non-contiguous) weight, non-contiguous indices, a 0-dim index, no indices.
+  Tensor idx = transpose(randint(0, 40, {5, 3}), 0, 1);
+  Tensor wg = transpose(randn({16, 40}).to(kGPU), 0, 1);
+  REQUIRE_FALSE(wg.is_contiguous());
+  require_bit_equal(embedding(wg, idx.to(kGPU)), embedding(wg.to(kCPU), idx));
+  Tensor w = randn({10, 4});
+  Tensor one = from_vector<int64_t>({7}).squeeze();
+  require_bit_equal(embedding(w.to(kGPU), one.to(kGPU)), embedding(w, one));
+  REQUIRE(embedding(w.to(kGPU), from_vector<int64_t>({}, {0}).to(kGPU)).shape() == Shape{0, 4});
+}
+
+TEST_CASE("cuda embedding backward: repeated rows summed in order, deterministic", "[cuda][index][embedding][grad]") {
+  TANDEM_REQUIRE_CUDA_OR_SKIP();
+  manual_seed(12);
+  for (Dtype dt : {f32, f64, f16, bf16}) {
+    for (int64_t cols : {5, 256}) {  // one thread per run / one block per run
+      INFO(dt << ", " << cols << " columns");
+      Tensor w = random({30, cols}, dt);
+      Tensor idx = randint(0, 30, {40, 25});  // 1000 lookups of 30 rows: long runs of repeats
+      Tensor g = random({40, 25, cols}, dt);
+      Tensor wc = cpu_leaf(w), wg = gpu_leaf(w);
+      embedding(wc, idx).backward(g);
+      embedding(wg, idx.to(kGPU)).backward(g.to(kGPU));
+      REQUIRE(wg.grad().defined());
+      // f32/f64: the same order of additions as the CPU; f16/bf16 round once (the CPU per step).
+      if (dt == f32 || dt == f64) {
+        require_bit_equal(wg.grad(), wc.grad());
+      } else {
+        require_same(wg.grad(), wc.grad(), 50 * tol_for(dt));
+      }
+      // Run to run: the same bits.
+      Tensor wg2 = gpu_leaf(w);
+      embedding(wg2, idx.to(kGPU)).backward(g.to(kGPU));
+      REQUIRE(bits(wg2.grad()) == bits(wg.grad()));
+    }
+  }
+  // One row hit by every index, and rows never hit.
+  Tensor w = randn({8, 33});
+  Tensor idx = from_vector<int32_t>(std::vector<int32_t>(5000, 3));
+  Tensor g = randn({5000, 33});
+  Tensor wc = cpu_leaf(w), wg = gpu_leaf(w);
+  embedding(wc, idx).backward(g);
+  embedding(wg, idx.to(kGPU)).backward(g.to(kGPU));
+  require_bit_equal(wg.grad(), wc.grad());
+}
+
+TEST_CASE("cuda embedding errors: out-of-range index as on the CPU, mixed devices", "[cuda][index][embedding][errors]") {
+  TANDEM_REQUIRE_CUDA_OR_SKIP();
+  Tensor w = randn({5, 3});
+  Tensor bad = from_vector<int64_t>({0, 4, 7, 9, -1}, {5});
+  std::string cpu_msg;
+  try {
+    embedding(w, bad);
+  } catch (const Error& e) {
+    cpu_msg = e.what();
+  }
+  REQUIRE_THROWS_WITH(embedding(w.to(kGPU), bad.to(kGPU)), cpu_msg);
+  REQUIRE_THROWS_WITH(embedding(w.to(kGPU), bad.to(kGPU)),
+                      Contains("[embedding] index 7 (at flat position 2)") && Contains("5 rows"));
+  REQUIRE_THROWS_WITH(embedding(w.to(kGPU), bad.to(i32).to(kGPU)), Contains("index 7 (at flat position 2)"));
+  REQUIRE_THROWS_WITH(embedding(w.to(kGPU), from_vector<int64_t>({1})),
+                      Contains("[embedding] tensors are on different devices: weight on cuda:0, indices on cpu"));
+  // The device is still usable after a failed check.
+  require_bit_equal(embedding(w.to(kGPU), from_vector<int64_t>({4, 0}).to(kGPU)), embedding(w, from_vector<int64_t>({4, 0})));
+}
+
+// ---------------------------------------------------------------- index_select
+
+TEST_CASE("cuda index_select: every dim, dtype and layout; gradient", "[cuda][index][index_select]") {
+  TANDEM_REQUIRE_CUDA_OR_SKIP();
+  manual_seed(13);
+  for (Dtype dt : {f32, f64, f16, bf16, i32, i64, boolean}) {
+    Tensor a = random({6, 7, 40}, dt);
+    for (int64_t dim : {0, 1, 2, -1}) {
+      INFO(dt << ", dim " << dim);
+      const int64_t n = a.size(dim < 0 ? dim + 3 : dim);
+      Tensor idx = randint(0, n, {9});
+      require_bit_equal(index_select(a.to(kGPU), dim, idx.to(kGPU)), index_select(a, dim, idx));
+      Tensor p = permute(a, {2, 0, 1});
+      const int64_t np = p.size(dim < 0 ? dim + 3 : dim);
+      Tensor pidx = randint(0, np, {9}, i32);
+      require_bit_equal(index_select(permute(a.to(kGPU), {2, 0, 1}), dim, pidx.to(kGPU)), index_select(p, dim, pidx));
+    }
+  }
+  Tensor s = from_vector<double>({2.5}).squeeze();
+  Tensor zero = from_vector<int64_t>({0});
+  require_bit_equal(index_select(s.to(kGPU), 0, zero.to(kGPU)), index_select(s, 0, zero));
+
+  for (Dtype dt : {f32, f64, f16, bf16}) {
+    for (int64_t dim : {0, 1}) {
+      INFO(dt << ", dim " << dim);
+      Tensor a = random({12, 40}, dt);
+      Tensor idx = randint(0, a.size(dim), {30});
+      Tensor g = random(dim == 0 ? Shape{30, 40} : Shape{12, 30}, dt);
+      Tensor ac = cpu_leaf(a), ag = gpu_leaf(a);
+      index_select(ac, dim, idx).backward(g);
+      index_select(ag, dim, idx.to(kGPU)).backward(g.to(kGPU));
+      require_same(ag.grad(), ac.grad(), 30 * tol_for(dt));
+    }
+  }
+}
+
+TEST_CASE("cuda index_select errors", "[cuda][index][index_select][errors]") {
+  TANDEM_REQUIRE_CUDA_OR_SKIP();
+  Tensor a = randn({3, 4}).to(kGPU);
+  REQUIRE_THROWS_WITH(index_select(a, 1, from_vector<int64_t>({0, 4}).to(kGPU)),
+                      Contains("[index_select] index 4 is out of range for dim 1 of size 4 (input [3, 4])"));
+  REQUIRE_THROWS_WITH(index_select(a, 0, from_vector<int64_t>({0})),
+                      Contains("[index_select] tensors are on different devices: input on cuda:0, index on cpu"));
+}
+
+// ---------------------------------------------------------------- gather / scatter_add
+
+TEST_CASE("cuda gather: every dim and dtype, permuted inputs; gradient", "[cuda][index][gather]") {
+  TANDEM_REQUIRE_CUDA_OR_SKIP();
+  manual_seed(14);
+  for (Dtype dt : {f32, f64, f16, bf16, i32, i64, boolean}) {
+    Tensor a = random({5, 6, 7}, dt);
+    for (int64_t dim : {0, 1, 2}) {
+      INFO(dt << ", dim " << dim);
+      Shape is = {4, 5, 6};
+      is[static_cast<size_t>(dim)] = 9;  // larger than the input along dim, smaller elsewhere
+      Tensor idx = randint(0, a.size(dim), is);
+      require_bit_equal(gather(a.to(kGPU), dim, idx.to(kGPU)), gather(a, dim, idx));
+      Tensor ap = permute(random({7, 5, 6}, dt), {1, 2, 0});  // [5, 6, 7], non-contiguous
+      Tensor ip = permute(randint(0, a.size(dim), {is[2], is[0], is[1]}), {1, 2, 0});
+      require_bit_equal(gather(ap.to(kGPU).contiguous(), dim, ip.to(kGPU)), gather(ap, dim, ip));
+      require_bit_equal(gather(permute(ap.permute({2, 0, 1}).contiguous().to(kGPU), {1, 2, 0}), dim, ip.to(kGPU)),
+                        gather(ap, dim, ip));
+    }
+  }
+  for (Dtype dt : {f32, f64, f16, bf16}) {
+    Tensor a = random({6, 8}, dt);
+    Tensor idx = randint(0, 6, {10, 8});  // repeats: the backward sums them (scatter_add)
+    Tensor g = random({10, 8}, dt);
+    Tensor ac = cpu_leaf(a), ag = gpu_leaf(a);
+    gather(ac, 0, idx).backward(g);
+    gather(ag, 0, idx.to(kGPU)).backward(g.to(kGPU));
+    require_same(ag.grad(), ac.grad(), 10 * tol_for(dt));
+  }
+}
+
+TEST_CASE("cuda scatter_add: repeated indices summed in order, src larger than index; gradients",
+          "[cuda][index][scatter_add]") {
+  TANDEM_REQUIRE_CUDA_OR_SKIP();
+  manual_seed(15);
+  for (Dtype dt : {f32, f64, f16, bf16, i32, i64}) {
+    for (int64_t dim : {0, 1, 2}) {
+      INFO(dt << ", dim " << dim);
+      Tensor a = random({4, 5, 6}, dt);
+      Shape is = {3, 4, 5};
+      is[static_cast<size_t>(dim)] = 20;  // many sources per destination
+      Tensor idx = randint(0, a.size(dim), is);
+      Shape ss = is;
+      for (auto& s : ss) s += 1;  // src larger than index in every dim
+      Tensor src = random(ss, dt);
+      Tensor want = scatter_add(a, dim, idx, src);
+      Tensor got = scatter_add(a.to(kGPU), dim, idx.to(kGPU), src.to(kGPU));
+      if (dt == f16 || dt == bf16) {
+        require_same(got, want, 20 * tol_for(dt));
+      } else {
+        require_bit_equal(got, want);  // same order of additions
+      }
+      REQUIRE(bits(scatter_add(a.to(kGPU), dim, idx.to(kGPU), src.to(kGPU))) == bits(got));  // run to run
+      // permuted input and index
+      Tensor ap = permute(a, {2, 0, 1}).contiguous().permute({1, 2, 0});
+      require_same(scatter_add(ap.to(kGPU).permute({2, 0, 1}).contiguous().permute({1, 2, 0}), dim,
+                               idx.to(i32).to(kGPU), src.to(kGPU)),
+                   scatter_add(ap, dim, idx.to(i32), src), 20 * tol_for(dt));
+    }
+  }
+  for (Dtype dt : {f32, f64, f16, bf16}) {
+    Tensor a = random({3, 4}, dt), src = random({3, 5}, dt);
+    Tensor idx = from_vector<int64_t>({0, 2, 2, 1, 0, 0}, {2, 3});
+    Tensor g = random({3, 4}, dt);
+    Tensor ac = cpu_leaf(a), sc = cpu_leaf(src), ag = gpu_leaf(a), sg = gpu_leaf(src);
+    scatter_add(ac, 0, idx, sc).backward(g);
+    scatter_add(ag, 0, idx.to(kGPU), sg).backward(g.to(kGPU));
+    require_same(ag.grad(), ac.grad(), tol_for(dt));
+    require_same(sg.grad(), sc.grad(), tol_for(dt));
+  }
+}
+
+TEST_CASE("cuda gather and scatter_add errors", "[cuda][index][gather][scatter_add][errors]") {
+  TANDEM_REQUIRE_CUDA_OR_SKIP();
+  Tensor a = randn({3, 4}).to(kGPU);
+  REQUIRE_THROWS_WITH(gather(a, 0, from_vector<int64_t>({0, 1, 7, 2}, {1, 4}).to(kGPU)),
+                      Contains("[gather] index 7 is out of range for dim 0 of size 3 (input [3, 4])"));
+  REQUIRE_THROWS_WITH(gather(a, 1, from_vector<int32_t>({-1}, {1, 1}).to(kGPU)),
+                      Contains("[gather] index -1 is out of range for dim 1 of size 4"));
+  REQUIRE_THROWS_WITH(scatter_add(a, 0, from_vector<int64_t>({0, 5}, {1, 2}).to(kGPU), randn({2, 4}).to(kGPU)),
+                      Contains("[scatter_add] index 5 is out of range for dim 0 of size 3"));
+  REQUIRE_THROWS_WITH(gather(a, 0, from_vector<int64_t>({0}, {1, 1})),
+                      Contains("[gather] tensors are on different devices: input on cuda:0, index on cpu"));
+  REQUIRE_THROWS_WITH(scatter_add(a, 0, from_vector<int64_t>({0}, {1, 1}).to(kGPU), randn({1, 1})),
+                      Contains("[scatter_add] tensors are on different devices") && Contains("src on cpu"));
+}
+
+// ---------------------------------------------------------------- masked_fill
+
+TEST_CASE("cuda masked_fill: broadcast masks, every dtype, layouts; gradient", "[cuda][index][masked_fill]") {
+  TANDEM_REQUIRE_CUDA_OR_SKIP();
+  manual_seed(16);
+  for (Dtype dt : {f32, f64, f16, bf16, i32, i64, boolean}) {
+    INFO(dt);
+    Tensor a = random({4, 5, 6}, dt);
+    for (const Shape& ms : {Shape{4, 5, 6}, Shape{6}, Shape{5, 1}, Shape{4, 1, 1}, Shape{}}) {
+      Tensor mask = randint(0, 2, ms, boolean);
+      require_bit_equal(masked_fill(a.to(kGPU), mask.to(kGPU), 3), masked_fill(a, mask, 3));
+      require_bit_equal(masked_fill(a.to(kGPU), mask.to(kGPU), -0.75), masked_fill(a, mask, -0.75));
+    }
+    Tensor at = transpose(a, 0, 2);  // [6, 5, 4]
+    Tensor mt = transpose(randint(0, 2, {4, 5, 6}, boolean), 0, 2);
+    require_bit_equal(masked_fill(transpose(a.to(kGPU), 0, 2), mt.to(kGPU), 1), masked_fill(at, mt, 1));
+  }
+  Tensor s = from_vector<float>({2}).squeeze();
+  Tensor m = from_vector<bool>({true}).squeeze();
+  require_bit_equal(masked_fill(s.to(kGPU), m.to(kGPU), 5), masked_fill(s, m, 5));
+
+  Tensor a = randn({7, 9});
+  Tensor mask = randint(0, 2, {9}, boolean);
+  Tensor g = randn({7, 9});
+  Tensor ac = cpu_leaf(a), ag = gpu_leaf(a);
+  masked_fill(ac, mask, 0.5).backward(g);
+  masked_fill(ag, mask.to(kGPU), 0.5).backward(g.to(kGPU));
+  require_bit_equal(ag.grad(), ac.grad());
+  REQUIRE_THROWS_WITH(masked_fill(a.to(kGPU), mask, 1),
+                      Contains("[masked_fill] tensors are on different devices: input on cuda:0, mask on cpu"));
+}
+
+// ---------------------------------------------------------------- cat / stack
+
+TEST_CASE("cuda cat and stack: dims, promotion, skipped empties, non-contiguous; gradients", "[cuda][index][cat]") {
+  TANDEM_REQUIRE_CUDA_OR_SKIP();
+  manual_seed(17);
+  for (Dtype dt : {f32, f64, f16, bf16, i32, i64, boolean}) {
+    INFO(dt);
+    Tensor a = random({3, 4, 5}, dt), b = random({3, 2, 5}, dt), c = random({5, 3, 4}, dt);
+    Tensor cp = permute(c, {1, 2, 0});  // [3, 4, 5], non-contiguous
+    require_bit_equal(cat({a.to(kGPU), b.to(kGPU)}, 1), cat({a, b}, 1));
+    require_bit_equal(cat({a.to(kGPU), permute(c.to(kGPU), {1, 2, 0}), a.to(kGPU)}, 0), cat({a, cp, a}, 0));
+    require_bit_equal(cat({a.to(kGPU), a.to(kGPU)}, -1), cat({a, a}, -1));
+    require_bit_equal(stack({a.to(kGPU), permute(c.to(kGPU), {1, 2, 0})}, 1), stack({a, cp}, 1));
+  }
+  // promotion and skipped empty 1-D tensors
+  Tensor x = randn({2, 3}), y = randint(0, 9, {4, 3}), e = from_vector<float>({});
+  require_bit_equal(cat({x.to(kGPU), e.to(kGPU), y.to(kGPU)}, 0), cat({x, e, y}, 0));
+  require_bit_equal(cat({e.to(kGPU), e.to(kGPU)}, 0), cat({e, e}, 0));
+
+  Tensor p = randn({2, 3}), q = randn({2, 5});
+  Tensor g = randn({2, 8});
+  Tensor pc = cpu_leaf(p), qc = cpu_leaf(q), pg = gpu_leaf(p), qg = gpu_leaf(q);
+  cat({pc, qc}, 1).backward(g);
+  cat({pg, qg}, 1).backward(g.to(kGPU));
+  require_bit_equal(pg.grad(), pc.grad());
+  require_bit_equal(qg.grad(), qc.grad());
+  REQUIRE_THROWS_WITH(cat({p.to(kGPU), q}, 1), Contains("[cat] tensors must be on one device"));
+}

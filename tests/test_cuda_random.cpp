@@ -1,0 +1,219 @@
+// Random numbers and factory functions on CUDA: the same seed and shape give the CPU's numbers
+// bit for bit (uniforms, randint, f32/f16/bf16 normals; f64 normals to the last ulps of libm),
+// the generator offset advances alike on both devices so later draws stay in step, in-place
+// fills of non-contiguous views, and zeros/ones/full/arange/linspace/eye computed on the device
+// with the CPU's values.
+#include <catch2/catch.hpp>
+
+#include <cstring>
+#include <vector>
+
+#include "core/random.h"
+#include "cuda_test_util.h"
+#include "tandem.h"
+#include "test_util.h"
+
+using namespace tandem;
+using Catch::Contains;
+using test_util::require_close;
+
+namespace {
+
+const Device kGPU = Device::cuda(0);
+
+std::vector<unsigned char> bits(const Tensor& t) {
+  Tensor c = (t.is_cpu() ? t : t.to(kCPU)).contiguous();
+  std::vector<unsigned char> b(c.nbytes());
+  if (!b.empty()) std::memcpy(b.data(), c.data_ptr(), b.size());
+  return b;
+}
+
+// The number of elements whose bits differ (contiguous copies, same dtype).
+int64_t mismatches(const Tensor& gpu, const Tensor& cpu) {
+  REQUIRE(gpu.device() == kGPU);
+  REQUIRE(cpu.is_cpu());
+  REQUIRE(gpu.shape() == cpu.shape());
+  REQUIRE(gpu.dtype() == cpu.dtype());
+  const auto a = bits(gpu), b = bits(cpu);
+  const size_t isz = gpu.element_size();
+  int64_t n = 0;
+  for (size_t i = 0; i < a.size(); i += isz) n += std::memcmp(&a[i], &b[i], isz) != 0;
+  return n;
+}
+
+void require_bit_equal(const Tensor& gpu, const Tensor& cpu) { REQUIRE(mismatches(gpu, cpu) == 0); }
+
+std::vector<double> host_values(const Tensor& t) {
+  return to_dtype(t.is_cpu() ? t : t.to(kCPU), f64).contiguous().to_vector<double>();
+}
+
+}  // namespace
+
+TEST_CASE("cuda rand/randn/randint: the CPU's numbers for the same seed and shape", "[cuda][random]") {
+  TANDEM_REQUIRE_CUDA_OR_SKIP();
+  for (const Shape& shape : {Shape{1}, Shape{3}, Shape{5, 7}, Shape{1000, 1001}, Shape{2, 3, 4, 5}}) {
+    INFO("shape " << shape_str(shape));
+    for (Dtype dt : {f32, f64, f16, bf16}) {
+      INFO(dt);
+      manual_seed(42);
+      Tensor c = rand(shape, dt);
+      manual_seed(42);
+      Tensor g = rand(shape, TensorOptions(dt, kGPU));
+      require_bit_equal(g, c);
+
+      manual_seed(43);
+      c = randn(shape, dt);
+      manual_seed(43);
+      g = randn(shape, TensorOptions(dt, kGPU));
+      if (dt == f64) {
+        require_close(host_values(g), host_values(c), 1e-14);  // device libm: last-ulp differences
+      } else {
+        REQUIRE(mismatches(g, c) == 0);
+      }
+    }
+    for (Dtype dt : {i64, i32, f32, f64, f16, bf16, boolean}) {
+      INFO(dt);
+      const int64_t lo = dt == boolean ? 0 : -7, hi = dt == boolean ? 2 : 1000;
+      manual_seed(44);
+      Tensor c = randint(lo, hi, shape, dt);
+      manual_seed(44);
+      Tensor g = randint(lo, hi, shape, TensorOptions(dt, kGPU));
+      require_bit_equal(g, c);
+    }
+    // A range of 2^40 takes two words per element.
+    manual_seed(45);
+    Tensor c = randint(-(int64_t{1} << 39), int64_t{1} << 39, shape);
+    manual_seed(45);
+    Tensor g = randint(-(int64_t{1} << 39), int64_t{1} << 39, shape, TensorOptions(i64, kGPU));
+    require_bit_equal(g, c);
+  }
+}
+
+TEST_CASE("cuda random: the generator offset advances alike, so mixed-device draws stay in step", "[cuda][random]") {
+  TANDEM_REQUIRE_CUDA_OR_SKIP();
+  manual_seed(7);
+  Tensor c1 = rand({1001});
+  const PhiloxState after_cpu = get_rng_state();
+  Tensor c2 = randn({37}, f64);
+  Tensor c3 = randint(0, 10, {13});
+  Tensor c4 = rand({5}, bf16);
+
+  manual_seed(7);
+  Tensor g1 = rand({1001}, TensorOptions(f32, kGPU));
+  const PhiloxState after_gpu = get_rng_state();
+  REQUIRE(after_gpu.seed == after_cpu.seed);
+  REQUIRE(after_gpu.offset == after_cpu.offset);
+  Tensor x2 = randn({37}, f64);                                // CPU
+  Tensor g3 = randint(0, 10, {13}, TensorOptions(i64, kGPU));  // CUDA
+  Tensor x4 = rand({5}, bf16);                                 // CPU
+  require_bit_equal(g1, c1);
+  require_close(host_values(x2), host_values(c2), 0);
+  require_bit_equal(g3, c3);
+  REQUIRE(bits(x4) == bits(c4));
+}
+
+TEST_CASE("cuda uniform_/normal_ fill non-contiguous views in logical order", "[cuda][random]") {
+  TANDEM_REQUIRE_CUDA_OR_SKIP();
+  for (Dtype dt : {f32, f64, f16, bf16}) {
+    INFO(dt);
+    Tensor c = zeros({6, 9}, dt), g = zeros({6, 9}, TensorOptions(dt, kGPU));
+    Tensor cv = c.transpose(0, 1).slice(0, 1, 8, 2), gv = g.transpose(0, 1).slice(0, 1, 8, 2);
+    REQUIRE_FALSE(gv.is_contiguous());
+    manual_seed(99);
+    uniform_(cv, -2, 3);
+    manual_seed(99);
+    uniform_(gv, -2, 3);
+    require_bit_equal(g, c);  // the elements outside the view stay 0 on both
+
+    manual_seed(100);
+    normal_(cv, 0.5, 2);
+    manual_seed(100);
+    normal_(gv, 0.5, 2);
+    if (dt == f64) {
+      require_close(host_values(g), host_values(c), 1e-14);
+    } else {
+      require_bit_equal(g, c);
+    }
+  }
+  Tensor e = zeros({2, 1}, TensorOptions(f32, kGPU)).expand({2, 3});
+  REQUIRE_THROWS_WITH(uniform_(e), Contains("[uniform_]") && Contains("same memory location"));
+}
+
+TEST_CASE("cuda random: moments and ranges of large draws", "[cuda][random]") {
+  TANDEM_REQUIRE_CUDA_OR_SKIP();
+  manual_seed(5);
+  std::vector<double> u = host_values(rand({1 << 20}, TensorOptions(f32, kGPU)));
+  std::vector<double> z = host_values(randn({1 << 20}, TensorOptions(f32, kGPU)));
+  double su = 0, sz = 0, szz = 0, umin = 1, umax = 0;
+  for (double v : u) su += v, umin = std::min(umin, v), umax = std::max(umax, v);
+  for (double v : z) sz += v, szz += v * v;
+  const double n = static_cast<double>(u.size());
+  REQUIRE(std::abs(su / n - 0.5) < 2e-3);
+  REQUIRE(umin >= 0);
+  REQUIRE(umax < 1);
+  REQUIRE(std::abs(sz / n) < 5e-3);
+  REQUIRE(std::abs(szz / n - 1) < 5e-3);
+  for (Dtype dt : {f16, bf16}) {
+    std::vector<double> h = host_values(rand({1 << 16}, TensorOptions(dt, kGPU)));
+    for (double v : h) REQUIRE((v >= 0 && v < 1));
+  }
+}
+
+TEST_CASE("cuda random: requires_grad and argument errors as on the CPU", "[cuda][random]") {
+  TANDEM_REQUIRE_CUDA_OR_SKIP();
+  Tensor r = rand({3}, TensorOptions(f32, kGPU).with_requires_grad());
+  REQUIRE(r.requires_grad());
+  REQUIRE(r.device() == kGPU);
+  REQUIRE_THROWS_WITH(randint(5, 5, {2}, TensorOptions(i64, kGPU)), Contains("[randint] high (5)"));
+  REQUIRE_THROWS_WITH(rand({2}, TensorOptions(i64, kGPU)), Contains("[rand] expected a floating dtype"));
+}
+
+// ---------------------------------------------------------------- factory functions
+
+TEST_CASE("cuda zeros/ones/full/scalar_tensor: every dtype, the CPU's values", "[cuda][creation]") {
+  TANDEM_REQUIRE_CUDA_OR_SKIP();
+  for (Dtype dt : {f32, f64, f16, bf16, i32, i64, boolean}) {
+    INFO(dt);
+    require_bit_equal(zeros({3, 5}, TensorOptions(dt, kGPU)), zeros({3, 5}, dt));
+    require_bit_equal(ones({1000}, TensorOptions(dt, kGPU)), ones({1000}, dt));
+    require_bit_equal(full({4, 4}, 2.7, TensorOptions(dt, kGPU)), full({4, 4}, 2.7, dt));
+    require_bit_equal(full({7}, -0.0, TensorOptions(dt, kGPU)), full({7}, -0.0, dt));
+    require_bit_equal(scalar_tensor(-3.25, TensorOptions(dt, kGPU)), scalar_tensor(-3.25, dt));
+    REQUIRE(zeros({0, 3}, TensorOptions(dt, kGPU)).numel() == 0);
+  }
+  Tensor z = zeros({2}, TensorOptions(f32, kGPU).with_requires_grad());
+  REQUIRE(z.requires_grad());
+  REQUIRE_THROWS_WITH(zeros({2}, TensorOptions(i64, kGPU).with_requires_grad()),
+                      Contains("[zeros] only floating tensors can require grad"));
+  Tensor g = randn({3, 2}).to(kGPU);
+  require_bit_equal(zeros_like(g), zeros({3, 2}));
+  require_bit_equal(ones_like(g), ones({3, 2}));
+  require_bit_equal(full_like(g, 4), full({3, 2}, 4));
+}
+
+TEST_CASE("cuda arange, linspace and eye: the CPU's values bit for bit", "[cuda][creation]") {
+  TANDEM_REQUIRE_CUDA_OR_SKIP();
+  for (Dtype dt : {f32, f64, f16, bf16, i32, i64}) {
+    INFO(dt);
+    require_bit_equal(arange(0, 1000, 1, TensorOptions(dt, kGPU)), arange(0, 1000, 1, dt));
+    require_bit_equal(arange(-5, 17, 3, TensorOptions(dt, kGPU)), arange(-5, 17, 3, dt));
+    require_bit_equal(arange(10, -10, -7, TensorOptions(dt, kGPU)), arange(10, -10, -7, dt));
+    require_bit_equal(arange(0.1, 7.3, 0.37, TensorOptions(dt, kGPU)), arange(0.1, 7.3, 0.37, dt));
+    require_bit_equal(arange(3.0, -1.0, -0.1, TensorOptions(dt, kGPU)), arange(3.0, -1.0, -0.1, dt));
+    require_bit_equal(linspace(-1.3, 2.9, 101, TensorOptions(dt, kGPU)), linspace(-1.3, 2.9, 101, dt));
+    require_bit_equal(linspace(0, 1, 2, TensorOptions(dt, kGPU)), linspace(0, 1, 2, dt));
+    require_bit_equal(linspace(5, 9, 1, TensorOptions(dt, kGPU)), linspace(5, 9, 1, dt));
+    REQUIRE(linspace(5, 9, 0, TensorOptions(dt, kGPU)).numel() == 0);
+  }
+  for (Dtype dt : {f32, f64, f16, bf16, i32, i64, boolean}) {
+    INFO(dt);
+    require_bit_equal(eye(7, TensorOptions(dt, kGPU)), eye(7, dt));
+    require_bit_equal(eye(1, TensorOptions(dt, kGPU)), eye(1, dt));
+    REQUIRE(eye(0, TensorOptions(dt, kGPU)).shape() == Shape{0, 0});
+  }
+  // Big enough for several blocks and the grid-stride loop.
+  require_bit_equal(arange(0.0, 3e6, 1.5, TensorOptions(f32, kGPU)), arange(0.0, 3e6, 1.5, f32));
+  require_bit_equal(arange(int64_t{1} << 33, (int64_t{1} << 33) + 100000, TensorOptions(i64, kGPU)),
+                    arange(int64_t{1} << 33, (int64_t{1} << 33) + 100000, i64));
+  require_bit_equal(eye(1500, TensorOptions(f32, kGPU)), eye(1500, f32));
+}
