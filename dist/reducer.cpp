@@ -295,6 +295,8 @@ void Reducer::finalize() {
   expect_hooks_ = false;
   NoGradGuard no_grad;
   const auto wait_start = Clock::now();
+  bool waited = false;  // some bucket was still in flight: its completion time is about wait_end
+  for (const Bucket& b : buckets_) waited = waited || !b.work->is_completed();
   try {
     for (size_t i = 0; i < buckets_.size(); ++i) {
       Bucket& b = buckets_[i];
@@ -348,7 +350,9 @@ void Reducer::finalize() {
   comm_wait_ms_ = ms_between(wait_start, wait_end);
   {
     std::lock_guard<std::mutex> lock(*completion_mutex_);
-    comm_ms_ = std::max(0.0, ms_between(first_launch_, std::max(*last_completion_, first_launch_)));
+    Clock::time_point end = std::max(*last_completion_, first_launch_);
+    if (waited) end = std::max(end, wait_end);
+    comm_ms_ = ms_between(first_launch_, end);
   }
   events_.push_back({ReducerEvent::finalized, -1});
 
