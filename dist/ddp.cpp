@@ -101,15 +101,18 @@ void DistributedDataParallel::verify_same_model_across_ranks(
     const std::vector<std::pair<std::string, Tensor>>& params) {
   const int n = group_->size();
   if (n == 1) return;
+  const Device dev = control_device(*group_, params.empty() ? kCPU : params.front().second.device());
   std::vector<int64_t> sig = model_signature(params);
-  Tensor len = from_vector<int64_t>({static_cast<int64_t>(sig.size())});
-  Tensor lens = zeros({n}, i64);
+  Tensor len = from_vector<int64_t>({static_cast<int64_t>(sig.size())}).to(dev);
+  Tensor lens = zeros({n}, TensorOptions(i64, dev));
   group_->allgather_into(lens, len)->wait();
+  lens = lens.to(kCPU);
   const int64_t* l = static_cast<const int64_t*>(lens.data_ptr());
   const int64_t longest = *std::max_element(l, l + n);
   sig.resize(static_cast<size_t>(longest), 0);
-  Tensor all = zeros({n * longest}, i64);
-  group_->allgather_into(all, from_vector<int64_t>(sig))->wait();
+  Tensor all = zeros({n * longest}, TensorOptions(i64, dev));
+  group_->allgather_into(all, from_vector<int64_t>(sig).to(dev))->wait();
+  all = all.to(kCPU);
   const int64_t* a = static_cast<const int64_t*>(all.data_ptr());
   const std::vector<ParamSig> ref = decode_signature(a);
   for (int r = 1; r < n; ++r) {

@@ -26,6 +26,10 @@ bool is_view_of(const Tensor& grad, const Tensor& slot) {
 
 }  // namespace
 
+Device control_device(const ProcessGroup& group, Device params_device) {
+  return group.backend() == "nccl" ? params_device : kCPU;
+}
+
 std::vector<std::vector<size_t>> assign_buckets(const TensorList& params, const std::vector<size_t>& order,
                                                 size_t first_cap_bytes, size_t cap_bytes) {
   using Key = std::tuple<int, int, int>;  // dtype, device type, device index
@@ -67,6 +71,7 @@ Reducer::Reducer(std::vector<Param> params, ProcessGroupPtr group, ReducerOption
   TANDEM_CHECK(group_ != nullptr, "[ddp] the reducer needs a process group");
   const size_t n = params_.size();
   TANDEM_CHECK(n > 0, "[ddp] the reducer needs at least one parameter");
+  control_device_ = control_device(*group_, params_.front().tensor.device());
   ready_.assign(n, false);
   local_used_.assign(n, 0);
   unused_stash_.resize(n);
@@ -284,7 +289,7 @@ void Reducer::launch_ready_buckets() {
   }
   if (next_launch_ == buckets_.size() && options_.find_unused_parameters) {
     // After the last bucket, so every rank issues it at the same point of its collective order.
-    used_map_ = from_vector<int32_t>(local_used_, {static_cast<int64_t>(local_used_.size())});
+    used_map_ = from_vector<int32_t>(local_used_, {static_cast<int64_t>(local_used_.size())}).to(control_device_);
     used_work_ = group_->allreduce(used_map_, ReduceOp::max);
   }
 }
@@ -319,7 +324,9 @@ void Reducer::finalize() {
   const auto wait_end = Clock::now();
 
   std::vector<std::string> unused;
-  const int32_t* global_used = used_map_.defined() && used_work_ ? static_cast<const int32_t*>(used_map_.data_ptr()) : nullptr;
+  std::vector<int32_t> used_everywhere;
+  if (used_map_.defined() && used_work_) used_everywhere = used_map_.to(kCPU).to_vector<int32_t>();
+  const int32_t* global_used = used_everywhere.empty() ? nullptr : used_everywhere.data();
   for (size_t p = 0; p < params_.size(); ++p) {
     const Tensor& param = params_[p].tensor;
     Tensor slot = slot_view(p);
@@ -372,8 +379,9 @@ void Reducer::rebuild_buckets() {
   for (size_t p : first_ready_order_) seen[p] = true;
   for (size_t p = n; p-- > 0;)
     if (!seen[p]) order.push_back(static_cast<int64_t>(p));
-  Tensor shared = from_vector<int64_t>(order, {static_cast<int64_t>(n)});
+  Tensor shared = from_vector<int64_t>(order, {static_cast<int64_t>(n)}).to(control_device_);
   if (group_->size() > 1) group_->broadcast(shared, 0)->wait();
+  shared = shared.to(kCPU);
   std::vector<size_t> agreed(n);
   std::vector<bool> check(n, false);
   const int64_t* data = static_cast<const int64_t*>(shared.data_ptr());

@@ -95,6 +95,7 @@ int main(int argc, char** argv) {
     rank = info.rank;
     const int world_size = info.size;
     const Device device = device_name == "cuda" ? Device::cuda(info.local_rank) : kCPU;
+    const Device ctrl = dist::control_device(*world, device);  // where small collectives' tensors live
     if (threads > 0) set_num_threads(threads);
 
     Dataset train = make_blobs(train_n, features, classes, noise, seed);
@@ -145,9 +146,9 @@ int main(int argc, char** argv) {
       loss.backward();
       opt->step();
       if (step % report_every == 0 || step == steps) {
-        Tensor l = loss.detach().to(kCPU).to(f64).reshape({1});
+        Tensor l = loss.detach().to(f64).reshape({1}).to(ctrl);
         world->allreduce(l, dist::ReduceOp::avg)->wait();
-        loss_value = l.item<double>();
+        loss_value = l.to(kCPU).item<double>();
         double elapsed = bench::now_s() - t0;
         if (rank == 0)
           progress(step, steps, loss_value, static_cast<double>(step * batch * world_size) / elapsed,
@@ -164,9 +165,10 @@ int main(int argc, char** argv) {
     Tensor logits = (*model)(tx);
     Tensor sums = from_vector<double>({nn::cross_entropy(logits, ty, nn::Reduction::sum).item<double>(),
                                         sum(eq(argmax(logits, 1), ty).to(f64)).item<double>(),
-                                        static_cast<double>(mine.size())});
+                                        static_cast<double>(mine.size())})
+                     .to(ctrl);
     world->allreduce(sums, dist::ReduceOp::sum)->wait();
-    auto v = sums.to_vector<double>();
+    auto v = sums.to(kCPU).to_vector<double>();
     double test_loss = v[0] / v[2], accuracy = v[1] / v[2];
     if (rank == 0) {
       std::fprintf(stdout, "final: train loss %.4f, test loss %.4f, test accuracy %.2f%% (target %.0f%%) in %.2fs\n",
