@@ -6,8 +6,12 @@
 #include <optional>
 #include <string>
 
+#include "dist/comm_hooks.h"
+#include "dist/ddp.h"
 #include "dist/mpi_backend.h"
 #include "dist/process_group.h"
+#include "dist/reducer.h"
+#include "dist/sampler.h"
 #include "dist/threads_backend.h"
 
 namespace tandem::dist {

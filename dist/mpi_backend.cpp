@@ -25,6 +25,31 @@ void check_mpi(int rc, const char* call, const char* file, int line) {
 }
 #define TANDEM_MPI_CHECK(...) check_mpi((__VA_ARGS__), #__VA_ARGS__, __FILE__, __LINE__)
 
+// How a communication thread waits for MPI requests. Peers in step complete within a few polls,
+// so it spins first (latency); then it yields; once a peer is clearly late (> 50 us) it sleeps in
+// growing steps up to 100 us, so a waiting comm thread does not take the core from the compute
+// threads of its own or another rank (DDP launches buckets long before the peers reach them).
+class Backoff {
+ public:
+  void pause() {
+    ++polls_;
+    if (polls_ < 128) return;
+    if (polls_ == 128) start_ = std::chrono::steady_clock::now();
+    auto waited = std::chrono::steady_clock::now() - start_;
+    if (waited < std::chrono::microseconds(50)) {
+      std::this_thread::yield();
+      return;
+    }
+    std::this_thread::sleep_for(sleep_);
+    sleep_ = std::min(sleep_ * 2, std::chrono::microseconds(100));
+  }
+
+ private:
+  uint64_t polls_ = 0;
+  std::chrono::steady_clock::time_point start_{};
+  std::chrono::microseconds sleep_{5};
+};
+
 class MpiGroup;
 
 // Process-wide MPI state: initialisation, the lock used when MPI is only SERIALIZED, and the live
@@ -341,9 +366,9 @@ class MpiGroup final : public QueuedGroup {
     TANDEM_DISPATCH_FLOATING(dt, "allreduce", [&] { detail::divide_by(static_cast<scalar_t*>(p), n, size()); });
   }
 
-  // Polls the requests until all complete; false at the deadline. Spins first (latency), then
-  // yields so that waiting does not starve the ranks sharing this core.
+  // Polls the requests until all complete; false at the deadline. See Backoff for the pacing.
   bool poll(const Op& op, MPI_Request* reqs, int n, MPI_Status* statuses = MPI_STATUSES_IGNORE) {
+    Backoff backoff;
     for (uint64_t spin = 0;; ++spin) {
       int done = 0;
       {
@@ -352,7 +377,7 @@ class MpiGroup final : public QueuedGroup {
       }
       if (done) return true;
       if ((spin & 63) == 63 && Clock::now() > op.deadline) return false;
-      if (spin > 256) std::this_thread::yield();
+      backoff.pause();
     }
   }
 
@@ -562,6 +587,7 @@ class MpiGroup final : public QueuedGroup {
     }
     bool done = false;
     int rc = MPI_SUCCESS;
+    Backoff backoff;
     for (uint64_t spin = 0;; ++spin) {
       int flag = 0;
       {
@@ -573,7 +599,7 @@ class MpiGroup final : public QueuedGroup {
         break;
       }
       if ((spin & 63) == 63 && Clock::now() > op.deadline) break;
-      if (spin > 256) std::this_thread::yield();
+      backoff.pause();
     }
     if (!done) {
       bool cancelled = cancel(req);

@@ -133,3 +133,33 @@ TEST_CASE("README dist", "[readme]") {
     REQUIRE(x.to_vector<float>() == std::vector<float>{6, 6});
   });
 }
+
+TEST_CASE("README DistributedDataParallel", "[readme]") {
+  dist::run_threads(2, [](dist::ProcessGroup& group) {
+    dist::ProcessGroupPtr pg(std::shared_ptr<void>(), &group);  // run_threads lends the group
+    manual_seed(0);
+    Tensor x = randn({64, 32}), y = randint(0, 10, {64});
+    auto model = std::make_shared<nn::Sequential>();
+    model->push_back(std::make_shared<nn::Linear>(32, 64));
+    model->push_back(std::make_shared<nn::ReLU>());
+    model->push_back(std::make_shared<nn::Linear>(64, 10));
+    dist::DistributedDataParallel ddp(model, pg, {.bucket_cap_mb = 4});  // pg: dist::init() under mpirun
+    ddp.register_comm_hook(dist::hooks::bf16_compress);  // optional, before the first backward
+    optim::SGD opt(model->parameters(), {.lr = 0.1, .momentum = 0.9});
+    dist::DistributedSampler sampler(x.size(0), pg->size(), pg->rank(), {.seed = 0});
+    for (int64_t epoch = 0; epoch < 3; ++epoch) {
+      sampler.set_epoch(epoch);  // a new shuffle, the same on every rank
+      Tensor idx = from_vector(sampler.indices());
+      for (int64_t at = 0; at + 16 <= idx.size(0); at += 16) {
+        Tensor b = idx.narrow(0, at, 16);
+        opt.zero_grad();
+        nn::cross_entropy(ddp(index_select(x, 0, b)), index_select(y, 0, b)).backward();  // averaged here
+        opt.step();
+      }
+    }
+    {
+      auto no_sync = ddp.no_sync();  // gradient accumulation: no communication in here
+      nn::cross_entropy(ddp(x), y).backward();
+    }
+  });
+}

@@ -1,8 +1,13 @@
-// train: trains an MLP classifier on a built-in synthetic dataset and reports the final loss
-// and held-out accuracy. Single process for now (the DDP issue turns it into an mpirun job).
+// train: trains an MLP classifier with DistributedDataParallel on a built-in synthetic dataset
+// and reports the final loss and held-out accuracy. Launch it with mpirun (one process per CPU
+// socket or GPU); run alone it is a world of one.
 //
-//   train [--hidden 256] [--layers 2] [--batch 128] [--steps 600] [--lr 0.05] [--optimizer sgd|adamw]
+//   mpirun -np 2 train [--hidden 256] [--layers 2] [--batch 128] [--steps 600] [--lr 0.05]
+//                      [--optimizer sgd|adamw] [--bucket-cap-mb 25] [--backend auto|mpi] [--device cpu|cuda]
 //
+// Every rank builds the same dataset from the seed and reads its own shard of each epoch through
+// a DistributedSampler (seeded shuffle per epoch, padded to equal shards as in PyTorch); --batch
+// is per rank, so a step sees batch x ranks samples.
 // The data: `classes` Gaussian clusters in `features` dims, centres drawn once from the seed,
 // with noise; the classes overlap only slightly, so a small MLP reaches > 97% held-out accuracy.
 #include <CLI/CLI.hpp>
@@ -11,6 +16,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <numeric>
+#include <optional>
 
 #include "bench_common.h"
 #include "mlp.h"
@@ -33,15 +39,6 @@ Dataset make_blobs(int64_t n, int64_t features, int64_t classes, double noise, u
   return {x, y};
 }
 
-// A permutation of [0, n) from the (seeded) Philox stream: indices sorted by uniform keys.
-Tensor shuffled_indices(int64_t n) {
-  std::vector<float> keys = rand({n}).to_vector<float>();
-  std::vector<int64_t> idx(static_cast<size_t>(n));
-  std::iota(idx.begin(), idx.end(), 0);
-  std::stable_sort(idx.begin(), idx.end(), [&](int64_t a, int64_t b) { return keys[a] < keys[b]; });
-  return from_vector(idx);
-}
-
 // One line of progress: a bar on a terminal (redrawn in place), plain lines otherwise.
 void progress(int64_t step, int64_t steps, double loss, double samples_per_s, double eta_s, bool tty) {
   if (tty) {
@@ -60,78 +57,127 @@ void progress(int64_t step, int64_t steps, double loss, double samples_per_s, do
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"Train an MLP on a built-in synthetic classification set"};
+  CLI::App app{"Train an MLP with DDP on a built-in synthetic classification set (launch with mpirun)"};
   int64_t hidden = 256, layers = 2, batch = 128, steps = 600, features = 32, classes = 10, train_n = 16384;
   double lr = 0.05, noise = 2.5, target = 0.95;
+  std::optional<double> bucket_cap_mb;
   uint64_t seed = 0;
-  std::string optimizer = "sgd";
+  std::string optimizer = "sgd", backend = "auto", device_name = "cpu";
   int threads = 0;
+  bool drop_last = false;
   app.add_option("--hidden", hidden, "hidden width")->check(CLI::PositiveNumber);
   app.add_option("--layers", layers, "hidden layers")->check(CLI::PositiveNumber);
-  app.add_option("--batch", batch, "batch size")->check(CLI::PositiveNumber);
+  app.add_option("--batch", batch, "batch size per rank")->check(CLI::PositiveNumber);
   app.add_option("--steps", steps, "optimizer steps")->check(CLI::PositiveNumber);
   app.add_option("--lr", lr, "learning rate")->check(CLI::PositiveNumber);
   app.add_option("--optimizer", optimizer, "sgd (momentum 0.9) or adamw")->check(CLI::IsMember({"sgd", "adamw"}));
+  app.add_option("--bucket-cap-mb", bucket_cap_mb, "DDP bucket cap in MiB (default 25, first bucket 1)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--backend", backend, "process group backend")->check(CLI::IsMember({"auto", "mpi", "nccl"}));
+  app.add_option("--device", device_name, "cpu, or cuda (the local rank picks the GPU)")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
+  app.add_flag("--drop-last", drop_last, "drop the tail of each epoch instead of padding the shards");
   app.add_option("--features", features, "input features")->check(CLI::PositiveNumber);
   app.add_option("--classes", classes, "classes")->check(CLI::Range(2, 1000));
   app.add_option("--samples", train_n, "training samples")->check(CLI::PositiveNumber);
   app.add_option("--noise", noise, "cluster noise (std)")->check(CLI::NonNegativeNumber);
-  app.add_option("--seed", seed, "seed for data and initialisation");
-  app.add_option("--threads", threads, "intra-op threads (default: cores / ranks on the node)");
+  app.add_option("--seed", seed, "seed for data, initialisation and shuffling");
+  app.add_option("--threads", threads, "intra-op threads per rank (default: cores / ranks on the node)");
   app.add_option("--target", target, "accuracy the run must reach (exit status 1 if not)");
   CLI11_PARSE(app, argc, argv);
 
+  int rank = 0;
   try {
+    dist::InitOptions init;
+    init.backend = backend;
+    dist::ProcessGroupPtr world = dist::init(init);
+    dist::WorldInfo info = dist::world_info();
+    rank = info.rank;
+    const int world_size = info.size;
+    const Device device = device_name == "cuda" ? Device::cuda(info.local_rank) : kCPU;
+    const Device ctrl = dist::control_device(*world, device);  // where small collectives' tensors live
     if (threads > 0) set_num_threads(threads);
+
     Dataset train = make_blobs(train_n, features, classes, noise, seed);
     Dataset test = make_blobs(4096, features, classes, noise, seed);
+    train.x = train.x.to(device);
+    train.y = train.y.to(device);
     manual_seed(seed + 7);
     auto model = make_mlp(features, hidden, classes, static_cast<int>(layers));
+    model->to(device);
+    dist::DdpOptions ddp_options;
+    ddp_options.bucket_cap_mb = bucket_cap_mb;
+    dist::DistributedDataParallel ddp(model, world, ddp_options);
     std::unique_ptr<optim::Optimizer> opt;
     if (optimizer == "sgd") {
       opt = std::make_unique<optim::SGD>(model->parameters(), optim::SGDOptions{.lr = lr, .momentum = 0.9});
     } else {
       opt = std::make_unique<optim::AdamW>(model->parameters(), optim::AdamWOptions{.lr = lr});
     }
-    std::fprintf(stdout, "train: %lld samples, %lld features, %lld classes; MLP %lldx%lld, batch %lld, %lld steps, %s lr %g\n",
-                 static_cast<long long>(train_n), static_cast<long long>(features), static_cast<long long>(classes),
-                 static_cast<long long>(layers), static_cast<long long>(hidden), static_cast<long long>(batch),
-                 static_cast<long long>(steps), optimizer.c_str(), lr);
-    bool tty = isatty(fileno(stdout));
-    int64_t report_every = std::max<int64_t>(1, steps / (tty ? 100 : 10));
-    double t0 = bench::now_s();
+    dist::DistributedSampler sampler(train_n, world_size, rank, {.seed = seed + 1000, .drop_last = drop_last});
+    if (rank == 0) {
+      std::fprintf(stdout,
+                   "train: %d rank%s (%s, %s); %lld samples, %lld features, %lld classes; MLP %lldx%lld, batch %lld "
+                   "per rank, %lld steps, %s lr %g\n",
+                   world_size, world_size == 1 ? "" : "s", info.backend.c_str(), device.str().c_str(),
+                   static_cast<long long>(train_n), static_cast<long long>(features), static_cast<long long>(classes),
+                   static_cast<long long>(layers), static_cast<long long>(hidden), static_cast<long long>(batch),
+                   static_cast<long long>(steps), optimizer.c_str(), lr);
+    }
+    const bool tty = isatty(fileno(stdout));
+    const int64_t report_every = std::max<int64_t>(1, steps / (tty ? 100 : 10));
+    const double t0 = bench::now_s();
     double loss_value = 0;
-    int64_t epoch = 0, cursor = train_n;
-    Tensor order;
+    std::vector<int64_t> shard;
+    size_t cursor = 0;
     for (int64_t step = 1; step <= steps; ++step) {
-      if (cursor + batch > train_n) {  // reshuffle each epoch, dropping the last partial batch
-        manual_seed(seed + 1000 + static_cast<uint64_t>(epoch++));
-        order = shuffled_indices(train_n);
+      if (cursor + static_cast<size_t>(batch) > shard.size()) {  // next epoch: this rank's shard, reshuffled
+        sampler.set_epoch(sampler.epoch() + (shard.empty() ? 0 : 1));
+        shard = sampler.indices();
         cursor = 0;
+        TANDEM_CHECK(shard.size() >= static_cast<size_t>(batch),
+                     "[train] a rank's shard has {} samples, fewer than the batch of {}", shard.size(), batch);
       }
-      Tensor idx = narrow(order, 0, cursor, batch);
-      cursor += batch;
+      Tensor idx = from_vector(std::vector<int64_t>(shard.begin() + cursor, shard.begin() + cursor + batch)).to(device);
+      cursor += static_cast<size_t>(batch);
       Tensor xb = index_select(train.x, 0, idx), yb = index_select(train.y, 0, idx);
       opt->zero_grad(true);
-      Tensor loss = nn::cross_entropy((*model)(xb), yb);
+      Tensor loss = nn::cross_entropy(ddp(xb), yb);
       loss.backward();
       opt->step();
       if (step % report_every == 0 || step == steps) {
-        loss_value = loss.item<double>();
+        Tensor l = loss.detach().to(f64).reshape({1}).to(ctrl);
+        world->allreduce(l, dist::ReduceOp::avg)->wait();
+        loss_value = l.to(kCPU).item<double>();
         double elapsed = bench::now_s() - t0;
-        progress(step, steps, loss_value, step * batch / elapsed, elapsed / step * (steps - step), tty);
+        if (rank == 0)
+          progress(step, steps, loss_value, static_cast<double>(step * batch * world_size) / elapsed,
+                   elapsed / step * (steps - step), tty);
       }
     }
+    // Held-out evaluation, split across ranks (rank r takes every world_size-th sample).
     NoGradGuard ng;
     model->eval();
-    Tensor logits = (*model)(test.x);
-    double test_loss = nn::cross_entropy(logits, test.y).item<double>();
-    double accuracy = mean(eq(argmax(logits, 1), test.y).to(f32)).item<double>();
-    std::fprintf(stdout, "final: train loss %.4f, test loss %.4f, test accuracy %.2f%% (target %.0f%%) in %.2fs\n",
-                 loss_value, test_loss, accuracy * 100, target * 100, bench::now_s() - t0);
+    std::vector<int64_t> mine;
+    for (int64_t i = rank; i < test.x.size(0); i += world_size) mine.push_back(i);
+    Tensor tidx = from_vector(mine);
+    Tensor tx = index_select(test.x, 0, tidx).to(device), ty = index_select(test.y, 0, tidx).to(device);
+    Tensor logits = (*model)(tx);
+    Tensor sums = from_vector<double>({nn::cross_entropy(logits, ty, nn::Reduction::sum).item<double>(),
+                                        sum(eq(argmax(logits, 1), ty).to(f64)).item<double>(),
+                                        static_cast<double>(mine.size())})
+                     .to(ctrl);
+    world->allreduce(sums, dist::ReduceOp::sum)->wait();
+    auto v = sums.to(kCPU).to_vector<double>();
+    double test_loss = v[0] / v[2], accuracy = v[1] / v[2];
+    if (rank == 0) {
+      std::fprintf(stdout, "final: train loss %.4f, test loss %.4f, test accuracy %.2f%% (target %.0f%%) in %.2fs\n",
+                   loss_value, test_loss, accuracy * 100, target * 100, bench::now_s() - t0);
+      std::fputs(ddp.stats().str().c_str(), stdout);
+    }
     return accuracy >= target ? 0 : 1;
   } catch (const Error& e) {
-    std::fprintf(stderr, "train: %s\n", e.what());
+    std::fprintf(stderr, "train (rank %d): %s\n", rank, e.what());
     return 2;
   }
 }

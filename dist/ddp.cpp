@@ -1,0 +1,205 @@
+#include "dist/ddp.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <chrono>
+#include <set>
+
+#include "autograd/grad_mode.h"
+#include "autograd/ops.h"
+#include "dist/dist.h"
+
+namespace tandem::dist {
+
+namespace {
+
+// One rank's model as integers: [count, then per parameter: dtype, ndim, dims...].
+std::vector<int64_t> model_signature(const std::vector<std::pair<std::string, Tensor>>& params) {
+  std::vector<int64_t> sig{static_cast<int64_t>(params.size())};
+  for (const auto& [name, t] : params) {
+    sig.push_back(static_cast<int64_t>(t.dtype()));
+    sig.push_back(t.dim());
+    for (int64_t d : t.shape()) sig.push_back(d);
+  }
+  return sig;
+}
+
+struct ParamSig {
+  Dtype dtype;
+  Shape shape;
+};
+
+std::vector<ParamSig> decode_signature(const int64_t* sig) {
+  std::vector<ParamSig> out(static_cast<size_t>(sig[0]));
+  size_t at = 1;
+  for (ParamSig& p : out) {
+    p.dtype = static_cast<Dtype>(sig[at++]);
+    int64_t ndim = sig[at++];
+    Shape s;
+    for (int64_t k = 0; k < ndim; ++k) s.push_back(sig[at++]);
+    p.shape = s;
+  }
+  return out;
+}
+
+}  // namespace
+
+DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> module, ProcessGroupPtr group,
+                                                 DdpOptions options)
+    : module_(std::move(module)), group_(std::move(group)), options_(std::move(options)) {
+  TANDEM_CHECK(module_ != nullptr, "[ddp] the module is null");
+  if (!group_) {
+    TANDEM_CHECK(is_initialized(), "[ddp] no process group given and dist::init() has not run");
+    group_ = world();
+  }
+  if (options_.bucket_cap_mb) {
+    TANDEM_CHECK(*options_.bucket_cap_mb > 0, "[ddp] bucket_cap_mb must be positive, got {}", *options_.bucket_cap_mb);
+  }
+  const auto params = module_->named_parameters();
+  const auto buffers = module_->named_buffers();
+  for (const std::string& name : options_.ignored_parameters) {
+    TANDEM_CHECK(params.contains(name) || buffers.contains(name),
+                 "[ddp] ignored name '{}' is neither a parameter nor a buffer of the module", name);
+  }
+  std::vector<Reducer::Param> managed;
+  std::vector<std::pair<std::string, Tensor>> sig_params;
+  for (const auto& [name, t] : params) {
+    if (ignored(name)) continue;
+    sig_params.emplace_back(name, t);
+    if (!t.requires_grad()) continue;
+    managed.push_back({name, t});
+    names_.push_back(name);
+  }
+  TANDEM_CHECK(!managed.empty(),
+               "[ddp] DDP is not needed when a module has no parameter that requires a gradient ({} has none that is "
+               "not ignored)",
+               module_->type_name());
+  verify_same_model_across_ranks(sig_params);
+  broadcast_states(options_.broadcast_buffers);
+
+  ReducerOptions ro;
+  ro.find_unused_parameters = options_.find_unused_parameters;
+  ro.gradient_as_bucket_view = options_.gradient_as_bucket_view;
+  if (options_.bucket_cap_mb) {
+    ro.bucket_bytes = static_cast<size_t>(*options_.bucket_cap_mb * 1024.0 * 1024.0);
+    ro.bucket_bytes = std::max<size_t>(ro.bucket_bytes, 1);
+    ro.first_bucket_bytes = ro.bucket_bytes;
+  }
+  reducer_ = std::make_unique<Reducer>(std::move(managed), group_, ro);
+}
+
+DistributedDataParallel::~DistributedDataParallel() = default;
+
+bool DistributedDataParallel::ignored(const std::string& name) const {
+  return std::find(options_.ignored_parameters.begin(), options_.ignored_parameters.end(), name) !=
+         options_.ignored_parameters.end();
+}
+
+void DistributedDataParallel::verify_same_model_across_ranks(
+    const std::vector<std::pair<std::string, Tensor>>& params) {
+  const int n = group_->size();
+  if (n == 1) return;
+  const Device dev = control_device(*group_, params.empty() ? kCPU : params.front().second.device());
+  std::vector<int64_t> sig = model_signature(params);
+  Tensor len = from_vector<int64_t>({static_cast<int64_t>(sig.size())}).to(dev);
+  Tensor lens = zeros({n}, TensorOptions(i64, dev));
+  group_->allgather_into(lens, len)->wait();
+  lens = lens.to(kCPU);
+  const int64_t* l = static_cast<const int64_t*>(lens.data_ptr());
+  const int64_t longest = *std::max_element(l, l + n);
+  sig.resize(static_cast<size_t>(longest), 0);
+  Tensor all = zeros({n * longest}, TensorOptions(i64, dev));
+  group_->allgather_into(all, from_vector<int64_t>(sig).to(dev))->wait();
+  all = all.to(kCPU);
+  const int64_t* a = static_cast<const int64_t*>(all.data_ptr());
+  const std::vector<ParamSig> ref = decode_signature(a);
+  for (int r = 1; r < n; ++r) {
+    const std::vector<ParamSig> other = decode_signature(a + r * longest);
+    const size_t common = std::min(ref.size(), other.size());
+    for (size_t i = 0; i < common; ++i) {
+      if (ref[i].shape != other[i].shape || ref[i].dtype != other[i].dtype) {
+        fail("[ddp] the model differs across ranks: parameter {} ('{}' on rank {}) is {} {} on rank 0 but {} {} on "
+             "rank {}. Every rank must build the same model",
+             i, i < params.size() ? params[i].first : std::string("?"), group_->rank(), ref[i].shape, ref[i].dtype,
+             other[i].shape, other[i].dtype, r);
+      }
+    }
+    if (ref.size() != other.size()) {
+      fail("[ddp] the model differs across ranks: rank 0 has {} parameters but rank {} has {}. Every rank must build "
+           "the same model",
+           ref.size(), r, other.size());
+    }
+  }
+}
+
+std::vector<Tensor> DistributedDataParallel::synced_buffers() const {
+  std::vector<Tensor> out;
+  for (const auto& [name, t] : module_->named_buffers())
+    if (!ignored(name)) out.push_back(t);
+  return out;
+}
+
+void DistributedDataParallel::broadcast_states(bool include_buffers) {
+  if (group_->size() == 1) return;
+  std::vector<WorkPtr> works;
+  for (const auto& [name, t] : module_->named_parameters())
+    if (!ignored(name)) works.push_back(group_->broadcast(t, 0));
+  if (include_buffers)
+    for (const Tensor& b : synced_buffers()) works.push_back(group_->broadcast(b, 0));
+  for (const WorkPtr& w : works) w->wait();
+}
+
+void DistributedDataParallel::before_forward() {
+  reducer_->prepare_for_forward();
+  if (require_sync_ && options_.broadcast_buffers && group_->size() > 1) {
+    // Read afresh every time: a reassigned buffer (set_buffer) is synced too.
+    std::vector<WorkPtr> works;
+    for (const Tensor& b : synced_buffers()) works.push_back(group_->broadcast(b, 0));
+    for (const WorkPtr& w : works) w->wait();
+  }
+}
+
+void DistributedDataParallel::after_forward() {
+  if (require_sync_ && autograd::grad_mode_enabled()) reducer_->prepare_for_backward();
+}
+
+Tensor DistributedDataParallel::forward(const Tensor& input) {
+  before_forward();
+  const auto start = std::chrono::steady_clock::now();
+  Tensor out = (*module_)(input);
+  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  after_forward();
+  if (require_sync_) forward_ms_ = ms;
+  return out;
+}
+
+void DistributedDataParallel::register_comm_hook(CommHook hook) { reducer_->register_comm_hook(std::move(hook)); }
+void DistributedDataParallel::check_reducer_finalized() const { reducer_->check_finalized(); }
+void DistributedDataParallel::remove_autograd_hooks() { reducer_->remove_autograd_hooks(); }
+
+DdpStats DistributedDataParallel::stats() const {
+  DdpStats s;
+  static_cast<ReducerStats&>(s) = reducer_->stats();
+  s.forward_ms = forward_ms_;
+  s.world_size = group_->size();
+  return s;
+}
+
+std::string DdpStats::str() const {
+  auto mib = [](int64_t b) { return fmt::format("{:.2f}", static_cast<double>(b) / (1 << 20)); };
+  std::vector<std::string> sizes, rebuilt;
+  for (int64_t b : bucket_bytes) sizes.push_back(mib(b));
+  for (int64_t b : rebuilt_bucket_bytes) rebuilt.push_back(mib(b));
+  std::string s = fmt::format("DDP over {} ranks, {} iterations\n", world_size, iterations);
+  s += fmt::format("  buckets (MiB, launch order): [{}]\n", fmt::join(sizes, ", "));
+  s += fmt::format("  rebuilt buckets (MiB):       [{}]\n", fmt::join(rebuilt, ", "));
+  s += fmt::format("  forward {:.3f} ms, backward compute {:.3f} ms, comm {:.3f} ms (waited {:.3f} ms, overlapped {:.3f} ms)\n",
+                   forward_ms, backward_compute_ms, comm_ms, comm_wait_ms, overlap_ms);
+  if (!unused_parameters.empty()) s += fmt::format("  unused parameters: {}\n", fmt::join(unused_parameters, ", "));
+  s += fmt::format("  grad-ready order: {}\n", fmt::join(grad_ready_order, ", "));
+  return s;
+}
+
+}  // namespace tandem::dist

@@ -1,0 +1,131 @@
+// DistributedDataParallel: wraps a Module so that N ranks, each training on its shard of the
+// batch, end every step with the parameters one process would get on the whole batch. The
+// semantics are PyTorch DDP's (see DDP_SEMANTICS.md in the design notes):
+//
+//   auto model = std::make_shared<nn::Sequential>(...);
+//   dist::DistributedDataParallel ddp(model, dist::init(), {.bucket_cap_mb = 4});
+//   optim::SGD opt(model->parameters(), {.lr = 0.1});
+//   for (...) {
+//     opt.zero_grad();
+//     nn::cross_entropy(ddp(x), y).backward();  // gradients averaged across ranks here
+//     opt.step();
+//   }
+//
+// Construction checks that every rank holds the same parameters (count, shapes, dtypes) and
+// broadcasts rank 0's parameters (and buffers, with broadcast_buffers) to all ranks. Gradients
+// are reduced during backward in buckets (see dist/reducer.h); no_sync() skips that for
+// gradient accumulation.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "dist/comm_hooks.h"
+#include "dist/reducer.h"
+#include "nn/module.h"
+
+namespace tandem::dist {
+
+struct DdpOptions {
+  // Bucket size cap in MiB. Unset: 25 MiB, and the first bucket (the first reduced) 1 MiB so
+  // communication starts early; set: every bucket uses this cap.
+  std::optional<double> bucket_cap_mb;
+  // Rank 0's buffers overwrite the others' at construction and before every synchronised forward.
+  bool broadcast_buffers = true;
+  // Parameters the loss does not reach are marked ready at once; globally unused ones keep .grad.
+  bool find_unused_parameters = false;
+  // .grad tensors are views into the bucket buffers: no copy in or out, no second gradient-sized
+  // allocation. Zero gradients with set_to_none=false to keep the views between steps.
+  bool gradient_as_bucket_view = false;
+  // Dotted names of parameters or buffers DDP leaves alone: not synced, not bucketed.
+  std::vector<std::string> ignored_parameters;
+};
+
+// The reducer's figures plus the forward time of the last synchronised forward.
+struct DdpStats : ReducerStats {
+  double forward_ms = 0;
+  int64_t world_size = 1;
+  std::string str() const;  // a readable multi-line summary
+};
+
+class DistributedDataParallel {
+ public:
+  // `group` defaults to the world group (dist::init() must have run).
+  explicit DistributedDataParallel(std::shared_ptr<nn::Module> module, ProcessGroupPtr group = nullptr,
+                                   DdpOptions options = {});
+  ~DistributedDataParallel();
+  DistributedDataParallel(const DistributedDataParallel&) = delete;
+  DistributedDataParallel& operator=(const DistributedDataParallel&) = delete;
+
+  // Runs the module's forward (its pre-forward hooks included) as one DDP iteration.
+  Tensor operator()(const Tensor& input) { return forward(input); }
+  Tensor forward(const Tensor& input);
+  // For modules whose forward takes other arguments: `ddp.call([&] { return net->forward(a, b); })`.
+  template <class F>
+  auto call(F&& run_forward) -> decltype(run_forward()) {
+    before_forward();
+    auto out = run_forward();
+    after_forward();
+    return out;
+  }
+
+  nn::Module& module() { return *module_; }
+  const std::shared_ptr<nn::Module>& module_ptr() const { return module_; }
+  ProcessGroup& process_group() { return *group_; }
+
+  // Inside the guard's scope forwards and backwards do not communicate: gradients accumulate
+  // locally and the first synchronised backward after it reduces them.
+  class NoSyncGuard {
+   public:
+    explicit NoSyncGuard(DistributedDataParallel& ddp) : ddp_(&ddp), previous_(ddp.require_sync_) {
+      ddp.require_sync_ = false;
+    }
+    ~NoSyncGuard() {
+      if (ddp_) ddp_->require_sync_ = previous_;
+    }
+    NoSyncGuard(NoSyncGuard&& o) noexcept : ddp_(std::exchange(o.ddp_, nullptr)), previous_(o.previous_) {}
+    NoSyncGuard(const NoSyncGuard&) = delete;
+    NoSyncGuard& operator=(const NoSyncGuard&) = delete;
+    NoSyncGuard& operator=(NoSyncGuard&&) = delete;
+
+   private:
+    DistributedDataParallel* ddp_;
+    bool previous_;
+  };
+  [[nodiscard]] NoSyncGuard no_sync() { return NoSyncGuard(*this); }
+
+  // Replaces the default bucket reduction (allreduce of the average). Once, before the first backward.
+  void register_comm_hook(CommHook hook);
+  // Throws now if the last synchronised backward did not finish its reduction (a parameter got no
+  // gradient), instead of at the next forward or in a later collective.
+  void check_reducer_finalized() const;
+  // Detaches DDP from autograd (the destructor does this too); the module trains locally after.
+  void remove_autograd_hooks();
+
+  DdpStats stats() const;
+  const std::vector<ReducerEvent>& reducer_events() const { return reducer_->events(); }
+  // The parameters DDP manages, by name, in registration order.
+  const std::vector<std::string>& parameter_names() const { return names_; }
+
+ private:
+  void before_forward();
+  void after_forward();
+  void verify_same_model_across_ranks(const std::vector<std::pair<std::string, Tensor>>& params);
+  void broadcast_states(bool include_buffers);
+  std::vector<Tensor> synced_buffers() const;
+  bool ignored(const std::string& name) const;
+
+  std::shared_ptr<nn::Module> module_;
+  ProcessGroupPtr group_;
+  DdpOptions options_;
+  std::vector<std::string> names_;
+  std::unique_ptr<Reducer> reducer_;
+  bool require_sync_ = true;
+  double forward_ms_ = 0;
+};
+
+using DDP = DistributedDataParallel;
+
+}  // namespace tandem::dist

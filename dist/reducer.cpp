@@ -1,0 +1,423 @@
+#include "dist/reducer.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <map>
+#include <numeric>
+#include <tuple>
+
+#include "autograd/grad_mode.h"
+#include "autograd/ops.h"
+
+namespace tandem::dist {
+
+namespace {
+
+double ms_between(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
+  return std::chrono::duration<double, std::milli>(b - a).count();
+}
+
+bool is_view_of(const Tensor& grad, const Tensor& slot) {
+  return grad.defined() && grad.data_ptr() == slot.data_ptr() && grad.shape() == slot.shape() &&
+         grad.dtype() == slot.dtype() && grad.device() == slot.device();
+}
+
+}  // namespace
+
+Device control_device(const ProcessGroup& group, Device params_device) {
+  return group.backend() == "nccl" ? params_device : kCPU;
+}
+
+std::vector<std::vector<size_t>> assign_buckets(const TensorList& params, const std::vector<size_t>& order,
+                                                size_t first_cap_bytes, size_t cap_bytes) {
+  using Key = std::tuple<int, int, int>;  // dtype, device type, device index
+  struct Open {
+    std::vector<size_t> params;
+    size_t bytes = 0;
+    size_t closed = 0;  // buckets of this key already closed
+  };
+  std::map<Key, Open> open;
+  std::vector<std::vector<size_t>> done;
+  for (size_t p : order) {
+    TANDEM_CHECK(p < params.size(), "[ddp] bucket order names parameter {} of {}", p, params.size());
+    const Tensor& t = params[p];
+    Key key{static_cast<int>(t.dtype()), static_cast<int>(t.device().type), t.device().index};
+    Open& b = open[key];
+    b.params.push_back(p);
+    b.bytes += t.nbytes();
+    size_t cap = b.closed == 0 ? first_cap_bytes : cap_bytes;
+    if (b.bytes >= cap) {
+      done.push_back(std::move(b.params));
+      b.params.clear();
+      b.bytes = 0;
+      ++b.closed;
+    }
+  }
+  for (auto& [key, b] : open)
+    if (!b.params.empty()) done.push_back(std::move(b.params));
+  // Ready order: by where each bucket's first parameter sits in `order`.
+  std::vector<size_t> position(params.size(), 0);
+  for (size_t i = 0; i < order.size(); ++i) position[order[i]] = i;
+  std::stable_sort(done.begin(), done.end(), [&](const auto& a, const auto& b) {
+    return position[a.front()] < position[b.front()];
+  });
+  return done;
+}
+
+Reducer::Reducer(std::vector<Param> params, ProcessGroupPtr group, ReducerOptions options)
+    : params_(std::move(params)), group_(std::move(group)), options_(options) {
+  TANDEM_CHECK(group_ != nullptr, "[ddp] the reducer needs a process group");
+  const size_t n = params_.size();
+  TANDEM_CHECK(n > 0, "[ddp] the reducer needs at least one parameter");
+  control_device_ = control_device(*group_, params_.front().tensor.device());
+  ready_.assign(n, false);
+  local_used_.assign(n, 0);
+  unused_stash_.resize(n);
+
+  // Initial layout: reverse registration order, the rough order backward makes gradients ready.
+  std::vector<size_t> order(n);
+  std::iota(order.rbegin(), order.rend(), size_t{0});
+  TensorList tensors;
+  for (const Param& p : params_) tensors.push_back(p.tensor);
+  build_buckets(assign_buckets(tensors, order, options_.first_bucket_bytes, options_.bucket_bytes));
+
+  for (size_t i = 0; i < n; ++i) {
+    hooks_.push_back(register_post_accumulate_grad_hook(params_[i].tensor, [this, i](const Tensor&) { on_grad_ready(i); }));
+  }
+  observer_ = autograd::add_backward_start_observer([this](const autograd::GraphTask& t) { on_backward_start(t); });
+}
+
+Reducer::~Reducer() { remove_autograd_hooks(); }
+
+void Reducer::remove_autograd_hooks() {
+  if (!attached_) return;
+  attached_ = false;
+  hooks_.clear();  // HookHandle removes each hook
+  autograd::remove_backward_start_observer(observer_);
+  expect_hooks_ = false;
+}
+
+void Reducer::build_buckets(const std::vector<std::vector<size_t>>& layout) {
+  NoGradGuard no_grad;
+  std::vector<Bucket> buckets;
+  std::vector<Slot> slots(params_.size());
+  for (size_t b = 0; b < layout.size(); ++b) {
+    Bucket bucket;
+    int64_t total = 0;
+    for (size_t p : layout[b]) {
+      bucket.params.push_back(p);
+      bucket.offsets.push_back(total);
+      bucket.lengths.push_back(params_[p].tensor.numel());
+      total += params_[p].tensor.numel();
+    }
+    const Tensor& first = params_[layout[b].front()].tensor;
+    bucket.buffer = zeros({total}, TensorOptions(first.dtype(), first.device()));
+    for (size_t s = 0; s < bucket.params.size(); ++s) slots[bucket.params[s]] = Slot{b, s};
+    buckets.push_back(std::move(bucket));
+  }
+  layout_ = layout;
+  buckets_ = std::move(buckets);
+  slots_ = std::move(slots);
+  if (options_.gradient_as_bucket_view) {
+    // Existing gradients move into the buckets, and .grad becomes the view.
+    for (size_t p = 0; p < params_.size(); ++p) {
+      Tensor g = params_[p].tensor.grad();
+      if (!g.defined()) continue;
+      Tensor slot = slot_view(p);
+      slot.copy_(g);
+      params_[p].tensor.set_grad(slot);
+    }
+  }
+}
+
+Tensor Reducer::slot_view(size_t param) const {
+  const Slot& s = slots_[param];
+  const Bucket& b = buckets_[s.bucket];
+  return b.buffer.narrow(0, b.offsets[s.index], b.lengths[s.index]).view(params_[param].tensor.shape());
+}
+
+void Reducer::prepare_for_forward() {
+  if (!failure_.empty()) fail("[ddp] the previous iteration's gradient reduction failed, so DDP cannot continue: {}", failure_);
+  if (expect_hooks_) throw_unfinished();
+  if (rebuild_pending_) rebuild_buckets();
+}
+
+void Reducer::prepare_for_backward() {
+  TANDEM_CHECK(attached_, "[ddp] the autograd hooks were removed (remove_autograd_hooks): this DDP can no longer synchronise gradients");
+  expect_hooks_ = true;
+  backward_started_ = false;
+  finalize_queued_ = false;  // a backward that threw never ran its callback
+  std::fill(ready_.begin(), ready_.end(), false);
+  for (Bucket& b : buckets_) {
+    b.pending = b.params.size();
+    b.work.reset();
+  }
+  next_launch_ = 0;
+  used_work_.reset();
+  ready_order_.clear();
+  events_.clear();
+  for (Tensor& s : unused_stash_) s = Tensor();
+}
+
+void Reducer::check_finalized() const {
+  if (!failure_.empty()) fail("[ddp] the previous iteration's gradient reduction failed: {}", failure_);
+  if (expect_hooks_) throw_unfinished();
+}
+
+void Reducer::throw_unfinished() const {
+  std::vector<std::string> missing;
+  for (size_t p = 0; p < params_.size(); ++p)
+    if (!ready_[p]) missing.push_back(params_[p].name);
+  if (!backward_started_ && missing.size() == params_.size()) {
+    fail("[ddp] Expected to have finished reduction in the prior iteration before starting a new one: the last "
+         "synchronised forward (grad mode on, outside no_sync) was not followed by a backward that reached the "
+         "model's parameters on rank {}. Run backward on a loss computed from the output, run forwards that need "
+         "no gradient under NoGradGuard, or wrap them in no_sync()",
+         group_->rank());
+  }
+  fail("[ddp] Expected to have finished reduction in the prior iteration before starting a new one: on rank {} "
+       "{} of {} parameters received no gradient in the last backward: {}. This happens when the module has "
+       "parameters that were not used in producing the loss; build DDP with find_unused_parameters=true if that "
+       "is intended, or make sure every output of forward takes part in the loss",
+       group_->rank(), missing.size(), params_.size(), fmt::join(missing, ", "));
+}
+
+void Reducer::register_comm_hook(CommHook hook) {
+  TANDEM_CHECK(static_cast<bool>(hook), "[ddp] register_comm_hook: the hook is empty");
+  TANDEM_CHECK(!comm_hook_, "[ddp] register_comm_hook may only be called once; a hook is already registered");
+  TANDEM_CHECK(!trained_, "[ddp] register_comm_hook must be called before the first backward");
+  comm_hook_ = std::move(hook);
+}
+
+void Reducer::on_backward_start(const autograd::GraphTask& task) {
+  if (!expect_hooks_ || backward_started_) return;
+  // A backward that reaches none of our parameters (another model's) is not this iteration's.
+  bool reaches_any = false;
+  for (const Param& p : params_) {
+    if (task.reaches(p.tensor)) {
+      reaches_any = true;
+      break;
+    }
+  }
+  if (!reaches_any) return;
+  backward_started_ = true;
+  trained_ = true;
+  backward_start_ = Clock::now();
+  events_.push_back({ReducerEvent::backward_started, -1});
+  queue_finalize();
+  if (options_.find_unused_parameters) {
+    for (size_t p = 0; p < params_.size(); ++p)
+      if (!task.reaches(params_[p].tensor)) mark_ready(p, /*used_here=*/false);
+  }
+}
+
+void Reducer::queue_finalize() {
+  if (finalize_queued_) return;
+  finalize_queued_ = true;
+  autograd::queue_callback([this] { finalize(); });
+}
+
+void Reducer::on_grad_ready(size_t param) {
+  local_used_[param] = 1;  // also inside no_sync: used in any micro-batch counts as used
+  if (!expect_hooks_) return;
+  if (!backward_started_) {  // observers missed it (e.g. a backward started on another thread)
+    backward_started_ = true;
+    trained_ = true;
+    backward_start_ = Clock::now();
+  }
+  queue_finalize();
+  mark_ready(param, /*used_here=*/true);
+}
+
+void Reducer::mark_ready(size_t param, bool used_here) {
+  if (ready_[param]) {
+    fail("[ddp] parameter '{}' was marked ready twice in one iteration: its gradient was produced by more than one "
+         "backward after a single forward (for example a parameter used outside forward, or several backwards over "
+         "parts of one output). Each parameter may receive its gradient once per synchronised iteration",
+         params_[param].name);
+  }
+  ready_[param] = true;
+  NoGradGuard no_grad;
+  const Tensor& p = params_[param].tensor;
+  Tensor slot = slot_view(param);
+  Tensor grad = p.grad();
+  if (grad.defined()) {
+    // A locally unused parameter still contributes the gradient it holds (e.g. accumulated under
+    // no_sync); if no rank used it, finalize leaves .grad as it was.
+    if (!is_view_of(grad, slot)) {
+      slot.copy_(grad);
+      if (options_.gradient_as_bucket_view && used_here) p.set_grad(slot);
+    } else if (!used_here) {
+      unused_stash_[param] = grad.clone();  // the view itself is about to be reduced
+    }
+  } else {
+    slot.zero_();
+  }
+  if (used_here) {
+    ready_order_.push_back(param);
+    last_ready_ = Clock::now();
+    events_.push_back({ReducerEvent::grad_ready, static_cast<int64_t>(param)});
+  }
+  Bucket& b = buckets_[slots_[param].bucket];
+  if (--b.pending == 0) launch_ready_buckets();
+}
+
+void Reducer::launch_ready_buckets() {
+  while (next_launch_ < buckets_.size() && buckets_[next_launch_].pending == 0) {
+    const size_t index = next_launch_++;
+    Bucket& b = buckets_[index];
+    GradBucket gb;
+    gb.index = static_cast<int>(index);
+    gb.is_last = index + 1 == buckets_.size();
+    gb.buffer = b.buffer;
+    for (size_t p : b.params) gb.parameters.push_back(params_[p].tensor);
+    gb.offsets = b.offsets;
+    gb.lengths = b.lengths;
+    gb.group = group_.get();
+    if (index == 0) first_launch_ = Clock::now();
+    b.work = comm_hook_ ? comm_hook_(gb) : hooks::allreduce(gb);
+    TANDEM_CHECK(b.work != nullptr, "[ddp] the comm hook returned no Work for bucket {}", index);
+    events_.push_back({ReducerEvent::bucket_launched, static_cast<int64_t>(index)});
+    // The completion time, for the statistics (runs on whichever thread completes the work).
+    b.work->then([m = completion_mutex_, last = last_completion_](Work&) {
+      std::lock_guard<std::mutex> lock(*m);
+      *last = std::max(*last, Clock::now());
+      return TensorList{};
+    });
+  }
+  if (next_launch_ == buckets_.size() && options_.find_unused_parameters) {
+    // After the last bucket, so every rank issues it at the same point of its collective order.
+    used_map_ = from_vector<int32_t>(local_used_, {static_cast<int64_t>(local_used_.size())}).to(control_device_);
+    used_work_ = group_->allreduce(used_map_, ReduceOp::max);
+  }
+}
+
+void Reducer::finalize() {
+  finalize_queued_ = false;
+  if (!expect_hooks_ || next_launch_ < buckets_.size()) return;  // unfinished: reported at the next forward
+  expect_hooks_ = false;
+  NoGradGuard no_grad;
+  const auto wait_start = Clock::now();
+  bool waited = false;  // some bucket was still in flight: its completion time is about wait_end
+  for (const Bucket& b : buckets_) waited = waited || !b.work->is_completed();
+  try {
+    for (size_t i = 0; i < buckets_.size(); ++i) {
+      Bucket& b = buckets_[i];
+      const TensorList& result = b.work->result();  // waits; rethrows a failed collective
+      TANDEM_CHECK(!result.empty() && result[0].defined(), "[ddp] the comm hook's Work for bucket {} has no result", i);
+      const Tensor& reduced = result[0];
+      if (reduced.data_ptr() != b.buffer.data_ptr()) {
+        TANDEM_CHECK(reduced.numel() == b.buffer.numel(),
+                     "[ddp] the comm hook returned {} elements for bucket {} of {} elements", reduced.numel(), i,
+                     b.buffer.numel());
+        b.buffer.copy_(reduced.reshape(b.buffer.shape()));
+      }
+      events_.push_back({ReducerEvent::bucket_reduced, static_cast<int64_t>(i)});
+    }
+    if (used_work_) used_work_->wait();
+  } catch (const std::exception& e) {
+    failure_ = e.what();
+    throw;
+  }
+  const auto wait_end = Clock::now();
+
+  std::vector<std::string> unused;
+  std::vector<int32_t> used_everywhere;
+  if (used_map_.defined() && used_work_) used_everywhere = used_map_.to(kCPU).to_vector<int32_t>();
+  const int32_t* global_used = used_everywhere.empty() ? nullptr : used_everywhere.data();
+  for (size_t p = 0; p < params_.size(); ++p) {
+    const Tensor& param = params_[p].tensor;
+    Tensor slot = slot_view(p);
+    if (options_.find_unused_parameters && global_used && global_used[p] == 0) {
+      // No rank used it: .grad stays as it was (none stays none).
+      unused.push_back(params_[p].name);
+      if (unused_stash_[p].defined()) slot.copy_(unused_stash_[p]);
+      continue;
+    }
+    Tensor grad = param.grad();
+    if (options_.gradient_as_bucket_view) {
+      if (!is_view_of(grad, slot)) param.set_grad(slot);
+    } else if (grad.defined()) {
+      grad.copy_(slot);
+    } else {
+      param.set_grad(slot.clone());
+    }
+  }
+  std::fill(local_used_.begin(), local_used_.end(), 0);
+  for (Tensor& s : unused_stash_) s = Tensor();
+
+  // Statistics of this iteration.
+  ++iterations_;
+  last_unused_names_ = std::move(unused);
+  last_ready_names_.clear();
+  for (size_t p : ready_order_) last_ready_names_.push_back(params_[p].name);
+  backward_compute_ms_ = ms_between(backward_start_, last_ready_);
+  comm_wait_ms_ = ms_between(wait_start, wait_end);
+  {
+    std::lock_guard<std::mutex> lock(*completion_mutex_);
+    Clock::time_point end = std::max(*last_completion_, first_launch_);
+    if (waited) end = std::max(end, wait_end);
+    comm_ms_ = ms_between(first_launch_, end);
+  }
+  events_.push_back({ReducerEvent::finalized, -1});
+
+  if (!rebuilt_ && !options_.find_unused_parameters && first_ready_order_.empty()) {
+    first_ready_order_ = ready_order_;
+    rebuild_pending_ = true;
+  }
+}
+
+void Reducer::rebuild_buckets() {
+  rebuild_pending_ = false;
+  rebuilt_ = true;
+  const size_t n = params_.size();
+  // Rank 0's observed order decides, so every rank builds the same buckets.
+  std::vector<int64_t> order(first_ready_order_.begin(), first_ready_order_.end());
+  std::vector<bool> seen(n, false);
+  for (size_t p : first_ready_order_) seen[p] = true;
+  for (size_t p = n; p-- > 0;)
+    if (!seen[p]) order.push_back(static_cast<int64_t>(p));
+  Tensor shared = from_vector<int64_t>(order, {static_cast<int64_t>(n)}).to(control_device_);
+  if (group_->size() > 1) group_->broadcast(shared, 0)->wait();
+  shared = shared.to(kCPU);
+  std::vector<size_t> agreed(n);
+  std::vector<bool> check(n, false);
+  const int64_t* data = static_cast<const int64_t*>(shared.data_ptr());
+  for (size_t i = 0; i < n; ++i) {
+    TANDEM_CHECK(data[i] >= 0 && static_cast<size_t>(data[i]) < n && !check[data[i]],
+                 "[ddp] rank 0's bucket order is not a permutation of this rank's {} parameters (entry {} is {}): the "
+                 "ranks hold different models",
+                 n, i, data[i]);
+    check[data[i]] = true;
+    agreed[i] = static_cast<size_t>(data[i]);
+  }
+  TensorList tensors;
+  for (const Param& p : params_) tensors.push_back(p.tensor);
+  auto layout = assign_buckets(tensors, agreed, options_.first_bucket_bytes, options_.bucket_bytes);
+  if (layout != layout_) build_buckets(layout);
+  rebuilt_bucket_bytes_.clear();
+  for (const Bucket& b : buckets_) rebuilt_bucket_bytes_.push_back(static_cast<int64_t>(b.buffer.nbytes()));
+}
+
+ReducerStats Reducer::stats() const {
+  ReducerStats s;
+  s.iterations = iterations_;
+  for (const Bucket& b : buckets_) {
+    s.bucket_bytes.push_back(static_cast<int64_t>(b.buffer.nbytes()));
+    std::vector<std::string> names;
+    for (size_t p : b.params) names.push_back(params_[p].name);
+    s.bucket_parameters.push_back(std::move(names));
+  }
+  s.rebuilt_bucket_bytes = rebuilt_bucket_bytes_;
+  s.grad_ready_order = last_ready_names_;
+  s.unused_parameters = last_unused_names_;
+  s.backward_compute_ms = backward_compute_ms_;
+  s.comm_ms = comm_ms_;
+  s.comm_wait_ms = comm_wait_ms_;
+  s.overlap_ms = std::max(0.0, comm_ms_ - comm_wait_ms_);
+  return s;
+}
+
+}  // namespace tandem::dist

@@ -1,0 +1,169 @@
+// The Reducer: DDP's gradient synchronisation. Parameters are grouped into buckets (flat buffers
+// of one dtype and device); as backward makes each parameter's gradient final (its
+// post-accumulate-grad hook), the gradient is copied into its bucket slot (or already lives there
+// with gradient_as_bucket_view); a bucket whose slots are all ready is reduced asynchronously,
+// strictly in bucket order, so communication overlaps the rest of backward. A callback queued at
+// the end of backward waits for every bucket and writes the averages back into `.grad`.
+//
+// Parameters the loss does not reach (find_unused_parameters) are known from the tape when
+// backward starts (autograd's backward-start observer): no graph search in forward.
+//
+// The per-iteration state is kept apart from the bucket layout so that the next issue's features
+// (static graph: a counted number of hook firings per parameter and a delayed reduction at the
+// end of the first backward; delayed-allreduce parameters; mixed precision shadows;
+// optimizer-in-backward chained after each bucket's Work) add states and continuations, not a
+// rewrite.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "autograd/engine.h"
+#include "autograd/hooks.h"
+#include "dist/comm_hooks.h"
+#include "dist/process_group.h"
+
+namespace tandem::dist {
+
+// Splits `order` (parameter indices, in the order their gradients are expected to be ready) into
+// buckets of one dtype and device each. A bucket closes as soon as its size reaches its cap (so it
+// may exceed the cap by one tensor); the first bucket of each dtype/device uses `first_cap_bytes`.
+// Buckets are returned in the order they will be ready: by the position of their first parameter.
+// Where small control tensors (the used-parameter map, the rebuild order) live for `group`: on the
+// parameters' device for backends that only take device tensors (nccl), else on the CPU.
+Device control_device(const ProcessGroup& group, Device params_device);
+
+std::vector<std::vector<size_t>> assign_buckets(const TensorList& params, const std::vector<size_t>& order,
+                                                size_t first_cap_bytes, size_t cap_bytes);
+
+struct ReducerOptions {
+  size_t first_bucket_bytes = size_t{1} << 20;
+  size_t bucket_bytes = size_t{25} << 20;
+  bool find_unused_parameters = false;
+  bool gradient_as_bucket_view = false;
+};
+
+// What the reducer did, in order, in the current (or last) iteration: the overlap test reads it.
+struct ReducerEvent {
+  enum Kind { backward_started, grad_ready, bucket_launched, bucket_reduced, finalized } kind;
+  int64_t index = -1;  // parameter index (grad_ready) or bucket index
+};
+
+// Per-iteration timings (milliseconds, wall clock) and layout facts, as PyTorch's DDP logging data.
+struct ReducerStats {
+  int64_t iterations = 0;                       // synchronised backwards finalised
+  std::vector<int64_t> bucket_bytes;            // current layout, launch order
+  std::vector<std::vector<std::string>> bucket_parameters;  // names per bucket
+  std::vector<int64_t> rebuilt_bucket_bytes;    // empty until the one rebuild happened
+  std::vector<std::string> grad_ready_order;    // names, last synchronised backward
+  std::vector<std::string> unused_parameters;   // last synchronised backward (find_unused only)
+  double backward_compute_ms = 0;  // backward start -> last gradient ready
+  double comm_ms = 0;              // first bucket launched -> every bucket reduced
+  double comm_wait_ms = 0;         // time finalize spent waiting: the communication not hidden
+  double overlap_ms = 0;           // comm_ms - comm_wait_ms, clamped at 0
+};
+
+class Reducer {
+ public:
+  struct Param {
+    std::string name;
+    Tensor tensor;
+  };
+
+  Reducer(std::vector<Param> params, ProcessGroupPtr group, ReducerOptions options);
+  ~Reducer();
+  Reducer(const Reducer&) = delete;
+  Reducer& operator=(const Reducer&) = delete;
+
+  // At the start of every forward (synchronised or not): throws when the previous synchronised
+  // iteration did not finish its reduction, and performs the one bucket rebuild after the first
+  // finished iteration.
+  void prepare_for_forward();
+  // After a synchronised forward with grad mode on: the next backward reduces.
+  void prepare_for_backward();
+  // Throws the unfinished-reduction error now, instead of at the next forward.
+  void check_finalized() const;
+
+  // Before the first backward only; once.
+  void register_comm_hook(CommHook hook);
+  // Detaches the reducer from autograd: no hook of it fires again.
+  void remove_autograd_hooks();
+
+  const std::vector<ReducerEvent>& events() const { return events_; }
+  ReducerStats stats() const;
+  const std::vector<std::vector<size_t>>& bucket_layout() const { return layout_; }
+  size_t num_parameters() const { return params_.size(); }
+
+ private:
+  struct Bucket {
+    Tensor buffer;                 // flat
+    std::vector<size_t> params;    // parameter indices, in slot order
+    std::vector<int64_t> offsets;  // element offsets in buffer
+    std::vector<int64_t> lengths;
+    size_t pending = 0;            // slots not ready yet this iteration
+    WorkPtr work;
+  };
+  struct Slot {
+    size_t bucket = 0;
+    size_t index = 0;  // position within the bucket
+  };
+  using Clock = std::chrono::steady_clock;
+
+  void build_buckets(const std::vector<std::vector<size_t>>& layout);
+  Tensor slot_view(size_t param) const;
+  void on_backward_start(const autograd::GraphTask& task);
+  void on_grad_ready(size_t param);
+  void mark_ready(size_t param, bool used_here);
+  void launch_ready_buckets();
+  void finalize();
+  void rebuild_buckets();
+  [[noreturn]] void throw_unfinished() const;
+  void queue_finalize();
+
+  std::vector<Param> params_;
+  ProcessGroupPtr group_;
+  ReducerOptions options_;
+  Device control_device_;
+  CommHook comm_hook_;
+
+  std::vector<std::vector<size_t>> layout_;
+  std::vector<Bucket> buckets_;
+  std::vector<Slot> slots_;
+  std::vector<HookHandle> hooks_;
+  uint64_t observer_ = 0;
+  bool attached_ = true;
+
+  // ---- iteration state ----
+  bool expect_hooks_ = false;     // a synchronised forward ran; its backward reduces
+  bool backward_started_ = false; // this iteration's first backward has started
+  bool finalize_queued_ = false;  // by the backward running now
+  bool trained_ = false;          // any synchronised backward has started (comm hooks are fixed)
+  std::vector<bool> ready_;
+  std::vector<int32_t> local_used_;  // accumulates over no_sync backwards until a reduction
+  std::vector<Tensor> unused_stash_; // bucket-view grads of locally unused params, restored if globally unused
+  size_t next_launch_ = 0;
+  Tensor used_map_;                  // i32 [n], allreduced when find_unused_parameters
+  WorkPtr used_work_;
+  std::string failure_;              // why the last reduction failed (then every forward throws)
+  std::vector<size_t> ready_order_;
+  std::vector<size_t> first_ready_order_;  // kept for the rebuild
+  bool rebuilt_ = false;
+  bool rebuild_pending_ = false;
+  std::vector<ReducerEvent> events_;
+
+  // ---- statistics ----
+  int64_t iterations_ = 0;
+  std::vector<int64_t> rebuilt_bucket_bytes_;
+  std::vector<std::string> last_ready_names_;
+  std::vector<std::string> last_unused_names_;
+  Clock::time_point backward_start_{}, last_ready_{}, first_launch_{};
+  std::shared_ptr<std::mutex> completion_mutex_ = std::make_shared<std::mutex>();
+  std::shared_ptr<Clock::time_point> last_completion_ = std::make_shared<Clock::time_point>();
+  double backward_compute_ms_ = 0, comm_ms_ = 0, comm_wait_ms_ = 0;
+};
+
+}  // namespace tandem::dist

@@ -1,0 +1,189 @@
+// DDP on the threads backend: N model replicas in one process, each rank on its own thread with
+// its own autograd state. The same cases run under mpirun in test_ddp_mpi.
+#include <catch2/catch.hpp>
+
+#include "ddp_cases.h"
+
+using namespace tandem;
+using namespace tandem::dist;
+using namespace ddp_cases;
+using nn::mse_loss;
+
+namespace {
+void on_threads(int n, const std::function<void(ProcessGroupPtr)>& fn, int timeout_s = 60) {
+  ThreadsOptions o;
+  o.timeout = std::chrono::seconds(timeout_s);
+  run_threads(n, [&](ProcessGroup& g) { fn(borrow(g)); }, o);
+}
+}  // namespace
+
+TEST_CASE("ddp threads: equivalence with one process (bucket view x unused x layouts, SGD and AdamW, f64 and f32)",
+          "[ddp]") {
+  for (int n : {1, 2}) {
+    INFO(n << " ranks");
+    REQUIRE_NOTHROW(on_threads(n, [](ProcessGroupPtr g) { all_equivalence(g, /*quick=*/false); }));
+  }
+  for (int n : {3, 4}) {
+    INFO(n << " ranks");
+    REQUIRE_NOTHROW(on_threads(n, [](ProcessGroupPtr g) { all_equivalence(g, /*quick=*/true); }));
+  }
+}
+
+TEST_CASE("ddp threads: no_sync accumulates locally and the next synced backward reduces the sum", "[ddp]") {
+  for (int n : {2, 3})
+    for (bool view : {false, true}) {
+      INFO(n << " ranks, bucket view " << view);
+      REQUIRE_NOTHROW(on_threads(n, [view](ProcessGroupPtr g) { no_sync_accumulation(g, view); }));
+    }
+}
+
+TEST_CASE("ddp threads: broadcast_buffers true and false", "[ddp]") {
+  REQUIRE_NOTHROW(on_threads(2, buffers));
+  REQUIRE_NOTHROW(on_threads(3, buffers));
+}
+
+TEST_CASE("ddp threads: a parameter without gradient on every rank is a clear error", "[ddp]") {
+  REQUIRE_NOTHROW(on_threads(2, unused_everywhere_is_an_error));
+  REQUIRE_NOTHROW(on_threads(1, unused_everywhere_is_an_error));
+}
+
+TEST_CASE("ddp threads: one rank leaves a parameter without gradient; the others fail within the timeout", "[ddp]") {
+  std::vector<std::string> errors(2);
+  auto start = std::chrono::steady_clock::now();
+  ThreadsOptions o;
+  o.timeout = std::chrono::seconds(2);
+  run_threads(
+      2,
+      [&](ProcessGroup& g) {
+        auto model = make_net(f64);
+        model->rank = g.rank();
+        model->use_extra = [](int r) { return r != 0; };  // rank 0 never reaches `extra`
+        model->never->weight.requires_grad_(false);
+        model->never->bias.requires_grad_(false);
+        DistributedDataParallel ddp(model, borrow(g), {.bucket_cap_mb = 1e-9});
+        try {
+          mse_loss(ddp(inputs(0, 4, 8, f64)), targets(0, 4, 4, f64)).backward();
+          ddp.check_reducer_finalized();
+        } catch (const std::exception& e) {
+          errors[g.rank()] = e.what();
+        }
+      },
+      o);
+  double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  INFO("rank 0: " << errors[0]);
+  INFO("rank 1: " << errors[1]);
+  CHECK_THAT(errors[0], Catch::Contains("[ddp] Expected to have finished reduction") &&
+                            Catch::Contains("on rank 0 2 of 6 parameters received no gradient") &&
+                            Catch::Contains("extra.weight, extra.bias") && Catch::Contains("find_unused_parameters"));
+  CHECK_THAT(errors[1], Catch::Contains("timed out") || Catch::Contains("failed"));
+  CHECK(seconds < 30);
+}
+
+TEST_CASE("ddp threads: model mismatch, frozen module and unknown ignored names are construction errors", "[ddp]") {
+  REQUIRE_NOTHROW(on_threads(2, construction_errors));
+  REQUIRE_NOTHROW(on_threads(3, construction_errors));
+}
+
+TEST_CASE("ddp threads: ignored parameters stay local", "[ddp]") { REQUIRE_NOTHROW(on_threads(2, ignored_parameters)); }
+
+TEST_CASE("ddp threads: bucket 0 is reduced while backward still runs, buckets launch in order", "[ddp]") {
+  REQUIRE_NOTHROW(on_threads(2, overlap_order));
+}
+
+TEST_CASE("ddp threads: ranks with different gradient-ready orders agree on the rebuilt buckets", "[ddp]") {
+  REQUIRE_NOTHROW(on_threads(2, rebuild_agreement));
+  REQUIRE_NOTHROW(on_threads(3, rebuild_agreement));
+}
+
+TEST_CASE("ddp threads: comm hooks (fp16, bf16, wrapper, custom) and their registration errors", "[ddp]") {
+  REQUIRE_NOTHROW(on_threads(2, comm_hooks));
+}
+
+TEST_CASE("ddp threads: a second DDP after a failed backward trains correctly", "[ddp]") {
+  for (bool destroy : {false, true}) {
+    INFO("destroy the first DDP: " << destroy);
+    REQUIRE_NOTHROW(on_threads(2, [destroy](ProcessGroupPtr g) { hooks_after_failed_backward(g, destroy); }));
+  }
+}
+
+TEST_CASE("ddp: marking a parameter ready twice in one iteration names it", "[ddp]") {
+  on_threads(1, [](ProcessGroupPtr g) {
+    auto model = make_net(f64);
+    model->never->weight.requires_grad_(false);
+    model->never->bias.requires_grad_(false);
+    DistributedDataParallel ddp(model, g, {});
+    // Two backwards over parts of one output: the first leaves `extra` unready (so the iteration
+    // stays open), the second reaches fc1 again.
+    Tensor h = tanh((*model->fc1)(inputs(0, 4, 8, f64)));
+    Tensor y = ddp.call([&] { return (*model->fc2)(h); });
+    y.sum().backward(Tensor(), /*retain_graph=*/true);
+    REQUIRE_THROWS_WITH(y.sum().backward(), Catch::Contains("[ddp] parameter 'fc1.weight' was marked ready twice") ||
+                                                Catch::Contains("[ddp] parameter 'fc1.bias' was marked ready twice") ||
+                                                Catch::Contains("[ddp] parameter 'fc2.weight' was marked ready twice") ||
+                                                Catch::Contains("[ddp] parameter 'fc2.bias' was marked ready twice"));
+  });
+}
+
+TEST_CASE("ddp: stats describe buckets, timings and the ready order", "[ddp]") {
+  on_threads(2, [](ProcessGroupPtr g) {
+    auto model = make_net(f32);
+    model->never->weight.requires_grad_(false);
+    model->never->bias.requires_grad_(false);
+    DistributedDataParallel ddp(model, g, {.bucket_cap_mb = 0.0005});
+    for (int i = 0; i < 2; ++i) {
+      model->zero_grad();
+      mse_loss(ddp(inputs(i, 4, 8, f32)), targets(i, 4, 4, f32)).backward();
+    }
+    auto s = ddp.stats();
+    expect(s.iterations == 2, "iterations {}", s.iterations);
+    expect(s.world_size == 2, "world size {}", s.world_size);
+    expect(s.bucket_bytes.size() >= 2, "{} buckets", s.bucket_bytes.size());
+    int64_t total = 0;
+    for (int64_t b : s.bucket_bytes) total += b;
+    expect(total == (8 * 16 + 16 + 16 * 4 + 4 + 16 * 4 + 4) * 4, "bucket bytes sum to {}", total);
+    expect(s.grad_ready_order.size() == 6, "{} names in the ready order", s.grad_ready_order.size());
+    expect(s.rebuilt_bucket_bytes.size() == s.bucket_bytes.size(), "rebuilt sizes missing");
+    expect(s.comm_ms >= 0 && s.backward_compute_ms >= 0 && s.forward_ms > 0, "timings not recorded");
+    expect(s.str().find("DDP over 2 ranks, 2 iterations") != std::string::npos, "str(): {}", s.str());
+  });
+}
+
+TEST_CASE("DistributedSampler: PyTorch's padding, drop_last, per-epoch shuffle", "[ddp][sampler]") {
+  // 10 samples over 3 ranks: 4 each, padded with the first two indices.
+  std::vector<int64_t> seen;
+  for (int r = 0; r < 3; ++r) {
+    DistributedSampler s(10, 3, r, {.shuffle = false});
+    REQUIRE(s.num_samples() == 4);
+    auto idx = s.indices();
+    REQUIRE(idx.size() == 4);
+    for (size_t i = 0; i < idx.size(); ++i) REQUIRE(idx[i] == (r + 3 * static_cast<int64_t>(i)) % 10);
+    seen.insert(seen.end(), idx.begin(), idx.end());
+  }
+  std::sort(seen.begin(), seen.end());
+  REQUIRE(seen == std::vector<int64_t>{0, 0, 1, 1, 2, 3, 4, 5, 6, 7, 8, 9});
+  // drop_last: 10 over 3 -> 3 each, index 9 dropped.
+  for (int r = 0; r < 3; ++r) {
+    DistributedSampler s(10, 3, r, {.shuffle = false, .drop_last = true});
+    REQUIRE(s.num_samples() == 3);
+    for (int64_t i : s.indices()) REQUIRE(i < 9);
+  }
+  // Shuffled: the ranks partition one permutation, which changes with the epoch and not with the rank.
+  std::vector<int64_t> e0, e1;
+  for (int r = 0; r < 4; ++r) {
+    DistributedSampler s(20, 4, r, {.seed = 5});
+    auto a = s.indices();
+    s.set_epoch(1);
+    auto b = s.indices();
+    e0.insert(e0.end(), a.begin(), a.end());
+    e1.insert(e1.end(), b.begin(), b.end());
+  }
+  REQUIRE(e0 != e1);
+  auto sorted0 = e0, sorted1 = e1;
+  std::sort(sorted0.begin(), sorted0.end());
+  std::sort(sorted1.begin(), sorted1.end());
+  for (int64_t i = 0; i < 20; ++i) REQUIRE((sorted0[i] == i && sorted1[i] == i));
+  // More replicas than samples: padding repeats the dataset.
+  DistributedSampler tiny(2, 5, 4, {.shuffle = false});
+  REQUIRE(tiny.indices() == std::vector<int64_t>{0});
+  REQUIRE_THROWS_WITH(DistributedSampler(5, 2, 2), Catch::Contains("[DistributedSampler] rank 2 is outside [0, 2)"));
+}

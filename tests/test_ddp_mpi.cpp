@@ -1,0 +1,64 @@
+// The DDP cases of ddp_cases.h on the mpi backend. CTest runs this binary under `mpirun -np 2`
+// and `-np 4` (tests/CMakeLists.txt); run alone it is a world of size 1. Each case runs on a fresh
+// sub-group, and the ranks agree on the verdict, so one rank's failure fails the case everywhere.
+#include <catch2/catch.hpp>
+
+#include "ddp_cases.h"
+
+using namespace tandem;
+using namespace tandem::dist;
+using namespace ddp_cases;
+
+namespace {
+ProcessGroupPtr mpi_world() {
+  static ProcessGroupPtr w = [] {
+    InitOptions o;
+    o.backend = "mpi";
+    o.timeout = std::chrono::seconds(60);
+    return init(o);
+  }();
+  return w;
+}
+
+void run_case(const std::function<void(ProcessGroupPtr)>& fn) {
+  ProcessGroupPtr world = mpi_world();
+  std::vector<int> all;
+  for (int k = 0; k < world->size(); ++k) all.push_back(k);
+  std::string error;
+  try {
+    ProcessGroupPtr g = world->new_group(all);
+    g->set_timeout(std::chrono::seconds(60));
+    fn(g);
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  Tensor failed = from_vector<int32_t>({error.empty() ? 0 : 1});
+  world->allreduce(failed, ReduceOp::sum)->wait();
+  INFO("rank " << world->rank() << " of " << world->size() << ": " << error);
+  REQUIRE(error.empty());
+  REQUIRE(failed.item<int32_t>() == 0);  // another rank failed: see its output
+}
+}  // namespace
+
+TEST_CASE("ddp mpi: equivalence with one process", "[ddp_mpi]") {
+  run_case([](ProcessGroupPtr g) { all_equivalence(g, /*quick=*/g->size() > 2); });
+}
+TEST_CASE("ddp mpi: no_sync", "[ddp_mpi]") {
+  run_case([](ProcessGroupPtr g) {
+    no_sync_accumulation(g, false);
+    no_sync_accumulation(g, true);
+  });
+}
+TEST_CASE("ddp mpi: broadcast_buffers", "[ddp_mpi]") { run_case(buffers); }
+TEST_CASE("ddp mpi: unused parameter error", "[ddp_mpi]") { run_case(unused_everywhere_is_an_error); }
+TEST_CASE("ddp mpi: construction errors", "[ddp_mpi]") { run_case(construction_errors); }
+TEST_CASE("ddp mpi: ignored parameters", "[ddp_mpi]") { run_case(ignored_parameters); }
+TEST_CASE("ddp mpi: overlap and launch order", "[ddp_mpi]") { run_case(overlap_order); }
+TEST_CASE("ddp mpi: rebuilt buckets agree", "[ddp_mpi]") { run_case(rebuild_agreement); }
+TEST_CASE("ddp mpi: comm hooks", "[ddp_mpi]") { run_case(comm_hooks); }
+TEST_CASE("ddp mpi: second DDP after a failed backward", "[ddp_mpi]") {
+  run_case([](ProcessGroupPtr g) {
+    hooks_after_failed_backward(g, false);
+    hooks_after_failed_backward(g, true);
+  });
+}
