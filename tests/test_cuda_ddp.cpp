@@ -1,0 +1,83 @@
+// DDP on CUDA tensors: over nccl (a world of one on one GPU) and over the mpi backend with CUDA
+// tensors staged through host memory ("[cuda_mpi]": CTest runs those under mpirun -np 2, two ranks
+// sharing the GPU). Both must end where one process training on the CPU ends.
+#include <catch2/catch.hpp>
+
+#include "cuda_test_util.h"
+#include "ddp_cases.h"
+#include "dist/nccl_backend.h"
+
+using namespace tandem;
+using namespace tandem::dist;
+using namespace ddp_cases;
+using nn::mse_loss;
+
+namespace {
+
+// Trains a Net copy on `device` with DDP over `g` (every rank on its shard) and a CPU reference on
+// the mean of every rank's loss; compares the parameters.
+void cuda_equivalence(ProcessGroupPtr g, bool bucket_view, bool find_unused) {
+  const int W = g->size(), R = g->rank();
+  const Device dev = Device::cuda(cuda::current_device());
+  auto uses_extra = [find_unused](int r) { return !find_unused || r % 2 == 1; };
+  auto model = make_net(f32, 7);
+  auto reference = make_net(f32, 7);
+  for (auto* m : {model.get(), reference.get()}) {
+    m->use_extra = uses_extra;
+    if (!find_unused) {
+      m->never->weight.requires_grad_(false);
+      m->never->bias.requires_grad_(false);
+    }
+  }
+  model->rank = R;
+  model->to(dev);
+  DdpOptions o;
+  o.bucket_cap_mb = 0.0005;  // several buckets
+  o.gradient_as_bucket_view = bucket_view;
+  o.find_unused_parameters = find_unused;
+  DistributedDataParallel ddp(model, g, o);
+  optim::SGD opt(model->parameters(), {.lr = 0.1, .momentum = 0.9});
+  optim::SGD ref_opt(reference->parameters(), {.lr = 0.1, .momentum = 0.9});
+  for (int step = 0; step < 5; ++step) {
+    opt.zero_grad(!bucket_view);
+    int64_t first = ((step * 4) * 16 + R) * kRowsPerRank;
+    mse_loss(ddp(inputs(first, kRowsPerRank, 8, f32).to(dev)), targets(first, kRowsPerRank, 4, f32).to(dev)).backward();
+    ddp.check_reducer_finalized();
+    opt.step();
+    ref_opt.zero_grad();
+    Tensor total;
+    for (int r = 0; r < W; ++r) {
+      reference->rank = r;
+      Tensor l = shard_loss(*reference, step, r, f32);
+      total = total.defined() ? total + l : l;
+    }
+    (total / static_cast<double>(W)).backward();
+    ref_opt.step();
+  }
+  auto got = model->named_parameters();
+  for (const auto& [name, want] : reference->named_parameters()) {
+    double d = max_abs_diff(got.at(name).to(kCPU), want);
+    INFO(name << " (bucket_view " << bucket_view << ", find_unused " << find_unused << ", rank " << R << ")");
+    CHECK(d < 1e-4);
+    CHECK(got.at(name).device() == dev);
+  }
+  if (find_unused) CHECK_FALSE(model->never->weight.grad().defined());
+}
+
+}  // namespace
+
+TEST_CASE("ddp cuda: over nccl, a world of one, equals CPU training", "[cuda]") {
+  TANDEM_REQUIRE_CUDA_OR_SKIP();
+  InitOptions io;
+  io.timeout = std::chrono::seconds(60);
+  ProcessGroupPtr g = make_nccl_world(io);
+  for (bool view : {false, true})
+    for (bool unused : {false, true}) cuda_equivalence(g, view, unused);
+}
+
+TEST_CASE("ddp cuda: over mpi with CUDA tensors staged through the host", "[cuda][cuda_mpi]") {
+  TANDEM_REQUIRE_CUDA_OR_SKIP();
+  static ProcessGroupPtr world = init(InitOptions{"mpi", std::chrono::seconds(60), {}});
+  for (bool view : {false, true})
+    for (bool unused : {false, true}) cuda_equivalence(world, view, unused);
+}
