@@ -26,9 +26,10 @@ void check_mpi(int rc, const char* call, const char* file, int line) {
 #define TANDEM_MPI_CHECK(...) check_mpi((__VA_ARGS__), #__VA_ARGS__, __FILE__, __LINE__)
 
 // How a communication thread waits for MPI requests. Peers in step complete within a few polls,
-// so it spins first (latency); then it yields; once a peer is clearly late (> 50 us) it sleeps in
-// growing steps up to 100 us, so a waiting comm thread does not take the core from the compute
-// threads of its own or another rank (DDP launches buckets long before the peers reach them).
+// so it spins first (latency); then it yields, which also covers a large transfer in flight; once
+// a peer is clearly late (> 1 ms: DDP launches buckets long before slower ranks reach them) it
+// sleeps in growing steps up to 100 us, so a waiting comm thread does not keep taking the core
+// from the compute threads of its own or another rank.
 class Backoff {
  public:
   void pause() {
@@ -36,7 +37,7 @@ class Backoff {
     if (polls_ < 128) return;
     if (polls_ == 128) start_ = std::chrono::steady_clock::now();
     auto waited = std::chrono::steady_clock::now() - start_;
-    if (waited < std::chrono::microseconds(50)) {
+    if (waited < std::chrono::milliseconds(1)) {
       std::this_thread::yield();
       return;
     }
