@@ -52,18 +52,6 @@ void check_index_dtype(const Tensor& index, const char* op, const char* what) {
                what, index.dtype(), index.shape());
 }
 
-// Binds index_t (through the tag's type) to the C++ type of an i64/i32 index tensor.
-template <class F>
-void dispatch_index(Dtype dt, const char* op, F&& f) {
-  if (dt == i64) {
-    f(int64_t{});
-  } else if (dt == i32) {
-    f(int32_t{});
-  } else {
-    fail("[{}] index must be i64 or i32, got {}", op, dt);
-  }
-}
-
 // Conversion through the accumulation types, so the 2-byte floats go via float.
 template <class D, class S>
 inline D convert(S s) {

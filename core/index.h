@@ -79,6 +79,19 @@ struct DeviceKernels {
   virtual void masked_fill(const Tensor& out, const Tensor& a, const Tensor& mask, const Scalar& value) = 0;
 };
 
+// Calls f with a value of the C++ type of an i64/i32 index tensor (f(int64_t{}) or f(int32_t{})),
+// binding the index type of a kernel; the CPU and the device backends (cuda/index.cu) share it.
+template <class F>
+void dispatch_index(Dtype dt, const char* op, F&& f) {
+  if (dt == i64) {
+    f(int64_t{});
+  } else if (dt == i32) {
+    f(int32_t{});
+  } else {
+    fail("[{}] index must be i64 or i32, got {}", op, dt);
+  }
+}
+
 // True for the 1-D empty tensors cat skips (PyTorch's legacy behaviour).
 inline bool cat_skips(const Tensor& t) { return t.dim() == 1 && t.size(0) == 0; }
 

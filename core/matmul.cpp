@@ -14,28 +14,26 @@
 
 namespace tandem::detail {
 
-namespace {
-
-// How BLAS can read a rows x cols matrix with element strides (s0, s1) in place: row-major with
-// unit column stride (NoTrans, ld = s0) or unit row stride (Trans, ld = s1). Size-1 dims have
-// meaningless strides, so they are normalised first.
-bool blas_layout(int64_t rows, int64_t cols, int64_t s0, int64_t s1, CBLAS_TRANSPOSE& trans, int64_t& ld) {
-  int64_t n0 = rows == 1 ? std::max<int64_t>(cols, 1) : s0;
-  int64_t n1 = cols == 1 ? 1 : s1;
+bool blas_layout(int64_t rows, int64_t cols, int64_t s0, int64_t s1, bool& transposed, int64_t& ld) {
+  // Size-1 dims have meaningless strides: normalise them first.
+  const int64_t n0 = rows == 1 ? std::max<int64_t>(cols, 1) : s0;
+  const int64_t n1 = cols == 1 ? 1 : s1;
   if (n1 == 1 && n0 >= std::max<int64_t>(cols, 1)) {
-    trans = CblasNoTrans;
+    transposed = false;
     ld = n0;
     return true;
   }
-  int64_t t0 = rows == 1 ? 1 : s0;
-  int64_t t1 = cols == 1 ? std::max<int64_t>(rows, 1) : s1;
+  const int64_t t0 = rows == 1 ? 1 : s0;
+  const int64_t t1 = cols == 1 ? std::max<int64_t>(rows, 1) : s1;
   if (t0 == 1 && t1 >= std::max<int64_t>(rows, 1)) {
-    trans = CblasTrans;
+    transposed = true;
     ld = t1;
     return true;
   }
   return false;
 }
+
+namespace {
 
 template <class D, class S>
 void copy_matrix(D* dst, const S* src, int64_t rows, int64_t cols, int64_t s0, int64_t s1) {
@@ -50,23 +48,24 @@ void check_blas_size(int64_t v, const char* op) {
 template <class T>
 void blas_gemm(int64_t M, int64_t N, int64_t K, const T* a, int64_t as0, int64_t as1, const T* b, int64_t bs0,
                int64_t bs1, T* c, int64_t ldc, bool accumulate, const char* op) {
-  CBLAS_TRANSPOSE ta, tb;
+  bool a_trans = false, b_trans = false;
   int64_t lda, ldb;
   std::vector<T> abuf, bbuf;
-  if (!blas_layout(M, K, as0, as1, ta, lda)) {
+  if (!blas_layout(M, K, as0, as1, a_trans, lda)) {
     abuf.resize(M * K);
     copy_matrix(abuf.data(), a, M, K, as0, as1);
     a = abuf.data();
-    ta = CblasNoTrans;
+    a_trans = false;
     lda = K;
   }
-  if (!blas_layout(K, N, bs0, bs1, tb, ldb)) {
+  if (!blas_layout(K, N, bs0, bs1, b_trans, ldb)) {
     bbuf.resize(K * N);
     copy_matrix(bbuf.data(), b, K, N, bs0, bs1);
     b = bbuf.data();
-    tb = CblasNoTrans;
+    b_trans = false;
     ldb = N;
   }
+  const CBLAS_TRANSPOSE ta = a_trans ? CblasTrans : CblasNoTrans, tb = b_trans ? CblasTrans : CblasNoTrans;
   for (int64_t v : {M, N, K, lda, ldb, ldc}) check_blas_size(v, op);
   const T beta = accumulate ? T(1) : T(0);
   if constexpr (std::is_same_v<T, float>) {
@@ -239,6 +238,26 @@ int64_t leading_numel(const Tensor& t) {
 
 }  // namespace
 
+bool sums_over_batch(const Shape& batch, const Strides& c_batch_strides) {
+  for (size_t d = 0; d < batch.size(); ++d)
+    if (batch[d] != 1 && c_batch_strides[d] == 0) return true;
+  return false;
+}
+
+BatchFold fold_batch(const Shape& batch, int64_t M, int64_t N, int64_t K, const MatOperand& a, const MatOperand& b,
+                     const Strides& c_batch_strides) {
+  // B shared by the whole batch, A's and C's batch dims continuing their rows: M * nb rows.
+  if (!sums_over_batch(batch, c_batch_strides) && all_broadcast(batch, b.batch_strides) &&
+      chains(batch, a.batch_strides, a.s0, M) && chains(batch, c_batch_strides, N, M))
+    return BatchFold::into_rows;
+  // C summed over the whole batch (weight gradients), A's and B's batch dims continuing the
+  // contraction: K * nb terms.
+  if (all_broadcast(batch, c_batch_strides) && chains(batch, a.batch_strides, a.s1, K) &&
+      chains(batch, b.batch_strides, b.s0, K))
+    return BatchFold::into_contraction;
+  return BatchFold::none;
+}
+
 void batched_gemm(Device device, Dtype dtype, const Shape& batch, int64_t M, int64_t N, int64_t K,
                   const MatOperand& a, const MatOperand& b, void* c, const Strides& c_batch_strides, int64_t c_numel,
                   bool accumulate, const char* op) {
@@ -249,8 +268,8 @@ void batched_gemm(Device device, Dtype dtype, const Shape& batch, int64_t M, int
   }
   const int64_t nb = numel_of(batch);
   if (M == 0 || N == 0) return;
-  bool c_reduces = false;
-  for (size_t d = 0; d < batch.size(); ++d) c_reduces = c_reduces || (batch[d] != 1 && c_batch_strides[d] == 0);
+  const bool c_reduces = sums_over_batch(batch, c_batch_strides);
+  const BatchFold fold = fold_batch(batch, M, N, K, a, b, c_batch_strides);
   TANDEM_DISPATCH_NUMERIC(dtype, op, [&] {
     using T = scalar_t;
     const T* A = static_cast<const T*>(a.data);
@@ -260,15 +279,11 @@ void batched_gemm(Device device, Dtype dtype, const Shape& batch, int64_t M, int
       if (!accumulate && c_numel > 0) std::fill(C, C + c_numel, T(0));  // empty sum
       return;
     }
-    // B shared by the whole batch: stack the batch into the rows of one GEMM.
-    if (!c_reduces && all_broadcast(batch, b.batch_strides) && chains(batch, a.batch_strides, a.s0, M) &&
-        chains(batch, c_batch_strides, N, M)) {
+    if (fold == BatchFold::into_rows) {
       gemm_one<T>(M * nb, N, K, A, a.s0, a.s1, B, b.s0, b.s1, C, N, accumulate, op);
       return;
     }
-    // C summed over the whole batch (weight gradients): stack the batch into the contraction.
-    if (all_broadcast(batch, c_batch_strides) && chains(batch, a.batch_strides, a.s1, K) &&
-        chains(batch, b.batch_strides, b.s0, K)) {
+    if (fold == BatchFold::into_contraction) {
       gemm_one<T>(M, N, K * nb, A, a.s0, a.s1, B, b.s0, b.s1, C, N, accumulate, op);
       return;
     }

@@ -33,6 +33,22 @@ void batched_gemm(Device device, Dtype dtype, const Shape& batch, int64_t M, int
                   const MatOperand& a, const MatOperand& b, void* c, const Strides& c_batch_strides, int64_t c_numel,
                   bool accumulate, const char* op);
 
+// Host-side planning shared by batched_gemm and the device backends' GEMMs (cuda/matmul.cu), so
+// every device reads operands and folds batches the same way.
+//
+// How a BLAS reads a row-major rows x cols matrix with element strides (s0, s1) in place: unit
+// column stride -> untransposed, ld = s0; unit row stride -> transposed, ld = s1 (size-1 dims'
+// strides are normalised first). False when neither: the caller copies the operand.
+bool blas_layout(int64_t rows, int64_t cols, int64_t s0, int64_t s1, bool& transposed, int64_t& ld);
+// True when some batch dim of C has stride 0: products of that dim are summed into one C[i].
+bool sums_over_batch(const Shape& batch, const Strides& c_batch_strides);
+// When a whole batch is one GEMM: into_rows, B shared by the batch and the batch dims of A and C
+// continuing their rows (M * nb rows); into_contraction, C shared (summed over) and the batch dims
+// of A and B continuing the contraction (K * nb terms); else none.
+enum class BatchFold { none, into_rows, into_contraction };
+BatchFold fold_batch(const Shape& batch, int64_t M, int64_t N, int64_t K, const MatOperand& a, const MatOperand& b,
+                     const Strides& c_batch_strides);
+
 // The GEMM of a non-CPU backend (registered with register_device_kernels). Same contract as
 // batched_gemm; core has validated the operands and allocated C, and the call is ordered on the
 // device's current stream.

@@ -26,6 +26,7 @@ namespace tandem::cuda {
 
 namespace {
 
+using index_kernels::dispatch_index;  // core/index.h: the index dtype of a kernel
 using index_kernels::IndexOutOfRange;
 using namespace geom;
 
@@ -76,17 +77,6 @@ class RangeCheck {
   cudaStream_t stream_;
   Tensor word_;
 };
-
-template <class F>
-void dispatch_index(Dtype dt, const char* op, F&& f) {
-  if (dt == i64) {
-    f(int64_t{});
-  } else if (dt == i32) {
-    f(int32_t{});
-  } else {
-    fail("[{}] index must be i64 or i32, got {}", op, dt);
-  }
-}
 
 // ---------------------------------------------------------------- index_select
 

@@ -28,6 +28,10 @@ namespace tandem::cuda {
 namespace {
 
 using detail::MatOperand;
+using detail::BatchFold;
+using detail::blas_layout;
+using detail::fold_batch;
+using detail::sums_over_batch;
 
 // ---------------------------------------------------------------- cuBLAS handles and workspaces
 
@@ -151,44 +155,6 @@ __global__ void int_gemm_kernel(int64_t count, int64_t M, int64_t N, int64_t K, 
 
 // ---------------------------------------------------------------- host side
 
-// How cuBLAS reads a row-major rows x cols matrix with element strides (s0, s1) in place (the
-// CBLAS rule of core/matmul.cpp): unit column stride -> op N, ld = s0; unit row stride -> op T,
-// ld = s1. Size-1 dims have meaningless strides, so they are normalised first.
-bool blas_layout(int64_t rows, int64_t cols, int64_t s0, int64_t s1, cublasOperation_t& op, int64_t& ld) {
-  const int64_t n0 = rows == 1 ? std::max<int64_t>(cols, 1) : s0;
-  const int64_t n1 = cols == 1 ? 1 : s1;
-  if (n1 == 1 && n0 >= std::max<int64_t>(cols, 1)) {
-    op = CUBLAS_OP_N;
-    ld = n0;
-    return true;
-  }
-  const int64_t t0 = rows == 1 ? 1 : s0;
-  const int64_t t1 = cols == 1 ? std::max<int64_t>(rows, 1) : s1;
-  if (t0 == 1 && t1 >= std::max<int64_t>(rows, 1)) {
-    op = CUBLAS_OP_T;
-    ld = t1;
-    return true;
-  }
-  return false;
-}
-
-// True when the batch dims, walked from the innermost, continue an (inner_stride, inner_size) dim.
-bool chains(const Shape& batch, const Strides& strides, int64_t inner_stride, int64_t inner_size) {
-  int64_t expected = inner_stride * inner_size;
-  for (size_t d = batch.size(); d-- > 0;) {
-    if (batch[d] == 1) continue;
-    if (strides[d] != expected) return false;
-    expected *= batch[d];
-  }
-  return true;
-}
-
-bool all_broadcast(const Shape& batch, const Strides& strides) {
-  for (size_t d = 0; d < batch.size(); ++d)
-    if (batch[d] != 1 && strides[d] != 0) return false;
-  return true;
-}
-
 // A batch dim with each operand's stride (0: broadcast for A and B, summed over for C).
 struct BatchDim {
   int64_t size, sa, sb, sc;
@@ -231,9 +197,9 @@ class Gemm {
   // buffer lives until this Gemm is gone, by then every GEMM reading it is enqueued.
   void make_readable(Operand& x, int64_t rows, int64_t cols, std::vector<BatchDim>& dims, int64_t BatchDim::*which) {
     if (!is_floating(dtype_)) return;  // the integer kernel reads any strides
-    cublasOperation_t t;
+    bool transposed;
     int64_t ld;
-    if (blas_layout(rows, cols, x.s0, x.s1, t, ld)) return;
+    if (blas_layout(rows, cols, x.s0, x.s1, transposed, ld)) return;
     GatherGeometry g;
     TANDEM_CHECK(dims.size() + 2 <= kMaxGatherDims, "[{}] more than {} batch dims on CUDA", op_, kMaxGatherDims - 2);
     int64_t n = rows * cols;
@@ -279,10 +245,11 @@ class Gemm {
                        int64_t sb, char* c, int64_t sc, bool accumulate) const {
     if (count == 0 || M == 0 || N == 0) return;
     if (!is_floating(dtype_)) return int_gemm(count, M, N, K, a, sa, b, sb, c, sc, accumulate);
-    cublasOperation_t opa, opb;
+    bool ta = false, tb = false;
     int64_t lda, ldb;
-    const bool ok_a = blas_layout(M, K, a.s0, a.s1, opa, lda), ok_b = blas_layout(K, N, b.s0, b.s1, opb, ldb);
+    const bool ok_a = blas_layout(M, K, a.s0, a.s1, ta, lda), ok_b = blas_layout(K, N, b.s0, b.s1, tb, ldb);
     TANDEM_CHECK(ok_a && ok_b, "[{}] internal: GEMM operand not readable by cuBLAS", op_);
+    const cublasOperation_t opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
     for (int64_t v : {M, N, K, lda, ldb, count})
       TANDEM_CHECK(v <= INT_MAX, "[{}] a matrix dimension or stride of {} exceeds the cuBLAS limit {}", op_, v,
                    INT_MAX);
@@ -368,21 +335,19 @@ class CudaMatmulKernels final : public detail::MatmulDeviceKernels {
       if (!accumulate) gemm.zero(c, c_numel);  // empty sums
       return;
     }
-    bool c_reduces = false;
-    for (size_t d = 0; d < batch.size(); ++d) c_reduces = c_reduces || (batch[d] != 1 && c_batch_strides[d] == 0);
+    const bool c_reduces = sums_over_batch(batch, c_batch_strides);
+    const BatchFold fold = fold_batch(batch, M, N, K, a_in, b_in, c_batch_strides);  // as core's batched_gemm
     std::vector<BatchDim> none;
 
     // B shared by the whole batch: stack the batch into the rows of one GEMM.
-    if (!c_reduces && all_broadcast(batch, b_in.batch_strides) && chains(batch, a_in.batch_strides, a.s0, M) &&
-        chains(batch, c_batch_strides, N, M)) {
+    if (fold == BatchFold::into_rows) {
       gemm.make_readable(a, M * nb, K, none, &BatchDim::sa);
       gemm.make_readable(b, K, N, none, &BatchDim::sb);
       gemm.strided_batched(1, M * nb, N, K, a, 0, b, 0, c, 0, accumulate);
       return;
     }
     // C summed over the whole batch (weight gradients): stack the batch into the contraction.
-    if (all_broadcast(batch, c_batch_strides) && chains(batch, a_in.batch_strides, a.s1, K) &&
-        chains(batch, b_in.batch_strides, b.s0, K)) {
+    if (fold == BatchFold::into_contraction) {
       gemm.make_readable(a, M, K * nb, none, &BatchDim::sa);
       gemm.make_readable(b, K * nb, N, none, &BatchDim::sb);
       gemm.strided_batched(1, M, N, K * nb, a, 0, b, 0, c, 0, accumulate);

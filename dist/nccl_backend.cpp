@@ -111,27 +111,8 @@ std::string duration_text(Milliseconds t) {
   return t.count() % 1000 == 0 ? fmt::format("{} s", t.count() / 1000) : fmt::format("{} ms", t.count());
 }
 
-// ---- argument checks (the same messages as the other backends, dist/queued_group.cpp) ----
-
-void check_tensor(const Tensor& t, const char* op, const char* what) {
-  TANDEM_CHECK(t.defined(), "[{}] {} is an undefined tensor", op, what);
-  TANDEM_CHECK(t.is_contiguous(), "[{}] {} must be contiguous (shape {}, strides {})", op, what, t.shape(), t.strides());
-}
-
-void check_same_dtype(const Tensor& a, const Tensor& b, const char* op, const char* what_a, const char* what_b) {
-  TANDEM_CHECK(a.dtype() == b.dtype(), "[{}] {} is {} but {} is {}", op, what_a, a.dtype(), what_b, b.dtype());
-  TANDEM_CHECK(a.device() == b.device(), "[{}] {} is on {} but {} is on {}", op, what_a, a.device(), what_b, b.device());
-}
-
-void check_reduce(ReduceOp r, Dtype d, const char* op) {
-  TANDEM_CHECK(r != ReduceOp::avg || is_floating(d), "[{}] avg needs a floating dtype, got {} (use sum)", op, d);
-}
-
-Shape row_shape(const Tensor& t) {
-  Shape s;
-  for (int64_t i = 1; i < t.dim(); ++i) s.push_back(t.size(i));
-  return s;
-}
+// Argument checks and fingerprints: check_<op> of dist/queued_group.h, as on the other backends;
+// check_device adds the one rule of this backend.
 
 bool is_cpu_tensor(const Tensor& t) { return t.defined() && t.is_cpu(); }
 
@@ -436,12 +417,10 @@ class NcclGroup final : public ProcessGroup {
 
   WorkPtr allreduce(const Tensor& tensor, ReduceOp reduce) override {
     if (is_cpu_tensor(tensor)) return cpu("allreduce").allreduce(tensor, reduce);
-    check_tensor(tensor, "allreduce", "tensor");
-    check_device(tensor, "allreduce", "tensor");
-    check_reduce(reduce, tensor.dtype(), "allreduce");
     Launch l;
+    l.fingerprint = check_allreduce(tensor, reduce);
+    check_device(tensor, "allreduce", "tensor");
     l.kind = OpKind::allreduce;
-    l.fingerprint = fmt::format("allreduce({}) {} {}", reduce_op_name(reduce), tensor.dtype(), tensor.shape());
     l.result = {tensor};
     return launch(std::move(l), [tensor, reduce](ncclComm_t c, cudaStream_t s, TensorList&) {
       if (tensor.numel() == 0) return;
@@ -454,19 +433,10 @@ class NcclGroup final : public ProcessGroup {
   WorkPtr allreduce_coalesced(const TensorList& tensors, ReduceOp reduce) override {
     TANDEM_CHECK(!tensors.empty(), "[allreduce_coalesced] needs at least one tensor");
     if (is_cpu_tensor(tensors[0])) return cpu("allreduce_coalesced").allreduce_coalesced(tensors, reduce);
-    std::string shapes;
-    for (size_t i = 0; i < tensors.size(); ++i) {
-      auto what = fmt::format("tensor {}", i);
-      check_tensor(tensors[i], "allreduce_coalesced", what.c_str());
-      check_same_dtype(tensors[i], tensors[0], "allreduce_coalesced", what.c_str(), "tensor 0");
-      shapes += (i ? ", " : "") + fmt::format("{}", tensors[i].shape());
-    }
-    check_device(tensors[0], "allreduce_coalesced", "tensor 0");
-    check_reduce(reduce, tensors[0].dtype(), "allreduce_coalesced");
     Launch l;
+    l.fingerprint = check_allreduce_coalesced(tensors, reduce);
+    check_device(tensors[0], "allreduce_coalesced", "tensor 0");  // the others: on tensor 0's device
     l.kind = OpKind::allreduce_coalesced;
-    l.fingerprint = fmt::format("allreduce_coalesced({}) {} {} tensors {}", reduce_op_name(reduce),
-                                tensors[0].dtype(), tensors.size(), shapes);
     l.result = tensors;
     return launch(std::move(l), [tensors, reduce](ncclComm_t c, cudaStream_t s, TensorList&) {
       const Dtype dt = tensors[0].dtype();
@@ -482,14 +452,11 @@ class NcclGroup final : public ProcessGroup {
 
   WorkPtr broadcast(const Tensor& tensor, int root) override {
     if (is_cpu_tensor(tensor)) return cpu("broadcast").broadcast(tensor, root);
-    check_tensor(tensor, "broadcast", "tensor");
-    check_device(tensor, "broadcast", "tensor");
-    TANDEM_CHECK(root >= 0 && root < size(), "[broadcast] root {} is not a rank of group {} (size {})", root, name(),
-                 size());
     Launch l;
+    l.fingerprint = check_broadcast(*this, tensor, root);
+    check_device(tensor, "broadcast", "tensor");
     l.kind = OpKind::broadcast;
     l.peer = root;
-    l.fingerprint = fmt::format("broadcast(root {}) {} {}", root, tensor.dtype(), tensor.shape());
     l.result = {tensor};
     return launch(std::move(l), [tensor, root](ncclComm_t c, cudaStream_t s, TensorList&) {
       if (tensor.nbytes() == 0) return;
@@ -500,20 +467,10 @@ class NcclGroup final : public ProcessGroup {
 
   WorkPtr allgather(const TensorList& outputs, const Tensor& input) override {
     if (is_cpu_tensor(input)) return cpu("allgather").allgather(outputs, input);
-    check_tensor(input, "allgather", "input");
-    check_device(input, "allgather", "input");
-    TANDEM_CHECK(static_cast<int>(outputs.size()) == size(), "[allgather] needs one output per rank ({}), got {}",
-                 size(), outputs.size());
-    for (size_t i = 0; i < outputs.size(); ++i) {
-      auto what = fmt::format("output {}", i);
-      check_tensor(outputs[i], "allgather", what.c_str());
-      check_same_dtype(outputs[i], input, "allgather", what.c_str(), "input");
-      TANDEM_CHECK(outputs[i].shape() == input.shape(), "[allgather] {} has shape {} but input has shape {}", what,
-                   outputs[i].shape(), input.shape());
-    }
     Launch l;
+    l.fingerprint = check_allgather(*this, outputs, input);
+    check_device(input, "allgather", "input");  // the outputs: on the input's device
     l.kind = OpKind::allgather;
-    l.fingerprint = fmt::format("allgather {} {}", input.dtype(), input.shape());
     l.result = outputs;
     l.keep = {input};
     const int n = size(), device = comm_->device;
@@ -533,16 +490,10 @@ class NcclGroup final : public ProcessGroup {
 
   WorkPtr allgather_into(const Tensor& output, const Tensor& input) override {
     if (is_cpu_tensor(input)) return cpu("allgather_into").allgather_into(output, input);
-    check_tensor(input, "allgather_into", "input");
-    check_tensor(output, "allgather_into", "output");
-    check_same_dtype(output, input, "allgather_into", "output", "input");
-    check_device(input, "allgather_into", "input");
-    TANDEM_CHECK(output.numel() == input.numel() * size(),
-                 "[allgather_into] output has {} elements (shape {}), expected {} x input {} = {}", output.numel(),
-                 output.shape(), size(), input.shape(), input.numel() * size());
     Launch l;
+    l.fingerprint = check_allgather_into(*this, output, input);
+    check_device(input, "allgather_into", "input");
     l.kind = OpKind::allgather_into;
-    l.fingerprint = fmt::format("allgather_into {} {}", input.dtype(), input.shape());
     l.result = {output};
     l.keep = {input};
     return launch(std::move(l), [output, input](ncclComm_t c, cudaStream_t s, TensorList&) {
@@ -554,21 +505,10 @@ class NcclGroup final : public ProcessGroup {
 
   WorkPtr reduce_scatter(const Tensor& output, const TensorList& inputs, ReduceOp reduce) override {
     if (is_cpu_tensor(output)) return cpu("reduce_scatter").reduce_scatter(output, inputs, reduce);
-    check_tensor(output, "reduce_scatter", "output");
-    check_device(output, "reduce_scatter", "output");
-    check_reduce(reduce, output.dtype(), "reduce_scatter");
-    TANDEM_CHECK(static_cast<int>(inputs.size()) == size(), "[reduce_scatter] needs one input per rank ({}), got {}",
-                 size(), inputs.size());
-    for (size_t i = 0; i < inputs.size(); ++i) {
-      auto what = fmt::format("input {}", i);
-      check_tensor(inputs[i], "reduce_scatter", what.c_str());
-      check_same_dtype(inputs[i], output, "reduce_scatter", what.c_str(), "output");
-      TANDEM_CHECK(inputs[i].shape() == output.shape(), "[reduce_scatter] {} has shape {} but output has shape {}",
-                   what, inputs[i].shape(), output.shape());
-    }
     Launch l;
+    l.fingerprint = check_reduce_scatter(*this, output, inputs, reduce);
+    check_device(output, "reduce_scatter", "output");  // the inputs: on the output's device
     l.kind = OpKind::reduce_scatter;
-    l.fingerprint = fmt::format("reduce_scatter({}) {} {}", reduce_op_name(reduce), output.dtype(), output.shape());
     l.result = {output};
     l.keep = inputs;
     const int n = size(), device = comm_->device;
@@ -589,18 +529,10 @@ class NcclGroup final : public ProcessGroup {
 
   WorkPtr reduce_scatter_tensor(const Tensor& output, const Tensor& input, ReduceOp reduce) override {
     if (is_cpu_tensor(output)) return cpu("reduce_scatter_tensor").reduce_scatter_tensor(output, input, reduce);
-    check_tensor(output, "reduce_scatter_tensor", "output");
-    check_tensor(input, "reduce_scatter_tensor", "input");
-    check_same_dtype(output, input, "reduce_scatter_tensor", "output", "input");
-    check_device(output, "reduce_scatter_tensor", "output");
-    check_reduce(reduce, output.dtype(), "reduce_scatter_tensor");
-    TANDEM_CHECK(input.numel() == output.numel() * size(),
-                 "[reduce_scatter_tensor] input has {} elements (shape {}), expected {} x output {} = {}",
-                 input.numel(), input.shape(), size(), output.shape(), output.numel() * size());
     Launch l;
+    l.fingerprint = check_reduce_scatter_tensor(*this, output, input, reduce);
+    check_device(output, "reduce_scatter_tensor", "output");
     l.kind = OpKind::reduce_scatter_tensor;
-    l.fingerprint =
-        fmt::format("reduce_scatter_tensor({}) {} {}", reduce_op_name(reduce), output.dtype(), output.shape());
     l.result = {output};
     l.keep = {input};
     return launch(std::move(l), [output, input, reduce](ncclComm_t c, cudaStream_t s, TensorList&) {
@@ -613,33 +545,11 @@ class NcclGroup final : public ProcessGroup {
 
   WorkPtr all_to_all(const Tensor& output, const Tensor& input, const AllToAllSplits& splits) override {
     if (is_cpu_tensor(input)) return cpu("all_to_all").all_to_all(output, input, splits);
-    check_tensor(output, "all_to_all", "output");
-    check_tensor(input, "all_to_all", "input");
-    check_same_dtype(output, input, "all_to_all", "output", "input");
-    check_device(input, "all_to_all", "input");
-    TANDEM_CHECK(input.dim() >= 1 && output.dim() >= 1, "[all_to_all] input {} and output {} need at least one dim",
-                 input.shape(), output.shape());
-    TANDEM_CHECK(row_shape(input) == row_shape(output), "[all_to_all] input {} and output {} must agree beyond dim 0",
-                 input.shape(), output.shape());
-    const int n = size();
-    auto check_splits = [&](const std::vector<int64_t>& s, const Tensor& t, const char* what) {
-      if (s.empty()) return equal_splits(t.size(0), n, what);
-      TANDEM_CHECK(static_cast<int>(s.size()) == n, "[all_to_all] {} splits need one entry per rank ({}), got {}",
-                   what, n, s.size());
-      int64_t total = 0;
-      for (int64_t v : s) {
-        TANDEM_CHECK(v >= 0, "[all_to_all] {} splits must be non-negative, got [{}]", what, fmt::join(s, ", "));
-        total += v;
-      }
-      TANDEM_CHECK(total == t.size(0), "[all_to_all] {} splits [{}] sum to {} but the {} has {} rows (shape {})",
-                   what, fmt::join(s, ", "), total, what, t.size(0), t.shape());
-      return s;
-    };
     Launch l;
+    l.fingerprint = check_all_to_all(*this, output, input, splits, l.in_splits, l.out_splits);
+    check_device(input, "all_to_all", "input");
+    const int n = size();
     l.kind = OpKind::all_to_all;
-    l.in_splits = check_splits(splits.input, input, "input");
-    l.out_splits = check_splits(splits.output, output, "output");
-    l.fingerprint = fmt::format("all_to_all {} rows of {}", input.dtype(), row_shape(input));
     l.result = {output};
     l.keep = {input};
     std::vector<int64_t> in = l.in_splits, out = l.out_splits;  // copied before l moves into launch
@@ -735,12 +645,8 @@ class NcclGroup final : public ProcessGroup {
   }
 
   void check_p2p(const char* what, const char* peer_name, const Tensor& tensor, int peer, int tag) const {
-    check_tensor(tensor, what, "tensor");
+    dist::check_p2p(*this, what, peer_name, tensor, peer, tag);
     check_device(tensor, what, "tensor");
-    TANDEM_CHECK(peer >= 0 && peer < size() && peer != rank(),
-                 "[{}] {} {} must be another rank of group {} (size {}, this is rank {})", what, peer_name, peer,
-                 name(), size(), rank());
-    TANDEM_CHECK(tag >= 0 && tag < (1 << 15), "[{}] tag {} must be in [0, 32768)", what, tag);
   }
 
   std::string describe(const Launch& l, uint64_t seq) const {
@@ -833,23 +739,7 @@ class NcclGroup final : public ProcessGroup {
       fps[r] = std::string(text, strnlen(text, kFingerprintBytes));
       mismatch |= fps[r] != fp;
     }
-    if (mismatch) {
-      std::vector<std::pair<std::string, std::vector<int>>> calls;
-      for (int r = 0; r < n; ++r) {
-        auto it = std::find_if(calls.begin(), calls.end(), [&](auto& call) { return call.first == fps[r]; });
-        if (it == calls.end()) {
-          calls.push_back({fps[r], {r}});
-        } else {
-          it->second.push_back(r);
-        }
-      }
-      std::string parts;
-      for (auto& [text, ranks] : calls) {
-        if (!parts.empty()) parts += "; ";
-        parts += fmt::format("{} {} called {}", ranks.size() == 1 ? "rank" : "ranks", fmt::join(ranks, ", "), text);
-      }
-      fail("[dist] collective mismatch at #{} on group {} (nccl, {} ranks): {}", seq, name(), n, parts);
-    }
+    if (mismatch) fail_fingerprint_mismatch(*this, seq, fps);  // every rank sees the same fingerprints: all throw
     if (!a2a) return;
     for (int src = 0; src < n; ++src) {
       for (int dst = 0; dst < n; ++dst) {

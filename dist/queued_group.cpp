@@ -79,6 +79,127 @@ std::vector<int64_t> equal_splits(int64_t rows, int size, const char* what) {
   return std::vector<int64_t>(size, rows / size);
 }
 
+// ---- Argument checks and fingerprints, shared with the nccl group (queued_group.h) ----
+
+std::string check_allreduce(const Tensor& tensor, ReduceOp reduce) {
+  check_tensor(tensor, "allreduce", "tensor");
+  check_reduce(reduce, tensor.dtype(), "allreduce");
+  return fmt::format("allreduce({}) {} {}", reduce_op_name(reduce), tensor.dtype(), tensor.shape());
+}
+
+std::string check_allreduce_coalesced(const TensorList& tensors, ReduceOp reduce) {
+  TANDEM_CHECK(!tensors.empty(), "[allreduce_coalesced] needs at least one tensor");
+  std::string shapes;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    auto what = fmt::format("tensor {}", i);
+    check_tensor(tensors[i], "allreduce_coalesced", what.c_str());
+    check_same_dtype(tensors[i], tensors[0], "allreduce_coalesced", what.c_str(), "tensor 0");
+    shapes += (i ? ", " : "") + fmt::format("{}", tensors[i].shape());
+  }
+  check_reduce(reduce, tensors[0].dtype(), "allreduce_coalesced");
+  return fmt::format("allreduce_coalesced({}) {} {} tensors {}", reduce_op_name(reduce), tensors[0].dtype(),
+                     tensors.size(), shapes);
+}
+
+std::string check_broadcast(const ProcessGroup& g, const Tensor& tensor, int root) {
+  check_tensor(tensor, "broadcast", "tensor");
+  TANDEM_CHECK(root >= 0 && root < g.size(), "[broadcast] root {} is not a rank of group {} (size {})", root, g.name(),
+               g.size());
+  return fmt::format("broadcast(root {}) {} {}", root, tensor.dtype(), tensor.shape());
+}
+
+std::string check_allgather(const ProcessGroup& g, const TensorList& outputs, const Tensor& input) {
+  check_tensor(input, "allgather", "input");
+  TANDEM_CHECK(static_cast<int>(outputs.size()) == g.size(), "[allgather] needs one output per rank ({}), got {}",
+               g.size(), outputs.size());
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    auto what = fmt::format("output {}", i);
+    check_tensor(outputs[i], "allgather", what.c_str());
+    check_same_dtype(outputs[i], input, "allgather", what.c_str(), "input");
+    TANDEM_CHECK(outputs[i].shape() == input.shape(), "[allgather] {} has shape {} but input has shape {}", what,
+                 outputs[i].shape(), input.shape());
+  }
+  return fmt::format("allgather {} {}", input.dtype(), input.shape());
+}
+
+std::string check_allgather_into(const ProcessGroup& g, const Tensor& output, const Tensor& input) {
+  check_tensor(input, "allgather_into", "input");
+  check_tensor(output, "allgather_into", "output");
+  check_same_dtype(output, input, "allgather_into", "output", "input");
+  const int size = g.size();
+  TANDEM_CHECK(output.numel() == input.numel() * size,
+               "[allgather_into] output has {} elements (shape {}), expected {} x input {} = {}", output.numel(),
+               output.shape(), size, input.shape(), input.numel() * size);
+  return fmt::format("allgather_into {} {}", input.dtype(), input.shape());
+}
+
+std::string check_reduce_scatter(const ProcessGroup& g, const Tensor& output, const TensorList& inputs,
+                                 ReduceOp reduce) {
+  check_tensor(output, "reduce_scatter", "output");
+  check_reduce(reduce, output.dtype(), "reduce_scatter");
+  TANDEM_CHECK(static_cast<int>(inputs.size()) == g.size(), "[reduce_scatter] needs one input per rank ({}), got {}",
+               g.size(), inputs.size());
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    auto what = fmt::format("input {}", i);
+    check_tensor(inputs[i], "reduce_scatter", what.c_str());
+    check_same_dtype(inputs[i], output, "reduce_scatter", what.c_str(), "output");
+    TANDEM_CHECK(inputs[i].shape() == output.shape(), "[reduce_scatter] {} has shape {} but output has shape {}", what,
+                 inputs[i].shape(), output.shape());
+  }
+  return fmt::format("reduce_scatter({}) {} {}", reduce_op_name(reduce), output.dtype(), output.shape());
+}
+
+std::string check_reduce_scatter_tensor(const ProcessGroup& g, const Tensor& output, const Tensor& input,
+                                        ReduceOp reduce) {
+  check_tensor(output, "reduce_scatter_tensor", "output");
+  check_tensor(input, "reduce_scatter_tensor", "input");
+  check_same_dtype(output, input, "reduce_scatter_tensor", "output", "input");
+  check_reduce(reduce, output.dtype(), "reduce_scatter_tensor");
+  const int size = g.size();
+  TANDEM_CHECK(input.numel() == output.numel() * size,
+               "[reduce_scatter_tensor] input has {} elements (shape {}), expected {} x output {} = {}", input.numel(),
+               input.shape(), size, output.shape(), output.numel() * size);
+  return fmt::format("reduce_scatter_tensor({}) {} {}", reduce_op_name(reduce), output.dtype(), output.shape());
+}
+
+std::string check_all_to_all(const ProcessGroup& g, const Tensor& output, const Tensor& input,
+                             const AllToAllSplits& splits, std::vector<int64_t>& in_splits,
+                             std::vector<int64_t>& out_splits) {
+  check_tensor(output, "all_to_all", "output");
+  check_tensor(input, "all_to_all", "input");
+  check_same_dtype(output, input, "all_to_all", "output", "input");
+  TANDEM_CHECK(input.dim() >= 1 && output.dim() >= 1, "[all_to_all] input {} and output {} need at least one dim",
+               input.shape(), output.shape());
+  TANDEM_CHECK(row_shape(input) == row_shape(output),
+               "[all_to_all] input {} and output {} must agree beyond dim 0", input.shape(), output.shape());
+  const int size = g.size();
+  auto check_splits = [&](const std::vector<int64_t>& s, const Tensor& t, const char* what) {
+    if (s.empty()) return equal_splits(t.size(0), size, what);
+    TANDEM_CHECK(static_cast<int>(s.size()) == size, "[all_to_all] {} splits need one entry per rank ({}), got {}",
+                 what, size, s.size());
+    int64_t total = 0;
+    for (int64_t v : s) {
+      TANDEM_CHECK(v >= 0, "[all_to_all] {} splits must be non-negative, got [{}]", what, fmt::join(s, ", "));
+      total += v;
+    }
+    TANDEM_CHECK(total == t.size(0), "[all_to_all] {} splits [{}] sum to {} but the {} has {} rows (shape {})", what,
+                 fmt::join(s, ", "), total, what, t.size(0), t.shape());
+    return s;
+  };
+  in_splits = check_splits(splits.input, input, "input");
+  out_splits = check_splits(splits.output, output, "output");
+  return fmt::format("all_to_all {} rows of {}", input.dtype(), row_shape(input));
+}
+
+void check_p2p(const ProcessGroup& g, const char* what, const char* peer_name, const Tensor& tensor, int peer,
+               int tag) {
+  check_tensor(tensor, what, "tensor");
+  TANDEM_CHECK(peer >= 0 && peer < g.size() && peer != g.rank(),
+               "[{}] {} {} must be another rank of group {} (size {}, this is rank {})", what, peer_name, peer,
+               g.name(), g.size(), g.rank());
+  TANDEM_CHECK(tag >= 0 && tag < (1 << 15), "[{}] tag {} must be in [0, 32768)", what, tag);
+}
+
 QueuedGroup::QueuedGroup(int rank, int size, std::string name)
     : rank_(rank), size_(size), name_(std::move(name)), timeout_ms_(default_timeout().count()),
       debug_(default_debug_checks()) {}
@@ -104,7 +225,7 @@ std::string QueuedGroup::describe(const Op& op) const {
   }
 }
 
-void QueuedGroup::fail_mismatch(const Op& op, const std::vector<std::string>& fingerprints) const {
+void fail_fingerprint_mismatch(const ProcessGroup& g, uint64_t seq, const std::vector<std::string>& fingerprints) {
   // Group ranks that called the same thing, in order of first appearance.
   std::vector<std::pair<std::string, std::vector<int>>> calls;
   for (int r = 0; r < static_cast<int>(fingerprints.size()); ++r) {
@@ -120,7 +241,11 @@ void QueuedGroup::fail_mismatch(const Op& op, const std::vector<std::string>& fi
     if (!parts.empty()) parts += "; ";
     parts += fmt::format("{} {} called {}", ranks.size() == 1 ? "rank" : "ranks", join_ranks(ranks), fp);
   }
-  fail("[dist] collective mismatch at #{} on group {} ({}, {} ranks): {}", op.seq, name_, backend(), size_, parts);
+  fail("[dist] collective mismatch at #{} on group {} ({}, {} ranks): {}", seq, g.name(), g.backend(), g.size(), parts);
+}
+
+void QueuedGroup::fail_mismatch(const Op& op, const std::vector<std::string>& fingerprints) const {
+  fail_fingerprint_mismatch(*this, op.seq, fingerprints);
 }
 
 WorkPtr QueuedGroup::issue(Op op, bool collective) {
@@ -232,147 +357,76 @@ void QueuedGroup::run_one(Op& op) {
 // ---- Issue: validation, fingerprint, queue ----
 
 WorkPtr QueuedGroup::allreduce(const Tensor& tensor, ReduceOp reduce) {
-  check_tensor(tensor, "allreduce", "tensor");
-  check_reduce(reduce, tensor.dtype(), "allreduce");
   Op op;
+  op.fingerprint = check_allreduce(tensor, reduce);
   op.kind = OpKind::allreduce;
   op.reduce = reduce;
   op.inputs = {tensor};
-  op.fingerprint = fmt::format("allreduce({}) {} {}", reduce_op_name(reduce), tensor.dtype(), tensor.shape());
   return issue(std::move(op), true);
 }
 
 WorkPtr QueuedGroup::allreduce_coalesced(const TensorList& tensors, ReduceOp reduce) {
-  TANDEM_CHECK(!tensors.empty(), "[allreduce_coalesced] needs at least one tensor");
-  std::string shapes;
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    auto what = fmt::format("tensor {}", i);
-    check_tensor(tensors[i], "allreduce_coalesced", what.c_str());
-    check_same_dtype(tensors[i], tensors[0], "allreduce_coalesced", what.c_str(), "tensor 0");
-    shapes += (i ? ", " : "") + fmt::format("{}", tensors[i].shape());
-  }
-  check_reduce(reduce, tensors[0].dtype(), "allreduce_coalesced");
   Op op;
+  op.fingerprint = check_allreduce_coalesced(tensors, reduce);
   op.kind = OpKind::allreduce_coalesced;
   op.reduce = reduce;
   op.inputs = tensors;
-  op.fingerprint = fmt::format("allreduce_coalesced({}) {} {} tensors {}", reduce_op_name(reduce), tensors[0].dtype(),
-                               tensors.size(), shapes);
   return issue(std::move(op), true);
 }
 
 WorkPtr QueuedGroup::broadcast(const Tensor& tensor, int root) {
-  check_tensor(tensor, "broadcast", "tensor");
-  TANDEM_CHECK(root >= 0 && root < size_, "[broadcast] root {} is not a rank of group {} (size {})", root, name_, size_);
   Op op;
+  op.fingerprint = check_broadcast(*this, tensor, root);
   op.kind = OpKind::broadcast;
   op.root = root;
   op.inputs = {tensor};
-  op.fingerprint = fmt::format("broadcast(root {}) {} {}", root, tensor.dtype(), tensor.shape());
   return issue(std::move(op), true);
 }
 
 WorkPtr QueuedGroup::allgather(const TensorList& outputs, const Tensor& input) {
-  check_tensor(input, "allgather", "input");
-  TANDEM_CHECK(static_cast<int>(outputs.size()) == size_, "[allgather] needs one output per rank ({}), got {}", size_,
-               outputs.size());
-  for (size_t i = 0; i < outputs.size(); ++i) {
-    auto what = fmt::format("output {}", i);
-    check_tensor(outputs[i], "allgather", what.c_str());
-    check_same_dtype(outputs[i], input, "allgather", what.c_str(), "input");
-    TANDEM_CHECK(outputs[i].shape() == input.shape(), "[allgather] {} has shape {} but input has shape {}", what,
-                 outputs[i].shape(), input.shape());
-  }
   Op op;
+  op.fingerprint = check_allgather(*this, outputs, input);
   op.kind = OpKind::allgather;
   op.inputs = {input};
   op.outputs = outputs;
-  op.fingerprint = fmt::format("allgather {} {}", input.dtype(), input.shape());
   return issue(std::move(op), true);
 }
 
 WorkPtr QueuedGroup::allgather_into(const Tensor& output, const Tensor& input) {
-  check_tensor(input, "allgather_into", "input");
-  check_tensor(output, "allgather_into", "output");
-  check_same_dtype(output, input, "allgather_into", "output", "input");
-  TANDEM_CHECK(output.numel() == input.numel() * size_,
-               "[allgather_into] output has {} elements (shape {}), expected {} x input {} = {}", output.numel(),
-               output.shape(), size_, input.shape(), input.numel() * size_);
   Op op;
+  op.fingerprint = check_allgather_into(*this, output, input);
   op.kind = OpKind::allgather_into;
   op.inputs = {input};
   op.outputs = {output};
-  op.fingerprint = fmt::format("allgather_into {} {}", input.dtype(), input.shape());
   return issue(std::move(op), true);
 }
 
 WorkPtr QueuedGroup::reduce_scatter(const Tensor& output, const TensorList& inputs, ReduceOp reduce) {
-  check_tensor(output, "reduce_scatter", "output");
-  check_reduce(reduce, output.dtype(), "reduce_scatter");
-  TANDEM_CHECK(static_cast<int>(inputs.size()) == size_, "[reduce_scatter] needs one input per rank ({}), got {}",
-               size_, inputs.size());
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    auto what = fmt::format("input {}", i);
-    check_tensor(inputs[i], "reduce_scatter", what.c_str());
-    check_same_dtype(inputs[i], output, "reduce_scatter", what.c_str(), "output");
-    TANDEM_CHECK(inputs[i].shape() == output.shape(), "[reduce_scatter] {} has shape {} but output has shape {}", what,
-                 inputs[i].shape(), output.shape());
-  }
   Op op;
+  op.fingerprint = check_reduce_scatter(*this, output, inputs, reduce);
   op.kind = OpKind::reduce_scatter;
   op.reduce = reduce;
   op.inputs = inputs;
   op.outputs = {output};
-  op.fingerprint = fmt::format("reduce_scatter({}) {} {}", reduce_op_name(reduce), output.dtype(), output.shape());
   return issue(std::move(op), true);
 }
 
 WorkPtr QueuedGroup::reduce_scatter_tensor(const Tensor& output, const Tensor& input, ReduceOp reduce) {
-  check_tensor(output, "reduce_scatter_tensor", "output");
-  check_tensor(input, "reduce_scatter_tensor", "input");
-  check_same_dtype(output, input, "reduce_scatter_tensor", "output", "input");
-  check_reduce(reduce, output.dtype(), "reduce_scatter_tensor");
-  TANDEM_CHECK(input.numel() == output.numel() * size_,
-               "[reduce_scatter_tensor] input has {} elements (shape {}), expected {} x output {} = {}", input.numel(),
-               input.shape(), size_, output.shape(), output.numel() * size_);
   Op op;
+  op.fingerprint = check_reduce_scatter_tensor(*this, output, input, reduce);
   op.kind = OpKind::reduce_scatter_tensor;
   op.reduce = reduce;
   op.inputs = {input};
   op.outputs = {output};
-  op.fingerprint =
-      fmt::format("reduce_scatter_tensor({}) {} {}", reduce_op_name(reduce), output.dtype(), output.shape());
   return issue(std::move(op), true);
 }
 
 WorkPtr QueuedGroup::all_to_all(const Tensor& output, const Tensor& input, const AllToAllSplits& splits) {
-  check_tensor(output, "all_to_all", "output");
-  check_tensor(input, "all_to_all", "input");
-  check_same_dtype(output, input, "all_to_all", "output", "input");
-  TANDEM_CHECK(input.dim() >= 1 && output.dim() >= 1, "[all_to_all] input {} and output {} need at least one dim",
-               input.shape(), output.shape());
-  TANDEM_CHECK(row_shape(input) == row_shape(output),
-               "[all_to_all] input {} and output {} must agree beyond dim 0", input.shape(), output.shape());
-  auto check_splits = [&](const std::vector<int64_t>& s, const Tensor& t, const char* what) {
-    if (s.empty()) return equal_splits(t.size(0), size_, what);
-    TANDEM_CHECK(static_cast<int>(s.size()) == size_, "[all_to_all] {} splits need one entry per rank ({}), got {}",
-                 what, size_, s.size());
-    int64_t total = 0;
-    for (int64_t v : s) {
-      TANDEM_CHECK(v >= 0, "[all_to_all] {} splits must be non-negative, got [{}]", what, fmt::join(s, ", "));
-      total += v;
-    }
-    TANDEM_CHECK(total == t.size(0), "[all_to_all] {} splits [{}] sum to {} but the {} has {} rows (shape {})", what,
-                 fmt::join(s, ", "), total, what, t.size(0), t.shape());
-    return s;
-  };
   Op op;
+  op.fingerprint = check_all_to_all(*this, output, input, splits, op.in_splits, op.out_splits);
   op.kind = OpKind::all_to_all;
-  op.in_splits = check_splits(splits.input, input, "input");
-  op.out_splits = check_splits(splits.output, output, "output");
   op.inputs = {input};
   op.outputs = {output};
-  op.fingerprint = fmt::format("all_to_all {} rows of {}", input.dtype(), row_shape(input));
   return issue(std::move(op), true);
 }
 
@@ -386,11 +440,7 @@ WorkPtr QueuedGroup::barrier() {
 // send and recv share their checks and their op: `peer` is the destination or the source.
 WorkPtr QueuedGroup::issue_p2p(OpKind kind, const char* what, const char* peer_name, const Tensor& tensor, int peer,
                                int tag) {
-  check_tensor(tensor, what, "tensor");
-  TANDEM_CHECK(peer >= 0 && peer < size_ && peer != rank_,
-               "[{}] {} {} must be another rank of group {} (size {}, this is rank {})", what, peer_name, peer, name_,
-               size_, rank_);
-  TANDEM_CHECK(tag >= 0 && tag < (1 << 15), "[{}] tag {} must be in [0, 32768)", what, tag);
+  check_p2p(*this, what, peer_name, tensor, peer, tag);
   Op op;
   op.kind = kind;
   op.root = peer;

@@ -23,7 +23,7 @@ using ew::Unary;
 
 namespace {
 
-const Device kGPU = Device::cuda(0);
+using cuda_test::kGPU;
 const Dtype kAll[] = {f32, f64, f16, bf16, i32, i64, boolean};
 const Dtype kFloats[] = {f32, f64, f16, bf16};
 
@@ -52,40 +52,8 @@ Tensor rnd_cpu(const Shape& s, Dtype d, double lo = -3, double hi = 3) {
 }
 Pair rnd(const Shape& s, Dtype d, double lo = -3, double hi = 3) { return both(rnd_cpu(s, d, lo, hi)); }
 
-double tol_for(Dtype d) {
-  switch (d) {
-    case f64: return 1e-12;
-    case f32: return 1e-5;
-    case f16: return 1e-3;
-    case bf16: return 1e-2;
-    default: return 0;  // integers and bool: exact
-  }
-}
-
-// got (on the GPU) equals want (on the CPU): dtype, shape, and values within tol relative (NaN
-// matches NaN, infinities match exactly). One REQUIRE for the whole tensor.
-void require_match(const Tensor& got, const Tensor& want, double tol) {
-  REQUIRE(got.device() == kGPU);
-  REQUIRE(got.dtype() == want.dtype());
-  REQUIRE(got.shape() == want.shape());
-  std::vector<double> g = got.to(kCPU).to_vector<double>(), w = want.to_vector<double>();
-  REQUIRE(g.size() == w.size());
-  for (size_t i = 0; i < g.size(); ++i) {
-    bool ok;
-    if (std::isnan(w[i])) {
-      ok = std::isnan(g[i]);
-    } else if (std::isinf(w[i])) {
-      ok = g[i] == w[i];
-    } else {
-      ok = std::abs(g[i] - w[i]) <= tol * (1 + std::abs(w[i]));
-    }
-    if (!ok) {
-      INFO("element " << i << " of " << g.size() << ": cuda " << g[i] << ", cpu " << w[i] << " (dtype "
-                      << want.dtype() << ", shape " << fmt::format("{}", want.shape()) << ")");
-      REQUIRE(ok);
-    }
-  }
-}
+constexpr cuda_test::Tolerances tol_for{};  // the defaults: f32 1e-5, f16 1e-3, bf16 1e-2
+using cuda_test::require_match;
 void require_match(const Tensor& got, const Tensor& want) { require_match(got, want, tol_for(want.dtype())); }
 
 // Operand layouts of (a, b) against a of shape [6, 5, 7] (or as named).

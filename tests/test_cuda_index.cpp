@@ -4,7 +4,6 @@
 // same messages as on the CPU) and mixed-device errors.
 #include <catch2/catch.hpp>
 
-#include <cstring>
 #include <vector>
 
 #include "cuda_test_util.h"
@@ -13,54 +12,17 @@
 
 using namespace tandem;
 using Catch::Contains;
-using test_util::require_close;
 
 namespace {
 
-const Device kGPU = Device::cuda(0);
+using cuda_test::bits;
+using cuda_test::kGPU;
+using cuda_test::random;
+using cuda_test::require_bit_equal;
+using cuda_test::require_match;
 
-double tol_for(Dtype d) {
-  switch (d) {
-    case f64: return 1e-12;
-    case f32: return 1e-5;
-    case f16: return 2e-3;
-    case bf16: return 2e-2;
-    default: return 0;
-  }
-}
-
-// Fresh random values of dtype (integers in [-4, 4], bools at random).
-Tensor random(const Shape& shape, Dtype dtype) {
-  if (dtype == boolean) return randint(0, 2, shape, boolean);
-  if (is_integral(dtype)) return randint(-4, 5, shape, dtype);
-  return to_dtype(randn(shape), dtype);
-}
-
-std::vector<double> host_values(const Tensor& t) {
-  return to_dtype(t.is_cpu() ? t : t.to(kCPU), f64).contiguous().to_vector<double>();
-}
-
-void require_same(const Tensor& gpu, const Tensor& cpu, double tol) {
-  REQUIRE(gpu.device() == kGPU);
-  REQUIRE(gpu.shape() == cpu.shape());
-  REQUIRE(gpu.dtype() == cpu.dtype());
-  require_close(host_values(gpu), host_values(cpu), tol);
-}
-
-// Element bits of a contiguous CPU copy: exact comparisons of copies and in-order sums.
-std::vector<unsigned char> bits(const Tensor& t) {
-  Tensor c = (t.is_cpu() ? t : t.to(kCPU)).contiguous();
-  std::vector<unsigned char> b(c.nbytes());
-  if (!b.empty()) std::memcpy(b.data(), c.data_ptr(), b.size());
-  return b;
-}
-
-void require_bit_equal(const Tensor& gpu, const Tensor& cpu) {
-  REQUIRE(gpu.device() == kGPU);
-  REQUIRE(gpu.shape() == cpu.shape());
-  REQUIRE(gpu.dtype() == cpu.dtype());
-  REQUIRE(bits(gpu) == bits(cpu));
-}
+// This file's tolerances: f16 and bf16 looser than the defaults.
+constexpr cuda_test::Tolerances tol_for{.f16 = 2e-3, .bf16 = 2e-2};
 
 Tensor gpu_leaf(const Tensor& cpu_value) {
   Tensor t = cpu_value.to(kGPU);
@@ -118,7 +80,7 @@ TEST_CASE("cuda embedding backward: repeated rows summed in order, deterministic
       if (dt == f32 || dt == f64) {
         require_bit_equal(wg.grad(), wc.grad());
       } else {
-        require_same(wg.grad(), wc.grad(), 50 * tol_for(dt));
+        require_match(wg.grad(), wc.grad(), 50 * tol_for(dt));
       }
       // Run to run: the same bits.
       Tensor wg2 = gpu_leaf(w);
@@ -187,7 +149,7 @@ TEST_CASE("cuda index_select: every dim, dtype and layout; gradient", "[cuda][in
       Tensor ac = cpu_leaf(a), ag = gpu_leaf(a);
       index_select(ac, dim, idx).backward(g);
       index_select(ag, dim, idx.to(kGPU)).backward(g.to(kGPU));
-      require_same(ag.grad(), ac.grad(), 30 * tol_for(dt));
+      require_match(ag.grad(), ac.grad(), 30 * tol_for(dt));
     }
   }
 }
@@ -228,7 +190,7 @@ TEST_CASE("cuda gather: every dim and dtype, permuted inputs; gradient", "[cuda]
     Tensor ac = cpu_leaf(a), ag = gpu_leaf(a);
     gather(ac, 0, idx).backward(g);
     gather(ag, 0, idx.to(kGPU)).backward(g.to(kGPU));
-    require_same(ag.grad(), ac.grad(), 10 * tol_for(dt));
+    require_match(ag.grad(), ac.grad(), 10 * tol_for(dt));
   }
 }
 
@@ -249,14 +211,14 @@ TEST_CASE("cuda scatter_add: repeated indices summed in order, src larger than i
       Tensor want = scatter_add(a, dim, idx, src);
       Tensor got = scatter_add(a.to(kGPU), dim, idx.to(kGPU), src.to(kGPU));
       if (dt == f16 || dt == bf16) {
-        require_same(got, want, 20 * tol_for(dt));
+        require_match(got, want, 20 * tol_for(dt));
       } else {
         require_bit_equal(got, want);  // same order of additions
       }
       REQUIRE(bits(scatter_add(a.to(kGPU), dim, idx.to(kGPU), src.to(kGPU))) == bits(got));  // run to run
       // permuted input and index
       Tensor ap = permute(a, {2, 0, 1}).contiguous().permute({1, 2, 0});
-      require_same(scatter_add(ap.to(kGPU).permute({2, 0, 1}).contiguous().permute({1, 2, 0}), dim,
+      require_match(scatter_add(ap.to(kGPU).permute({2, 0, 1}).contiguous().permute({1, 2, 0}), dim,
                                idx.to(i32).to(kGPU), src.to(kGPU)),
                    scatter_add(ap, dim, idx.to(i32), src), 20 * tol_for(dt));
     }
@@ -268,8 +230,8 @@ TEST_CASE("cuda scatter_add: repeated indices summed in order, src larger than i
     Tensor ac = cpu_leaf(a), sc = cpu_leaf(src), ag = gpu_leaf(a), sg = gpu_leaf(src);
     scatter_add(ac, 0, idx, sc).backward(g);
     scatter_add(ag, 0, idx.to(kGPU), sg).backward(g.to(kGPU));
-    require_same(ag.grad(), ac.grad(), tol_for(dt));
-    require_same(sg.grad(), sc.grad(), tol_for(dt));
+    require_match(ag.grad(), ac.grad(), tol_for(dt));
+    require_match(sg.grad(), sc.grad(), tol_for(dt));
   }
 }
 

@@ -16,32 +16,12 @@ using test_util::require_close;
 
 namespace {
 
-const Device kGPU = Device::cuda(0);
+using cuda_test::kGPU;
+using cuda_test::random;
+using cuda_test::require_match;
 
-// Relative-plus-absolute tolerance per dtype; products of K ~ 64 terms of unit size.
-double tol_for(Dtype d) {
-  switch (d) {
-    case f64: return 1e-12;
-    case f32: return 2e-5;
-    case f16: return 4e-3;
-    case bf16: return 3e-2;
-    default: return 0;  // integers: exact
-  }
-}
-
-// Fresh random values of dtype (integers in [-4, 4]).
-Tensor random(const Shape& shape, Dtype dtype) {
-  if (is_integral(dtype)) return randint(-4, 5, shape, dtype);
-  return to_dtype(randn(shape), dtype);
-}
-
-void require_same(const Tensor& gpu, const Tensor& cpu, double tol) {
-  REQUIRE(gpu.device() == kGPU);
-  REQUIRE(gpu.shape() == cpu.shape());
-  REQUIRE(gpu.dtype() == cpu.dtype());
-  require_close(to_dtype(gpu.to(kCPU), f64).contiguous().to_vector<double>(),
-                to_dtype(cpu, f64).contiguous().to_vector<double>(), tol);
-}
+// Products of K ~ 64 terms of unit size: looser than the defaults.
+constexpr cuda_test::Tolerances tol_for{.f32 = 2e-5, .f16 = 4e-3, .bf16 = 3e-2};
 
 using View = std::function<Tensor(const Tensor&)>;
 const View kSame = [](const Tensor& t) { return t; };
@@ -53,7 +33,7 @@ void check_matmul(const Shape& as, const Shape& bs, Dtype dtype, const View& va 
   Tensor ga = va(a.to(kGPU)), gb = vb(b.to(kGPU));
   INFO("a " << shape_str(ca.shape()) << " strides " << shape_str(ca.strides()) << ", b " << shape_str(cb.shape())
             << " strides " << shape_str(cb.strides()) << ", " << dtype);
-  require_same(matmul(ga, gb), matmul(ca, cb), tol_for(dtype));
+  require_match(matmul(ga, gb), matmul(ca, cb), tol_for(dtype));
 }
 
 }  // namespace
@@ -100,30 +80,30 @@ TEST_CASE("cuda matmul: mm, bmm, linear and addmm", "[cuda][matmul]") {
     INFO(dtype);
     const double tol = tol_for(dtype);
     Tensor a = random({7, 9}, dtype), b = random({9, 5}, dtype);
-    require_same(mm(a.to(kGPU), b.to(kGPU)), mm(a, b), tol);
+    require_match(mm(a.to(kGPU), b.to(kGPU)), mm(a, b), tol);
     Tensor x = random({3, 7, 9}, dtype), y = random({3, 9, 5}, dtype);
-    require_same(bmm(x.to(kGPU), y.to(kGPU)), bmm(x, y), tol);
+    require_match(bmm(x.to(kGPU), y.to(kGPU)), bmm(x, y), tol);
 
     Tensor w = random({6, 9}, dtype), bias = random({6}, dtype);
     for (const Shape& xs : std::vector<Shape>{{9}, {4, 9}, {2, 3, 9}, {0, 9}}) {
       Tensor in = random(xs, dtype);
       INFO("linear input " << shape_str(xs));
-      require_same(linear(in.to(kGPU), w.to(kGPU), bias.to(kGPU)), linear(in, w, bias), tol);
-      require_same(linear(in.to(kGPU), w.to(kGPU), Tensor()), linear(in, w, Tensor()), tol);
+      require_match(linear(in.to(kGPU), w.to(kGPU), bias.to(kGPU)), linear(in, w, bias), tol);
+      require_match(linear(in.to(kGPU), w.to(kGPU), Tensor()), linear(in, w, Tensor()), tol);
     }
     // A non-contiguous input whose leading dims do not fold: materialised first.
     Tensor in = random({3, 2, 9}, dtype);
-    require_same(linear(in.to(kGPU).transpose(0, 1), w.to(kGPU), bias.to(kGPU)), linear(in.transpose(0, 1), w, bias),
+    require_match(linear(in.to(kGPU).transpose(0, 1), w.to(kGPU), bias.to(kGPU)), linear(in.transpose(0, 1), w, bias),
                  tol);
 
     for (const Shape& bs : std::vector<Shape>{{5}, {7, 1}, {1, 5}, {7, 5}, {}}) {
       Tensor c = random(bs, dtype);
       INFO("addmm bias " << shape_str(bs));
-      require_same(addmm(c.to(kGPU), a.to(kGPU), b.to(kGPU)), addmm(c, a, b), tol);
+      require_match(addmm(c.to(kGPU), a.to(kGPU), b.to(kGPU)), addmm(c, a, b), tol);
     }
     // Transposed operands and a strided bias.
     Tensor at = random({9, 7}, dtype), bt = random({5, 9}, dtype), c = random({5, 2}, dtype);
-    require_same(addmm(c.to(kGPU).select(1, 1), at.to(kGPU).t(), bt.to(kGPU).t()),
+    require_match(addmm(c.to(kGPU).select(1, 1), at.to(kGPU).t(), bt.to(kGPU).t()),
                  addmm(c.select(1, 1), at.t(), bt.t()), tol);
   }
 }
@@ -132,11 +112,11 @@ TEST_CASE("cuda matmul: empty operands give empty or zero results", "[cuda][matm
   TANDEM_REQUIRE_CUDA_OR_SKIP();
   for (Dtype dtype : {f32, f16, i64}) {
     Tensor z = matmul(zeros({3, 0}, dtype).to(kGPU), zeros({0, 4}, dtype).to(kGPU));  // K = 0: zeros
-    require_same(z, zeros({3, 4}, dtype), 0);
+    require_match(z, zeros({3, 4}, dtype), 0);
     REQUIRE(matmul(zeros({0, 5}, dtype).to(kGPU), zeros({5, 4}, dtype).to(kGPU)).shape() == Shape{0, 4});
     REQUIRE(matmul(zeros({2, 0, 3, 5}, dtype).to(kGPU), zeros({5, 4}, dtype).to(kGPU)).shape() == Shape{2, 0, 3, 4});
     Tensor bias = random({4}, dtype);
-    require_same(addmm(bias.to(kGPU), zeros({3, 0}, dtype).to(kGPU), zeros({0, 4}, dtype).to(kGPU)),
+    require_match(addmm(bias.to(kGPU), zeros({3, 0}, dtype).to(kGPU), zeros({0, 4}, dtype).to(kGPU)),
                  addmm(bias, zeros({3, 0}, dtype), zeros({0, 4}, dtype)), 0);
   }
 }
@@ -158,8 +138,8 @@ TEST_CASE("cuda matmul: gradients match the CPU's", "[cuda][matmul][autograd]") 
       Tensor up = random(matmul(a, b).shape(), dtype);
       sum(mul(matmul(ca, cb), up)).backward();
       sum(mul(matmul(ga, gb), up.to(kGPU))).backward();
-      require_same(ga.grad(), ca.grad(), tol_for(dtype) * 4);
-      require_same(gb.grad(), cb.grad(), tol_for(dtype) * 4);
+      require_match(ga.grad(), ca.grad(), tol_for(dtype) * 4);
+      require_match(gb.grad(), cb.grad(), tol_for(dtype) * 4);
     }
     // Transposed operands: the backward GEMMs read them through op flags too.
     Tensor a = random({5, 4}, dtype), b = random({3, 5}, dtype);
@@ -167,8 +147,8 @@ TEST_CASE("cuda matmul: gradients match the CPU's", "[cuda][matmul][autograd]") 
     Tensor ga = test_util::leaf(a.to(kGPU)), gb = test_util::leaf(b.to(kGPU));
     sum(matmul(ca.t(), cb.t())).backward();
     sum(matmul(ga.t(), gb.t())).backward();
-    require_same(ga.grad(), ca.grad(), tol_for(dtype) * 4);
-    require_same(gb.grad(), cb.grad(), tol_for(dtype) * 4);
+    require_match(ga.grad(), ca.grad(), tol_for(dtype) * 4);
+    require_match(gb.grad(), cb.grad(), tol_for(dtype) * 4);
   }
 }
 
@@ -186,9 +166,9 @@ TEST_CASE("cuda linear and addmm: gradients of input, weight and bias", "[cuda][
       Tensor up = random(linear(x, w, bias).shape(), dtype);
       sum(mul(linear(cx, cw, cbias), up)).backward();
       sum(mul(linear(gx, gw, gbias), up.to(kGPU))).backward();
-      require_same(gx.grad(), cx.grad(), tol);
-      require_same(gw.grad(), cw.grad(), tol);
-      require_same(gbias.grad(), cbias.grad(), tol);
+      require_match(gx.grad(), cx.grad(), tol);
+      require_match(gw.grad(), cw.grad(), tol);
+      require_match(gbias.grad(), cbias.grad(), tol);
     }
     Tensor c = random({7, 1}, dtype), a = random({7, 9}, dtype), b = random({9, 5}, dtype);
     Tensor cc = test_util::leaf(c.clone()), ca = test_util::leaf(a.clone()), cb = test_util::leaf(b.clone());
@@ -196,9 +176,9 @@ TEST_CASE("cuda linear and addmm: gradients of input, weight and bias", "[cuda][
     Tensor up = random({7, 5}, dtype);
     sum(mul(addmm(cc, ca, cb), up)).backward();
     sum(mul(addmm(gc, ga, gb), up.to(kGPU))).backward();
-    require_same(gc.grad(), cc.grad(), tol);
-    require_same(ga.grad(), ca.grad(), tol);
-    require_same(gb.grad(), cb.grad(), tol);
+    require_match(gc.grad(), cc.grad(), tol);
+    require_match(ga.grad(), ca.grad(), tol);
+    require_match(gb.grad(), cb.grad(), tol);
   }
 }
 
@@ -221,8 +201,8 @@ TEST_CASE("cuda matmul: large products (cuBLAS workspace, split reductions)", "[
   Tensor cw = test_util::leaf(w.clone()), gw = test_util::leaf(w.to(kGPU));
   sum(mul(linear(cx, cw, Tensor()), g)).backward();
   sum(mul(linear(gx, gw, Tensor()), g.to(kGPU))).backward();
-  require_same(gw.grad(), cw.grad(), 1e-4);
-  require_same(gx.grad(), cx.grad(), 1e-4);
+  require_match(gw.grad(), cw.grad(), 1e-4);
+  require_match(gx.grad(), cx.grad(), 1e-4);
 }
 
 TEST_CASE("cuda matmul: TF32 only when allowed", "[cuda][matmul]") {
@@ -261,8 +241,8 @@ TEST_CASE("cuda matmul: runs on the current stream and from several threads", "[
     Tensor c = matmul(ga, gb);
     Tensor c2 = matmul(c, gb.t());  // ordered after c on s
     s.synchronize();
-    require_same(c, want, tol_for(f32));
-    require_same(c2, matmul(want, b.t()), 1e-4);
+    require_match(c, want, tol_for(f32));
+    require_match(c2, matmul(want, b.t()), 1e-4);
   }
   std::vector<Tensor> results(4);
   std::vector<std::thread> threads;

@@ -14,6 +14,7 @@
 #include "cuda_test_util.h"
 #include "dist/nccl_backend.h"
 #include "dist_cases.h"
+#include "mpi_case.h"
 #include "tandem.h"
 
 using namespace tandem;
@@ -314,22 +315,13 @@ ProcessGroupPtr mpi_world() {
   return w;
 }
 
-// As test_dist_mpi: the ranks agree on the verdict, so a failure on one fails the case on all.
+// As test_dist_mpi (mpi_case.h): the ranks agree on the verdict, so a failure on one fails the
+// case on all. The case gets the world itself and this rank's device.
 void run_mpi_case(const std::function<void(ProcessGroup&, int device)>& fn) {
   ProcessGroupPtr world = mpi_world();
   const int device = mpi_info().local_rank % cuda::device_count();  // ranks may share the GPU
   cuda::set_device(device);
-  std::string error;
-  try {
-    fn(*world, device);
-  } catch (const std::exception& e) {
-    error = e.what();
-  }
-  Tensor failed = make({1}, i32, [&](int64_t) { return error.empty() ? 0 : 1; });
-  world->allreduce(failed, ReduceOp::sum)->wait();
-  INFO("rank " << world->rank() << " of " << world->size() << ": " << error);
-  REQUIRE(error.empty());
-  REQUIRE(at(failed, 0) == 0);  // another rank failed: see its output
+  mpi_case::run_case(world, [&](ProcessGroupPtr g) { fn(*g, device); });
 }
 
 }  // namespace
@@ -337,11 +329,7 @@ void run_mpi_case(const std::function<void(ProcessGroup&, int device)>& fn) {
 TEST_CASE("mpi with CUDA tensors: every collective x dtype", "[cuda][cuda_mpi]") {
   TANDEM_REQUIRE_CUDA_OR_SKIP();
   run_mpi_case([](ProcessGroup& world, int device) {
-    OnDevice d(world.new_group([&] {
-      std::vector<int> all;
-      for (int k = 0; k < world.size(); ++k) all.push_back(k);
-      return all;
-    }()), Device::cuda(device));
+    OnDevice d(world.new_group(mpi_case::all_ranks(world)), Device::cuda(device));
     allreduce_all(d);
     allreduce_coalesced_all(d);
     broadcast_all(d);

@@ -15,62 +15,17 @@
 
 using namespace tandem;
 using test_util::leaf;
-using test_util::vals;
 using Catch::Contains;
 
 namespace {
 
-const Device kCuda = Device::cuda(0);
+using cuda_test::check_op;
+using cuda_test::kGPU;
+using cuda_test::random;
+using cuda_test::require_match;
 
-double tol_for(Dtype dt) {
-  switch (dt) {
-    case f64: return 1e-10;
-    case f32: return 1e-5;
-    case f16: return 2e-3;
-    case bf16: return 1.6e-2;
-    default: return 0;
-  }
-}
-
-Tensor random(const Shape& shape, Dtype dt, double scale = 1) { return (randn(shape) * scale).to(dt); }
-
-void expect_close(const Tensor& got, const Tensor& want, double tol) {
-  REQUIRE(got.defined());
-  REQUIRE(got.device() == kCuda);
-  Tensor g = got.to(kCPU);
-  REQUIRE(g.shape() == want.shape());
-  REQUIRE(g.dtype() == want.dtype());
-  std::vector<double> gv = vals(g), wv = vals(want);
-  for (size_t i = 0; i < gv.size(); ++i) {
-    INFO("element " << i << ": got " << gv[i] << ", want " << wv[i]);
-    if (std::isnan(wv[i])) {
-      REQUIRE(std::isnan(gv[i]));
-    } else if (std::isinf(wv[i])) {
-      REQUIRE(gv[i] == wv[i]);
-    } else {
-      REQUIRE(std::abs(gv[i] - wv[i]) <= tol * (1 + std::abs(wv[i])));
-    }
-  }
-}
-
-// fn(inputs) on the CPU vs on copies moved to CUDA: the output, then the gradient of
-// sum(fn(inputs) * w) for every input.
-void check_op(const std::function<Tensor(const TensorList&)>& fn, const TensorList& in, double tol) {
-  TensorList c, d;
-  for (const Tensor& t : in) {
-    c.push_back(leaf(t.clone()));
-    d.push_back(leaf(t.to(kCuda).detach()));
-  }
-  Tensor yc = fn(c), yd = fn(d);
-  expect_close(yd, yc, tol);
-  Tensor w = random(yc.shape(), yc.dtype());
-  yc.backward(w);
-  yd.backward(w.to(kCuda));
-  for (size_t i = 0; i < in.size(); ++i) {
-    INFO("gradient of input " << i);
-    expect_close(d[i].grad(), c[i].grad(), tol);
-  }
-}
+// Softmax and layer norm reduce over rows: looser than the defaults.
+constexpr cuda_test::Tolerances tol_for{.f64 = 1e-10, .f16 = 2e-3, .bf16 = 1.6e-2};
 
 const Dtype kFloats[] = {f32, f64, f16, bf16};
 
@@ -140,22 +95,22 @@ TEST_CASE("cuda dropout draws the CPU's mask for the same seed", "[cuda][nn_ops]
     Tensor xc = leaf(x.clone());
     Tensor yc = dropout(xc, 0.3, true);
     set_rng_state(s);
-    Tensor xd = leaf(x.to(kCuda).detach());
+    Tensor xd = leaf(x.to(kGPU).detach());
     Tensor yd = dropout(xd, 0.3, true);
-    expect_close(yd, yc, 0);
+    require_match(yd, yc, 0);
     Tensor w = random(yc.shape(), dt);
     yc.backward(w);
-    yd.backward(w.to(kCuda));
-    expect_close(xd.grad(), xc.grad(), 0);
+    yd.backward(w.to(kGPU));
+    require_match(xd.grad(), xc.grad(), 0);
   }
-  Tensor x = random({10}, f32).to(kCuda);
+  Tensor x = random({10}, f32).to(kGPU);
   REQUIRE(equal(dropout(x, 0.5, false), x));
   REQUIRE(equal(dropout(x, 1.0, true).to(kCPU), zeros({10})));
 }
 
 TEST_CASE("cuda nn ops reject tensors on different devices", "[cuda][nn_ops]") {
   TANDEM_REQUIRE_CUDA_OR_SKIP();
-  Tensor x = random({4, 16}, f32).to(kCuda);
+  Tensor x = random({4, 16}, f32).to(kGPU);
   Tensor w = random({16}, f32);
   REQUIRE_THROWS_WITH(layer_norm(x, {16}, w), Contains("cpu"));
   Tensor y = softmax(x, 1);
@@ -200,8 +155,8 @@ TEST_CASE("cuda fused cross_entropy matches the CPU's composed one", "[cuda][nn_
             nn::CrossEntropyOptions o;
             o.reduction = c.reduction;
             o.label_smoothing = c.smoothing;
-            if (weight.defined()) o.weight = t[0].is_cpu() ? weight : weight.to(kCuda);
-            return nn::cross_entropy(t[0], t[0].is_cpu() ? target : target.to(kCuda), o);
+            if (weight.defined()) o.weight = t[0].is_cpu() ? weight : weight.to(kGPU);
+            return nn::cross_entropy(t[0], t[0].is_cpu() ? target : target.to(kGPU), o);
           },
           {random(c.logits, dt, 2)}, tol);
     }

@@ -16,16 +16,10 @@ using test_util::require_close;
 
 namespace {
 
-const Device kGPU = Device::cuda(0);
+using cuda_test::kGPU;
 
-double tol_for(Dtype d) {
-  switch (d) {
-    case f64: return 1e-12;
-    case f32: return 1e-5;
-    case f16: return 3e-3;
-    default: return 2e-2;  // bf16
-  }
-}
+// Several steps of rounded updates: f16 and bf16 looser than the defaults.
+constexpr cuda_test::Tolerances tol_for{.f16 = 3e-3, .bf16 = 2e-2};
 
 // The same parameters on the CPU and on the GPU.
 struct Params {

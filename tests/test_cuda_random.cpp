@@ -19,14 +19,10 @@ using test_util::require_close;
 
 namespace {
 
-const Device kGPU = Device::cuda(0);
-
-std::vector<unsigned char> bits(const Tensor& t) {
-  Tensor c = (t.is_cpu() ? t : t.to(kCPU)).contiguous();
-  std::vector<unsigned char> b(c.nbytes());
-  if (!b.empty()) std::memcpy(b.data(), c.data_ptr(), b.size());
-  return b;
-}
+using cuda_test::bits;
+using cuda_test::host_values;
+using cuda_test::kGPU;
+using cuda_test::require_bit_equal;
 
 // The number of elements whose bits differ (contiguous copies, same dtype).
 int64_t mismatches(const Tensor& gpu, const Tensor& cpu) {
@@ -39,12 +35,6 @@ int64_t mismatches(const Tensor& gpu, const Tensor& cpu) {
   int64_t n = 0;
   for (size_t i = 0; i < a.size(); i += isz) n += std::memcmp(&a[i], &b[i], isz) != 0;
   return n;
-}
-
-void require_bit_equal(const Tensor& gpu, const Tensor& cpu) { REQUIRE(mismatches(gpu, cpu) == 0); }
-
-std::vector<double> host_values(const Tensor& t) {
-  return to_dtype(t.is_cpu() ? t : t.to(kCPU), f64).contiguous().to_vector<double>();
 }
 
 }  // namespace

@@ -14,56 +14,24 @@
 
 using namespace tandem;
 using test_util::leaf;
-using test_util::vals;
 using Catch::Contains;
 
 namespace {
 
-const Device kCuda = Device::cuda(0);
+using cuda_test::kGPU;
+using cuda_test::random;
+using cuda_test::require_match;
 
-double tol_for(Dtype dt) {
-  switch (dt) {
-    case f64: return 1e-10;
-    case f32: return 1e-5;
-    case f16: return 2e-3;
-    case bf16: return 1.6e-2;
-    default: return 0;
-  }
-}
-
-Tensor random(const Shape& shape, Dtype dt) { return randn(shape).to(dt); }
-
-// Relative-plus-absolute closeness; NaN and infinities must match exactly.
-void expect_close(const Tensor& got, const Tensor& want, double tol) {
-  REQUIRE(got.defined());
-  REQUIRE(got.device() == kCuda);
-  Tensor g = got.to(kCPU);
-  REQUIRE(g.shape() == want.shape());
-  REQUIRE(g.dtype() == want.dtype());
-  std::vector<double> gv = vals(g), wv = vals(want);
-  for (size_t i = 0; i < gv.size(); ++i) {
-    INFO("element " << i << ": got " << gv[i] << ", want " << wv[i]);
-    if (std::isnan(wv[i])) {
-      REQUIRE(std::isnan(gv[i]));
-    } else if (std::isinf(wv[i])) {
-      REQUIRE(gv[i] == wv[i]);
-    } else {
-      REQUIRE(std::abs(gv[i] - wv[i]) <= tol * (1 + std::abs(wv[i])));
-    }
-  }
-}
+// Reductions sum many terms: looser than the defaults.
+constexpr cuda_test::Tolerances tol_for{.f64 = 1e-10, .f16 = 2e-3, .bf16 = 1.6e-2};
 
 // fn on x (CPU) vs fn on x moved to CUDA; for floating x also the gradient of sum(fn(x) * w).
 void check_op(const std::function<Tensor(const Tensor&)>& fn, const Tensor& x, double tol, bool grad = true) {
-  expect_close(fn(x.to(kCuda)), fn(x), tol);
-  if (!grad || !is_floating(x.dtype())) return;
-  Tensor xc = leaf(x.clone());
-  Tensor xd = leaf(x.to(kCuda).detach());
-  Tensor yc = fn(xc), yd = fn(xd);
-  Tensor w = random(yc.shape(), yc.dtype());
-  yc.backward(w);
-  yd.backward(w.to(kCuda));
-  expect_close(xd.grad(), xc.grad(), tol);
+  if (!grad || !is_floating(x.dtype())) {
+    require_match(fn(x.to(kGPU)), fn(x), tol);
+    return;
+  }
+  cuda_test::check_op([&](const TensorList& in) { return fn(in[0]); }, {x}, tol);
 }
 
 const Dtype kFloats[] = {f32, f64, f16, bf16};
@@ -101,7 +69,7 @@ TEST_CASE("cuda sum of integers and bool accumulates in i64", "[cuda][reduce]") 
   check_op([](const Tensor& t) { return sum(t); }, xl, 0);
   Tensor xb = gt(randn({5, 77}), Scalar(0.3));
   check_op([](const Tensor& t) { return sum(t, {1}); }, xb, 0);
-  REQUIRE(sum(xb.to(kCuda)).dtype() == i64);
+  REQUIRE(sum(xb.to(kGPU)).dtype() == i64);
 }
 
 TEST_CASE("cuda large reductions split over blocks and are deterministic", "[cuda][reduce]") {
@@ -121,9 +89,9 @@ TEST_CASE("cuda large reductions split over blocks and are deterministic", "[cud
   Tensor mid = random({8, 5000, 16}, bf16);
   check_op([](const Tensor& t) { return sum(t, {1}); }, mid, 2e-2);
   // Reproducible bit for bit, run to run.
-  Tensor bd = big.to(kCuda);
+  Tensor bd = big.to(kGPU);
   REQUIRE(sum(bd).item<float>() == sum(bd).item<float>());
-  Tensor cd = cols.to(kCuda);
+  Tensor cd = cols.to(kGPU);
   REQUIRE(equal(sum(cd, {0}), sum(cd, {0})));
 }
 
@@ -189,20 +157,20 @@ TEST_CASE("cuda reductions of empty tensors match the CPU", "[cuda][reduce]") {
   check_op([](const Tensor& t) { return sum(t, {0}); }, e, 0, false);
   check_op([](const Tensor& t) { return mean(t, {1}); }, e, 0, false);
   check_op([](const Tensor& t) { return logsumexp(t, {1}); }, e, 0, false);
-  REQUIRE_THROWS_WITH(amax(e.to(kCuda), {1}), Contains("empty"));
+  REQUIRE_THROWS_WITH(amax(e.to(kGPU), {1}), Contains("empty"));
 }
 
 TEST_CASE("cuda broadcast gradients sum to the operand's shape", "[cuda][reduce]") {
   TANDEM_REQUIRE_CUDA_OR_SKIP();
   Tensor a = random({16, 9, 5}, f32), b = random({9, 1}, f32);
   Tensor ac = leaf(a.clone()), bc = leaf(b.clone());
-  Tensor ad = leaf(a.to(kCuda).detach()), bd = leaf(b.to(kCuda).detach());
+  Tensor ad = leaf(a.to(kGPU).detach()), bd = leaf(b.to(kGPU).detach());
   Tensor w = random({16, 9, 5}, f32);
   (ac * bc).backward(w);
-  (ad * bd).backward(w.to(kCuda));
-  expect_close(bd.grad(), bc.grad(), 1e-5);
-  expect_close(ad.grad(), ac.grad(), 1e-5);
-  expect_close(detail::sum_to_shape(w.to(kCuda), {9, 5}, "test"), detail::sum_to_shape(w, {9, 5}, "test"), 1e-5);
+  (ad * bd).backward(w.to(kGPU));
+  require_match(bd.grad(), bc.grad(), 1e-5);
+  require_match(ad.grad(), ac.grad(), 1e-5);
+  require_match(detail::sum_to_shape(w.to(kGPU), {9, 5}, "test"), detail::sum_to_shape(w, {9, 5}, "test"), 1e-5);
 }
 
 TEST_CASE("cuda reduction kernels reject tensors on different devices", "[cuda][reduce]") {
@@ -210,6 +178,6 @@ TEST_CASE("cuda reduction kernels reject tensors on different devices", "[cuda][
   Tensor a = random({4, 5}, f32);
   detail::ReducePlan pl = detail::plan_reduction(a, {1}, false, "amax");
   Tensor r = amax(a, {1});
-  REQUIRE_THROWS_WITH(detail::extreme_grad(r.to(kCuda), a, r, pl), Contains("different devices"));
-  REQUIRE_THROWS_WITH(detail::logsumexp_grad(r, a.to(kCuda), r, pl), Contains("different devices"));
+  REQUIRE_THROWS_WITH(detail::extreme_grad(r.to(kGPU), a, r, pl), Contains("different devices"));
+  REQUIRE_THROWS_WITH(detail::logsumexp_grad(r, a.to(kGPU), r, pl), Contains("different devices"));
 }

@@ -18,7 +18,7 @@ namespace tc = tandem::cuda;
 
 namespace {
 
-const Device kGPU = Device::cuda(0);
+using cuda_test::kGPU;
 
 TensorOptions on_gpu(Dtype d = f32) { return TensorOptions(d, kGPU); }
 

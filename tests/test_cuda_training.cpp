@@ -18,7 +18,7 @@ using test_util::require_close;
 
 namespace {
 
-const Device kGPU = Device::cuda(0);
+using cuda_test::kGPU;
 
 constexpr int64_t kVocab = 40, kDim = 16, kHidden = 32, kClasses = 5, kBatch = 12, kSeq = 7;
 

@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 
 #include "ddp_cases.h"
+#include "mpi_case.h"
 
 using namespace tandem;
 using namespace tandem::dist;
@@ -11,32 +12,13 @@ using namespace ddp_cases;
 
 namespace {
 ProcessGroupPtr mpi_world() {
-  static ProcessGroupPtr w = [] {
-    InitOptions o;
-    o.backend = "mpi";
-    o.timeout = std::chrono::seconds(60);
-    return init(o);
-  }();
+  static ProcessGroupPtr w = mpi_case::init_world(std::chrono::seconds(60));
   return w;
 }
 
+// Each case on a fresh group of every rank (mpi_case.h), 60 s per collective.
 void run_case(const std::function<void(ProcessGroupPtr)>& fn) {
-  ProcessGroupPtr world = mpi_world();
-  std::vector<int> all;
-  for (int k = 0; k < world->size(); ++k) all.push_back(k);
-  std::string error;
-  try {
-    ProcessGroupPtr g = world->new_group(all);
-    g->set_timeout(std::chrono::seconds(60));
-    fn(g);
-  } catch (const std::exception& e) {
-    error = e.what();
-  }
-  Tensor failed = from_vector<int32_t>({error.empty() ? 0 : 1});
-  world->allreduce(failed, ReduceOp::sum)->wait();
-  INFO("rank " << world->rank() << " of " << world->size() << ": " << error);
-  REQUIRE(error.empty());
-  REQUIRE(failed.item<int32_t>() == 0);  // another rank failed: see its output
+  mpi_case::run_case(mpi_world(), fn, std::chrono::seconds(60));
 }
 }  // namespace
 

@@ -3,8 +3,10 @@
 #pragma once
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -12,6 +14,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace bench {
@@ -40,6 +43,35 @@ inline double rss_bytes() {
   long pages_total = 0, pages_resident = 0;
   f >> pages_total >> pages_resident;
   return static_cast<double>(pages_resident) * 4096.0;
+}
+
+// Runs `cmd` through the shell and returns the last line of its stdout that parses as JSON (MPI
+// and Python may print notices before it); nullopt if it cannot start, exits non-zero or prints
+// no JSON. With `report_as` (the program's name) a failure is told on stderr with the output;
+// without it the failure is silent, for peers whose absence (no PyTorch) is an expected case.
+inline std::optional<nlohmann::json> run_json(const std::string& cmd, std::string_view report_as = {}) {
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return std::nullopt;
+  std::string out;
+  std::array<char, 4096> buf;
+  while (size_t k = fread(buf.data(), 1, buf.size(), p)) out.append(buf.data(), k);
+  if (pclose(p) != 0) {
+    if (!report_as.empty()) fmt::print(stderr, "{}: '{}' failed:\n{}\n", report_as, cmd, out);
+    return std::nullopt;
+  }
+  size_t end = out.size();
+  while (end > 0) {
+    size_t start = out.rfind('\n', end - 1);
+    start = start == std::string::npos ? 0 : start + 1;
+    try {
+      return nlohmann::json::parse(out.substr(start, end - start));
+    } catch (const std::exception&) {
+    }
+    if (start == 0) break;
+    end = start - 1;
+  }
+  if (!report_as.empty()) fmt::print(stderr, "{}: no JSON from '{}':\n{}\n", report_as, cmd, out);
+  return std::nullopt;
 }
 
 struct Row {

@@ -8,7 +8,6 @@
 #include <CLI/CLI.hpp>
 #include <cblas.h>
 
-#include <array>
 #include <cstdio>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -52,19 +51,9 @@ std::pair<double, double> matmul_gflops(int64_t n, int runs) {
   return {flops / ours / 1e9, flops / peer / 1e9};
 }
 
+// The PyTorch peer's rows; nullopt (silently) where it cannot run.
 std::optional<nlohmann::json> run_peer(int runs) {
-  std::string cmd = fmt::format("/usr/bin/python3 {}/bench_cpu_peer.py {} 2>/dev/null", TANDEM_TOOLS_DIR, runs);
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return std::nullopt;
-  std::string out;
-  std::array<char, 4096> buf;
-  while (size_t k = fread(buf.data(), 1, buf.size(), p)) out.append(buf.data(), k);
-  if (pclose(p) != 0) return std::nullopt;
-  try {
-    return nlohmann::json::parse(out);
-  } catch (const std::exception&) {
-    return std::nullopt;
-  }
+  return bench::run_json(fmt::format("/usr/bin/python3 {}/bench_cpu_peer.py {} 2>/dev/null", TANDEM_TOOLS_DIR, runs));
 }
 
 }  // namespace

@@ -32,31 +32,8 @@ double peak_rss_mib() {
   return static_cast<double>(u.ru_maxrss) / 1024.0;  // ru_maxrss is in KiB on Linux
 }
 
-std::optional<nlohmann::json> run_json(const std::string& cmd) {
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return std::nullopt;
-  std::string out;
-  std::array<char, 4096> buf;
-  while (size_t k = fread(buf.data(), 1, buf.size(), p)) out.append(buf.data(), k);
-  if (pclose(p) != 0) {
-    fmt::print(stderr, "bench_ddp: '{}' failed:\n{}\n", cmd, out);
-    return std::nullopt;
-  }
-  // The last line that parses as JSON (MPI may print notices before it).
-  size_t end = out.size();
-  while (end > 0) {
-    size_t start = out.rfind('\n', end - 1);
-    start = start == std::string::npos ? 0 : start + 1;
-    try {
-      return nlohmann::json::parse(out.substr(start, end - start));
-    } catch (const std::exception&) {
-    }
-    if (start == 0) break;
-    end = start - 1;
-  }
-  fmt::print(stderr, "bench_ddp: no JSON from '{}':\n{}\n", cmd, out);
-  return std::nullopt;
-}
+// A worker's or the peer's JSON result; failures are told on stderr (bench_common.h).
+std::optional<nlohmann::json> run_json(const std::string& cmd) { return bench::run_json(cmd, "bench_ddp"); }
 
 std::string self_exe() {
   std::array<char, 4096> buf{};

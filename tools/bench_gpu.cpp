@@ -14,7 +14,6 @@
 // Without a usable GPU it says so and exits 1.
 #include <CLI/CLI.hpp>
 
-#include <array>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -65,20 +64,10 @@ std::filesystem::path default_peer_script() {
 #endif
 }
 
+// The PyTorch-CUDA peer's rows; nullopt (silently: its own stderr says why) where it cannot run.
 std::optional<nlohmann::json> run_peer(const std::string& script, int runs, bool quick) {
   const char* py = std::getenv("TANDEM_PEER_PYTHON");
-  std::string cmd = fmt::format("{} {} {}{}", py ? py : "python3", script, runs, quick ? " --quick" : "");
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return std::nullopt;
-  std::string out;
-  std::array<char, 4096> buf;
-  while (size_t k = fread(buf.data(), 1, buf.size(), p)) out.append(buf.data(), k);
-  if (pclose(p) != 0) return std::nullopt;
-  try {
-    return nlohmann::json::parse(out);
-  } catch (const std::exception&) {
-    return std::nullopt;
-  }
+  return bench::run_json(fmt::format("{} {} {}{}", py ? py : "python3", script, runs, quick ? " --quick" : ""));
 }
 
 }  // namespace
