@@ -21,6 +21,10 @@ class Backend {
   virtual void deallocate(void* ptr, size_t nbytes, Device device) noexcept = 0;
   // Copies nbytes between two raw buffers, either of which may live on this backend's device.
   virtual void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, size_t nbytes) = 0;
+  // Blocks until the work this thread queued on `device` (its current stream) has finished, so
+  // another thread may read what it produced (the mpi backend stages device tensors on its
+  // communication thread). Nothing to wait for on the CPU.
+  virtual void synchronize(Device device) {}
 };
 
 // The backend for `device`; `op` names the caller in the error when there is none.

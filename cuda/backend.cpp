@@ -51,6 +51,10 @@ class CudaBackend final : public Backend {
   }
 
   void deallocate(void* ptr, size_t, Device) noexcept override { device_free(ptr); }
+  void synchronize(Device device) override {
+    DeviceGuard guard(device);
+    TANDEM_CUDA_CHECK(cudaStreamSynchronize(current_stream(device)));
+  }
 
   void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, size_t nbytes) override {
     if (nbytes == 0) return;

@@ -475,7 +475,9 @@ void launch_rows(int64_t rows, int64_t n, int vec, bool cacheable, const Launch&
   const int threads = block_threads_for(n / vec);
   const unsigned blocks = static_cast<unsigned>(rows);
   const int64_t cache_bytes = n * int64_t(sizeof(T));
-  const bool cached = cacheable && cache_bytes <= kMaxCacheBytes;
+  // The 48 KiB a launch may use without opting in covers the kernel's static shared memory too
+  // (the block-reduce scratch): leave 1 KiB for it, or rows just under 48 KiB fail to launch.
+  const bool cached = cacheable && cache_bytes <= kMaxCacheBytes - 1024;
   const size_t smem = cached ? static_cast<size_t>(cache_bytes) : 0;
   if (vec == VF) {
     if (cached) {

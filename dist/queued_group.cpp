@@ -249,6 +249,13 @@ void QueuedGroup::fail_mismatch(const Op& op, const std::vector<std::string>& fi
 }
 
 WorkPtr QueuedGroup::issue(Op op, bool collective) {
+  // Device tensors are staged through host memory on the communication thread, whose current
+  // stream is not the caller's: wait here for the caller's queued work on them (this slow path
+  // blocks the caller; the nccl backend orders streams with events instead).
+  for (const TensorList* list : {&op.inputs, &op.outputs}) {
+    for (const Tensor& t : *list)
+      if (!t.is_cpu()) backend_for(t.device(), "dist").synchronize(t.device());
+  }
   std::lock_guard issue_lock(issue_mutex_);
   op.seq = collective ? next_seq_ : next_p2p_;
   op.timeout = timeout();

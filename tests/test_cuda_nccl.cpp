@@ -359,5 +359,19 @@ TEST_CASE("mpi with CUDA tensors: a tensor just computed on the device", "[cuda]
       for (int q = 0; q < n; ++q) s += 4 * ((i + q) % 3);
       return s;
     }, "allreduce of a tensor computed just before");
+    // The same on a user stream: the comm thread stages on its own stream, so issue must wait
+    // for the caller's.
+    cuda::Stream user = cuda::Stream::create(device);
+    {
+      cuda::StreamGuard guard(user);
+      Tensor z = x;
+      for (int k = 0; k < 7; ++k) z = z.add(x);  // 8 x, on `user`
+      world.allreduce(z)->wait();
+      expect_values(z.to(kCPU), [&](int64_t i) {
+        double s = 0;
+        for (int q = 0; q < n; ++q) s += 8 * ((i + q) % 3);
+        return s;
+      }, "allreduce of a tensor computed on a user stream");
+    }
   });
 }
