@@ -65,6 +65,7 @@ int main(int argc, char** argv) {
   std::string optimizer = "sgd", backend = "auto", device_name = "cpu";
   int threads = 0;
   bool drop_last = false;
+  std::string progress_style = "auto";
   app.add_option("--hidden", hidden, "hidden width")->check(CLI::PositiveNumber);
   app.add_option("--layers", layers, "hidden layers")->check(CLI::PositiveNumber);
   app.add_option("--batch", batch, "batch size per rank")->check(CLI::PositiveNumber);
@@ -77,6 +78,10 @@ int main(int argc, char** argv) {
   app.add_option("--device", device_name, "cpu, or cuda (the local rank picks the GPU)")
       ->check(CLI::IsMember({"cpu", "cuda"}));
   app.add_flag("--drop-last", drop_last, "drop the tail of each epoch instead of padding the shards");
+  // mpirun hands ranks a pseudo-terminal even when its own output goes to a file, so "auto" can
+  // only see what the rank sees: say --progress lines for logs.
+  app.add_option("--progress", progress_style, "bar (redrawn in place), lines, or auto (bar on a terminal)")
+      ->check(CLI::IsMember({"auto", "bar", "lines"}));
   app.add_option("--features", features, "input features")->check(CLI::PositiveNumber);
   app.add_option("--classes", classes, "classes")->check(CLI::Range(2, 1000));
   app.add_option("--samples", train_n, "training samples")->check(CLI::PositiveNumber);
@@ -124,7 +129,7 @@ int main(int argc, char** argv) {
                    static_cast<long long>(layers), static_cast<long long>(hidden), static_cast<long long>(batch),
                    static_cast<long long>(steps), optimizer.c_str(), lr);
     }
-    const bool tty = isatty(fileno(stdout));
+    const bool tty = progress_style == "bar" || (progress_style == "auto" && isatty(fileno(stdout)));
     const int64_t report_every = std::max<int64_t>(1, steps / (tty ? 100 : 10));
     const double t0 = bench::now_s();
     double loss_value = 0;
