@@ -12,6 +12,8 @@
 
 namespace tandem {
 
+class Tensor;
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -25,6 +27,9 @@ class Backend {
   // another thread may read what it produced (the mpi backend stages device tensors on its
   // communication thread). Nothing to wait for on the CPU.
   virtual void synchronize(Device device) {}
+  // A host tensor shaped like `like` (a tensor on this backend's device) to stage it through, as
+  // the mpi backend does: pinned memory where the device has it, so the copies are DMA.
+  virtual Tensor host_staging(const Tensor& like);
 };
 
 // The backend for `device`; `op` names the caller in the error when there is none.

@@ -5,6 +5,7 @@
 #include <thread>
 
 #include "core/backend.h"
+#include "core/tensor.h"
 
 extern "C" void openblas_set_num_threads(int);
 
@@ -76,6 +77,8 @@ Backend& backend_for(Device device, const char* op) {
   }
   return *b;
 }
+
+Tensor Backend::host_staging(const Tensor& like) { return make_empty(like.shape(), like.dtype(), kCPU, "dist staging"); }
 
 bool has_backend(DeviceType type) {
 #ifdef TANDEM_WITH_CUDA

@@ -51,6 +51,7 @@ class CudaBackend final : public Backend {
   }
 
   void deallocate(void* ptr, size_t, Device) noexcept override { device_free(ptr); }
+  Tensor host_staging(const Tensor& like) override { return pinned_empty(like.shape(), like.dtype()); }
   void synchronize(Device device) override {
     DeviceGuard guard(device);
     TANDEM_CUDA_CHECK(cudaStreamSynchronize(current_stream(device)));

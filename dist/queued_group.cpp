@@ -308,14 +308,16 @@ void QueuedGroup::run_loop() {
 void QueuedGroup::run_one(Op& op) {
   WorkPtr work = op.work;
   try {
-    // Device tensors go through host copies: the collectives below work on CPU memory.
+    // Device tensors go through host copies (pinned memory where the backend has it): the
+    // collectives below work on CPU memory.
     TensorList* lists[] = {&op.inputs, &op.outputs};
     std::vector<std::pair<Tensor, Tensor>> staged;  // (device tensor, host copy)
     for (TensorList* list : lists) {
       for (Tensor& t : *list) {
         if (t.is_cpu()) continue;
-        Tensor host = make_empty(t.shape(), t.dtype(), kCPU, "dist staging");
-        backend_for(t.device(), "dist").copy_bytes(host.data_ptr(), kCPU, t.data_ptr(), t.device(), t.nbytes());
+        Backend& backend = backend_for(t.device(), "dist");
+        Tensor host = backend.host_staging(t);  // pinned for CUDA tensors
+        backend.copy_bytes(host.data_ptr(), kCPU, t.data_ptr(), t.device(), t.nbytes());
         staged.emplace_back(t, host);
         t = host;
       }
