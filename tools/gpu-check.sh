@@ -3,12 +3,19 @@
 # CUDA test, then the rest of the suite, then tools/bench_gpu beside PyTorch-CUDA. Full logs go
 # to $OUT (the device tool's folder) or ./gpu-check-logs; ONE short table is printed last.
 #
-#   tools/gpu-check.sh [all|build|test|bench]     (default all; stages share the build folder,
-#                                                  so a short lease can run them in two calls)
+#   tools/gpu-check.sh [all|build|test|bench|deps]  (default all; stages share the build folder,
+#                                                  so a short lease can run them in two calls;
+#                                                  deps only unpacks the packages below)
+# The GPU machine's image has nvcc, CMake, ninja and g++ but most likely not fmt, nlohmann-json,
+# Catch2 v2, CLI11, OpenBLAS or Open MPI, and it cannot download them. Two steps:
+#   1. here (Debian's mirrors reachable): tools/gpu-deps.sh    -> <repo>/gpu-deps/*.deb (~20 MiB)
+#   2. on the device tool: run tools/gpu-check.sh with carry ["gpu-deps"] (in every call); the
+#      folder is found by default and unpacked into <build>/deps-root (see "dependencies" below).
 # Environment: TANDEM_GPU_BUILD (build folder, default <repo>/build-gpu), JOBS (default 16),
-# CUDA_ARCH (default 90), BENCH_RUNS (default 7), TANDEM_DEPS (a folder of .deb files for
-# packages the machine lacks: each is unpacked with dpkg -x into <build>/deps-root, which is put
-# on the compiler's, linker's and loader's paths; nothing is installed into /).
+# CUDA_ARCH (default 90), BENCH_RUNS (default 7), TANDEM_DEPS (the folder of .deb files, default
+# <repo>/gpu-deps where it has any; empty: use none), TANDEM_DEPS_ALL=1 (unpack even the runtime
+# libraries the machine already has). With deps, <build>/deps-env.sh holds the environment for
+# a shell there (`. build-gpu/deps-env.sh; mpirun ...`).
 #
 # Exit status: 0 when everything passed; 1 tests failed; 2 configure or build failed; 3 no usable
 # CUDA device (after building: the build is still checked); 4 the benchmark failed.
@@ -21,7 +28,7 @@ runs=${BENCH_RUNS:-7}
 stage=${1:-all}
 logs=${OUT:-$root/gpu-check-logs}
 mkdir -p "$logs"
-case "$stage" in all|build|test|bench) ;; *) echo "usage: $0 [all|build|test|bench]" >&2; exit 2 ;; esac
+case "$stage" in all|build|test|bench|deps) ;; *) echo "usage: $0 [all|build|test|bench|deps]" >&2; exit 2 ;; esac
 
 summary=()   # "check|result" lines for the final table
 note() { summary+=("$1|$2"); }
@@ -52,19 +59,108 @@ trap print_summary EXIT
   git -C "$root" log --oneline -1 2>/dev/null
 } > "$logs/env.txt" 2>&1
 
-if [ -n "${TANDEM_DEPS:-}" ] && [ -d "$TANDEM_DEPS" ]; then
+# ---------------------------------------------------------------- dependencies
+# Packages the machine lacks, as .deb files made HERE by tools/gpu-deps.sh (default folder
+# <repo>/gpu-deps, when it exists; TANDEM_DEPS= turns it off). Each is unpacked with dpkg -x into
+# <build>/deps-root (nothing goes into /), then what the packages' postinst scripts would have
+# done is redone there, relocated: alternatives symlinks (libblas/libopenblas/cblas.h, mpicxx,
+# mpirun, libmpi.so), Open MPI's prefix (OPAL_PREFIX, so mpirun/mpicxx find their wrapper data,
+# help files and components) and its Debian MCA defaults, .pc prefixes; then the tree goes on
+# CMake's, the compiler's, the linker's, the loader's and the shell's paths. A "runtime" package
+# of gpu-deps/MANIFEST (a library Open MPI links) is skipped when the loader already has all its
+# sonames, so an older copy never shadows the system's; TANDEM_DEPS_ALL=1 unpacks them anyway.
+deps_dir=${TANDEM_DEPS-$root/gpu-deps}
+if [ -n "$deps_dir" ] && compgen -G "$deps_dir/*.deb" >/dev/null; then
   deps_root="$build/deps-root"
-  mkdir -p "$deps_root"
-  for f in "$TANDEM_DEPS"/*.deb; do [ -e "$f" ] && dpkg -x "$f" "$deps_root"; done
-  multiarch=$(gcc -print-multiarch 2>/dev/null || echo x86_64-linux-gnu)
-  export CMAKE_PREFIX_PATH="$deps_root/usr${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}"
-  export CPATH="$deps_root/usr/include${CPATH:+:$CPATH}"
-  export LIBRARY_PATH="$deps_root/usr/lib/$multiarch:$deps_root/usr/lib${LIBRARY_PATH:+:$LIBRARY_PATH}"
-  export LD_LIBRARY_PATH="$deps_root/usr/lib/$multiarch:$deps_root/usr/lib/$multiarch/openblas-pthread:$deps_root/usr/lib/$multiarch/openmpi/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-  export PATH="$deps_root/usr/bin:$PATH"
-  export OPAL_PREFIX="$deps_root/usr"  # lets a relocated Open MPI find its own files
-  echo "deps: unpacked $(ls "$TANDEM_DEPS"/*.deb 2>/dev/null | wc -l) packages into $deps_root" >> "$logs/env.txt"
+  multiarch=$(gcc -print-multiarch 2>/dev/null); multiarch=${multiarch:-x86_64-linux-gnu}
+  usr="$deps_root/usr"; lib="$usr/lib/$multiarch"
+  # Unpack afresh when the set of .debs (or the skip choice) changed since the last unpack.
+  stamp="$( (cd "$deps_dir" && ls -l --time-style=+%s -- *.deb) | awk '{print $5, $6, $7}'; echo "all=${TANDEM_DEPS_ALL:-0}"; cat "$deps_dir/MANIFEST" 2>/dev/null; cksum < "$0")"
+  if [ ! -f "$deps_root/.unpacked" ] || [ "$(cat "$deps_root/.unpacked")" != "$stamp" ]; then
+    rm -rf "$deps_root"; mkdir -p "$deps_root"
+    have_sonames=$({ command -v ldconfig >/dev/null && ldconfig -p || /sbin/ldconfig -p; } 2>/dev/null | awk 'NR > 1 {print $1}' | sort -u)
+    # dpkg-deb where there is one; else binutils' ar and tar (Debian 12's data members are xz).
+    deb_data() { ar p "$1" "$(ar t "$1" | grep -m1 '^data\.tar')"; }
+    deb_list() { if command -v dpkg-deb >/dev/null; then dpkg-deb --fsys-tarfile "$1" | tar -t; else deb_data "$1" | tar -tJ; fi; }
+    deb_extract() { if command -v dpkg >/dev/null; then dpkg -x "$1" "$deps_root"; else deb_data "$1" | tar -xJ -C "$deps_root"; fi; }
+    unpacked=(); skipped=()
+    for f in "$deps_dir"/*.deb; do
+      pkg=$(basename "$f"); pkg=${pkg%%_*}
+      kind=$(awk -v p="$pkg" '$1 == p {print $2}' "$deps_dir/MANIFEST" 2>/dev/null)
+      if [ "$kind" = runtime ] && [ "${TANDEM_DEPS_ALL:-0}" != 1 ] && [ -n "$have_sonames" ]; then
+        sonames=$(deb_list "$f" | sed -En 's#^\./(usr/)?lib/[^/]+/(lib[^/]*\.so\.[0-9]+)$#\2#p' | sort -u)
+        if [ -n "$sonames" ] && [ -z "$(comm -23 <(echo "$sonames") <(echo "$have_sonames"))" ]; then
+          skipped+=("$pkg"); continue
+        fi
+      fi
+      deb_extract "$f" || { echo "gpu-check: could not unpack $f" >&2; exit 2; }
+      unpacked+=("$pkg")
+    done
+    # libopenblas*'s update-alternatives: the pthread flavour as the BLAS/LAPACK and cblas.h.
+    for n in libblas.so libblas.so.3 liblapack.so liblapack.so.3 libopenblas.so libopenblas.so.0; do
+      [ -e "$lib/openblas-pthread/$n" ] && [ ! -e "$lib/$n" ] && ln -s "openblas-pthread/$n" "$lib/$n"
+    done
+    inc="$usr/include/$multiarch"
+    [ -e "$inc/openblas-pthread/cblas.h" ] && [ ! -e "$inc/cblas.h" ] && ln -s openblas-pthread/cblas.h "$inc/cblas.h"
+    # Open MPI's update-alternatives (mpi, mpirun): the unsuffixed wrappers and libraries.
+    for n in mpicc mpicxx mpic++ mpiCC mpirun mpiexec; do
+      [ -e "$usr/bin/$n.openmpi" ] && [ ! -e "$usr/bin/$n" ] && ln -s "$n.openmpi" "$usr/bin/$n"
+    done
+    [ -e "$lib/openmpi/lib/libmpi.so" ] && [ ! -e "$lib/libmpi.so" ] && ln -s openmpi/lib/libmpi.so "$lib/libmpi.so"
+    [ -e "$lib/openmpi/lib/libmpi_cxx.so" ] && [ ! -e "$lib/libmpi++.so" ] && ln -s openmpi/lib/libmpi_cxx.so "$lib/libmpi++.so"
+    [ -d "$lib/openmpi/include" ] && [ ! -e "$inc/mpi" ] && ln -s ../../lib/$multiarch/openmpi/include "$inc/mpi"
+    # pkg-config files say prefix=/usr, PMIx's defaults file names its plugins' folder: point
+    # them at the unpacked tree.
+    find "$deps_root" -name '*.pc' -type f -exec sed -i "s|^prefix=/usr\$|prefix=$usr|" {} +
+    [ -f "$lib/pmix2/share/pmix-mca-params.conf" ] && sed -i "s|= */usr/|= $usr/|" "$lib/pmix2/share/pmix-mca-params.conf"
+    echo "$stamp" > "$deps_root/.unpacked"
+    deps_note="unpacked ${#unpacked[@]} packages${skipped:+, skipped ${#skipped[@]} the machine has}"
+    echo "deps: unpacked ${#unpacked[@]} packages from $deps_dir into $deps_root: ${unpacked[*]}" >> "$logs/env.txt"
+    [ ${#skipped[@]} -gt 0 ] && echo "deps: skipped (the loader already has their libraries): ${skipped[*]}" >> "$logs/env.txt"
+  else
+    deps_note="already unpacked"
+    echo "deps: $deps_root already unpacked from $deps_dir" >> "$logs/env.txt"
+  fi
+  export CMAKE_PREFIX_PATH="$usr${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}"   # fmt, nlohmann_json, Catch2, BLAS, cblas.h
+  export CPATH="$usr/include:$usr/include/$multiarch/openblas-pthread${CPATH:+:$CPATH}"  # CLI11, cblas.h
+  export LIBRARY_PATH="$lib:$lib/openblas-pthread${LIBRARY_PATH:+:$LIBRARY_PATH}"
+  # Loader at test time: libfmt/libmpi/libopenblas and what they link (libgfortran5, hwloc, ...).
+  export LD_LIBRARY_PATH="$lib:$lib/openblas-pthread:$lib/openmpi/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  export PKG_CONFIG_PATH="$lib/pkgconfig:$usr/share/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}"
+  export PATH="$usr/bin:$PATH"                        # mpicxx for FindMPI, mpirun for ctest
+  if [ -x "$usr/bin/opal_wrapper" ]; then
+    export OPAL_PREFIX="$usr"                         # relocates Open MPI: wrapper data, help, components
+    # Debian's /etc/openmpi/openmpi-mca-params.conf (btl/pml/mtl/osc choices), which a relocated
+    # Open MPI would not read, and no noise from plugins whose libraries were left out.
+    [ -f "$deps_root/etc/openmpi/openmpi-mca-params.conf" ] &&
+      export OMPI_MCA_mca_base_param_files="$deps_root/etc/openmpi/openmpi-mca-params.conf"
+    export OMPI_MCA_mca_base_component_show_load_errors=${OMPI_MCA_mca_base_component_show_load_errors:-0}
+    # Open MPI's and PMIx's sysconfdirs stay absolute (/etc/openmpi, /usr/lib/.../pmix2) under
+    # OPAL_PREFIX: name the unpacked default hostfile, PMIx's defaults and its plugins.
+    [ -f "$deps_root/etc/openmpi/openmpi-default-hostfile" ] &&
+      export OMPI_MCA_orte_default_hostfile="$deps_root/etc/openmpi/openmpi-default-hostfile"
+    if [ -d "$lib/pmix2/lib/pmix" ]; then
+      export PMIX_MCA_mca_base_component_path="$lib/pmix2/lib/pmix"
+      [ -f "$lib/pmix2/share/pmix-mca-params.conf" ] &&
+        export PMIX_MCA_mca_base_param_files="$lib/pmix2/share/pmix-mca-params.conf"
+    fi
+    # One node: ranks start by fork, but mpirun insists on finding an ssh/rsh agent to select.
+    command -v ssh >/dev/null || command -v rsh >/dev/null || export OMPI_MCA_plm_rsh_agent=${OMPI_MCA_plm_rsh_agent:-false}
+  fi
+  # The same environment for a shell on the machine: `. <build>/deps-env.sh`.
+  for v in CMAKE_PREFIX_PATH CPATH LIBRARY_PATH LD_LIBRARY_PATH PKG_CONFIG_PATH PATH OPAL_PREFIX \
+           OMPI_MCA_mca_base_param_files OMPI_MCA_mca_base_component_show_load_errors OMPI_MCA_plm_rsh_agent \
+           OMPI_MCA_orte_default_hostfile PMIX_MCA_mca_base_component_path PMIX_MCA_mca_base_param_files; do
+    [ -n "${!v:-}" ] && printf 'export %s=%q\n' "$v" "${!v}"
+  done > "$build/deps-env.sh"
+  mpi_line=$(mpirun --version 2>&1 | head -1)
+  echo "deps: mpirun is $(command -v mpirun) ($mpi_line); environment in $build/deps-env.sh" >> "$logs/env.txt"
+  note deps "$deps_note from $deps_dir; $(command -v mpirun): ${mpi_line:-none}"
+elif [ "$stage" = deps ]; then
+  note deps "no .deb files in '${deps_dir:-<TANDEM_DEPS empty>}' (run tools/gpu-deps.sh here first)"
+  exit 2
 fi
+[ "$stage" = deps ] && exit 0
 
 # ---------------------------------------------------------------- build
 if [ "$stage" = all ] || [ "$stage" = build ]; then
