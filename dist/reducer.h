@@ -95,8 +95,6 @@ class Reducer {
 
   const std::vector<ReducerEvent>& events() const { return events_; }
   ReducerStats stats() const;
-  const std::vector<std::vector<size_t>>& bucket_layout() const { return layout_; }
-  size_t num_parameters() const { return params_.size(); }
 
  private:
   struct Bucket {

@@ -187,3 +187,42 @@ TEST_CASE("DistributedSampler: PyTorch's padding, drop_last, per-epoch shuffle",
   REQUIRE(tiny.indices() == std::vector<int64_t>{0});
   REQUIRE_THROWS_WITH(DistributedSampler(5, 2, 2), Catch::Contains("[DistributedSampler] rank 2 is outside [0, 2)"));
 }
+
+TEST_CASE("ddp: misuse after construction is a clear error, and a failed reduction stays reported", "[ddp]") {
+  on_threads(1, [](ProcessGroupPtr g) {
+    auto frozen_never = [] {
+      auto m = make_net(f64);
+      m->never->weight.requires_grad_(false);
+      m->never->bias.requires_grad_(false);
+      return m;
+    };
+    REQUIRE_THROWS_WITH(DistributedDataParallel(frozen_never(), g, {.bucket_cap_mb = 0.0}),
+                        Catch::Contains("[ddp] bucket_cap_mb must be positive"));
+    {
+      // After remove_autograd_hooks the module trains locally; a synchronised forward says so.
+      auto m = frozen_never();
+      DistributedDataParallel ddp(m, g, {});
+      ddp.remove_autograd_hooks();
+      REQUIRE_THROWS_WITH(ddp(inputs(0, 4, 8, f64)), Catch::Contains("[ddp] the autograd hooks were removed"));
+    }
+    {
+      // A hook whose result does not fit the bucket fails the backward, then every forward.
+      auto m = frozen_never();
+      DistributedDataParallel ddp(m, g, {});
+      ddp.register_comm_hook([](GradBucket&) { return Work::completed({zeros({3}, f64)}); });
+      REQUIRE_THROWS_WITH(mse_loss(ddp(inputs(0, 4, 8, f64)), targets(0, 4, 4, f64)).backward(),
+                          Catch::Contains("[ddp] the comm hook returned 3 elements for bucket 0"));
+      REQUIRE_THROWS_WITH(ddp(inputs(0, 4, 8, f64)),
+                          Catch::Contains("[ddp] the previous iteration's gradient reduction failed") &&
+                              Catch::Contains("returned 3 elements"));
+      REQUIRE_THROWS_WITH(ddp.check_reducer_finalized(), Catch::Contains("gradient reduction failed"));
+    }
+    {
+      auto m = frozen_never();
+      DistributedDataParallel ddp(m, g, {});
+      ddp.register_comm_hook([](GradBucket&) { return WorkPtr(); });
+      REQUIRE_THROWS_WITH(mse_loss(ddp(inputs(0, 4, 8, f64)), targets(0, 4, 4, f64)).backward(),
+                          Catch::Contains("[ddp] the comm hook returned no Work for bucket 0"));
+    }
+  });
+}
