@@ -141,24 +141,27 @@ std::vector<Tensor> DistributedDataParallel::synced_buffers() const {
   return out;
 }
 
+// Rank 0's values into every rank's tensors: all broadcasts issued, then all waited for.
+static void broadcast_from_rank0(ProcessGroup& group, const std::vector<Tensor>& tensors) {
+  std::vector<WorkPtr> works;
+  for (const Tensor& t : tensors) works.push_back(group.broadcast(t, 0));
+  for (const WorkPtr& w : works) w->wait();
+}
+
 void DistributedDataParallel::broadcast_states(bool include_buffers) {
   if (group_->size() == 1) return;
-  std::vector<WorkPtr> works;
+  std::vector<Tensor> states;
   for (const auto& [name, t] : module_->named_parameters())
-    if (!ignored(name)) works.push_back(group_->broadcast(t, 0));
+    if (!ignored(name)) states.push_back(t);
   if (include_buffers)
-    for (const Tensor& b : synced_buffers()) works.push_back(group_->broadcast(b, 0));
-  for (const WorkPtr& w : works) w->wait();
+    for (const Tensor& b : synced_buffers()) states.push_back(b);
+  broadcast_from_rank0(*group_, states);
 }
 
 void DistributedDataParallel::before_forward() {
   reducer_->prepare_for_forward();
-  if (require_sync_ && options_.broadcast_buffers && group_->size() > 1) {
-    // Read afresh every time: a reassigned buffer (set_buffer) is synced too.
-    std::vector<WorkPtr> works;
-    for (const Tensor& b : synced_buffers()) works.push_back(group_->broadcast(b, 0));
-    for (const WorkPtr& w : works) w->wait();
-  }
+  // Read afresh every time: a reassigned buffer (set_buffer) is synced too.
+  if (require_sync_ && options_.broadcast_buffers && group_->size() > 1) broadcast_from_rank0(*group_, synced_buffers());
 }
 
 void DistributedDataParallel::after_forward() {

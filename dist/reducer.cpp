@@ -202,15 +202,19 @@ void Reducer::on_backward_start(const autograd::GraphTask& task) {
     }
   }
   if (!reaches_any) return;
-  backward_started_ = true;
-  trained_ = true;
-  backward_start_ = Clock::now();
-  events_.push_back({ReducerEvent::backward_started, -1});
+  begin_backward();
   queue_finalize();
   if (options_.find_unused_parameters) {
     for (size_t p = 0; p < params_.size(); ++p)
       if (!task.reaches(params_[p].tensor)) mark_ready(p, /*used_here=*/false);
   }
+}
+
+void Reducer::begin_backward() {
+  backward_started_ = true;
+  trained_ = true;
+  backward_start_ = Clock::now();
+  events_.push_back({ReducerEvent::backward_started, -1});
 }
 
 void Reducer::queue_finalize() {
@@ -222,11 +226,7 @@ void Reducer::queue_finalize() {
 void Reducer::on_grad_ready(size_t param) {
   local_used_[param] = 1;  // also inside no_sync: used in any micro-batch counts as used
   if (!expect_hooks_) return;
-  if (!backward_started_) {  // observers missed it (e.g. a backward started on another thread)
-    backward_started_ = true;
-    trained_ = true;
-    backward_start_ = Clock::now();
-  }
+  if (!backward_started_) begin_backward();  // observers missed it (a backward on another thread)
   queue_finalize();
   mark_ready(param, /*used_here=*/true);
 }

@@ -114,6 +114,7 @@ class Reducer {
   void build_buckets(const std::vector<std::vector<size_t>>& layout);
   Tensor slot_view(size_t param) const;
   void on_backward_start(const autograd::GraphTask& task);
+  void begin_backward();  // this iteration's first backward that reaches the parameters
   void on_grad_ready(size_t param);
   void mark_ready(size_t param, bool used_here);
   void launch_ready_buckets();

@@ -196,6 +196,9 @@ TEST_CASE("ddp: misuse after construction is a clear error, and a failed reducti
       m->never->bias.requires_grad_(false);
       return m;
     };
+    if (!is_initialized())  // this binary never calls dist::init()
+      REQUIRE_THROWS_WITH(DistributedDataParallel(frozen_never()),
+                          Catch::Contains("[ddp] no process group given and dist::init() has not run"));
     REQUIRE_THROWS_WITH(DistributedDataParallel(frozen_never(), g, {.bucket_cap_mb = 0.0}),
                         Catch::Contains("[ddp] bucket_cap_mb must be positive"));
     {
