@@ -15,7 +15,6 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <numeric>
 #include <optional>
 
 #include "bench_common.h"
