@@ -18,8 +18,8 @@ namespace tandem::dist {
 
 struct InitOptions {
   // "auto": under mpirun/srun, nccl when this build has it and every rank of the node has a GPU,
-  // else mpi; without a launcher
-  // a world of size 1 in this process. Or "mpi", "threads" (size 1 only), "nccl".
+  // else mpi; without a launcher, a world of size 1 in this process. Or "mpi", "threads" (size 1
+  // only), "nccl".
   std::string backend = "auto";
   std::optional<Milliseconds> timeout;  // default: TANDEM_DIST_TIMEOUT or 300 s
   std::optional<bool> debug_checks;     // default: TANDEM_DIST_DEBUG=detail
