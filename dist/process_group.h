@@ -2,7 +2,8 @@
 // handle of one asynchronous collective.
 //
 // Every collective is issued by the caller, gets the group's next sequence number, and runs on
-// the group's communication thread in issue order; the caller gets a Work at once. Tensors handed
+// the group's communication thread in issue order (a small one may finish on the issuing thread:
+// see AsyncIssueGuard); the caller gets a Work at once. Tensors handed
 // to a collective must not be touched until its Work completes. All ranks of a group must issue
 // the same collectives in the same order with matching dtypes and shapes (TANDEM_DIST_DEBUG=detail
 // checks this); a collective that does not complete within the group's timeout fails, naming the
@@ -136,5 +137,22 @@ class ProcessGroup {
 };
 
 using ProcessGroupPtr = std::shared_ptr<ProcessGroup>;
+
+// Small collectives issued while their group is idle may run on the issuing thread for a few tens
+// of microseconds (the mpi backend does this for a CPU allreduce of up to 64 KiB): when the peers
+// are in step the Work is already complete when allreduce() returns, with no hand-off to the
+// communication thread and back; otherwise the communication thread takes it over and the call
+// returns. While an AsyncIssueGuard lives, collectives issued on this thread always go to the
+// communication thread at once, so a late peer never holds up the caller. DDP's reducer holds one
+// while it launches buckets, which must overlap with backward.
+class AsyncIssueGuard {
+ public:
+  AsyncIssueGuard();
+  ~AsyncIssueGuard();
+  AsyncIssueGuard(const AsyncIssueGuard&) = delete;
+  AsyncIssueGuard& operator=(const AsyncIssueGuard&) = delete;
+};
+// False on this thread while an AsyncIssueGuard lives.
+bool inline_issue_allowed();
 
 }  // namespace tandem::dist

@@ -37,8 +37,14 @@ Shape row_shape(const Tensor& t) {
 }
 }  // namespace
 
+thread_local int tls_async_issue_depth = 0;
+
 bool on_comm_thread() { return tls_on_comm_thread; }
 void set_on_comm_thread(bool on) { tls_on_comm_thread = on; }
+
+AsyncIssueGuard::AsyncIssueGuard() { ++tls_async_issue_depth; }
+AsyncIssueGuard::~AsyncIssueGuard() { --tls_async_issue_depth; }
+bool inline_issue_allowed() { return tls_async_issue_depth == 0; }
 
 std::string_view op_kind_name(OpKind k) {
   switch (k) {
@@ -81,9 +87,10 @@ std::vector<int64_t> equal_splits(int64_t rows, int size, const char* what) {
 
 // ---- Argument checks and fingerprints, shared with the nccl group (queued_group.h) ----
 
-std::string check_allreduce(const Tensor& tensor, ReduceOp reduce) {
+std::string check_allreduce(const Tensor& tensor, ReduceOp reduce, bool fingerprint) {
   check_tensor(tensor, "allreduce", "tensor");
   check_reduce(reduce, tensor.dtype(), "allreduce");
+  if (!fingerprint) return {};
   return fmt::format("allreduce({}) {} {}", reduce_op_name(reduce), tensor.dtype(), tensor.shape());
 }
 
@@ -217,7 +224,9 @@ bool QueuedGroup::is_broken() const {
 }
 
 std::string QueuedGroup::describe(const Op& op) const {
-  std::string where = fmt::format("group {} ({}, rank {} of {})", name_, backend(), rank_, size_);
+  // The group part never changes (formatted once: describe runs for every op issued).
+  std::call_once(where_once_, [&] { where_ = fmt::format("group {} ({}, rank {} of {})", name_, backend(), rank_, size_); });
+  const std::string& where = where_;
   switch (op.kind) {
     case OpKind::send: return fmt::format("send #{} to rank {} (tag {}) on {}", op.seq, op.root, op.tag, where);
     case OpKind::recv: return fmt::format("recv #{} from rank {} (tag {}) on {}", op.seq, op.root, op.tag, where);
@@ -256,22 +265,78 @@ WorkPtr QueuedGroup::issue(Op op, bool collective) {
     for (const Tensor& t : *list)
       if (!t.is_cpu()) backend_for(t.device(), "dist").synchronize(t.device());
   }
-  std::lock_guard issue_lock(issue_mutex_);
-  op.seq = collective ? next_seq_ : next_p2p_;
-  op.timeout = timeout();
-  std::string what = describe(op);
-  op.work = std::make_shared<Work>(what);
-  WorkPtr work = op.work;
+  op.debug = debug_checks();
+  // Inline only where nothing could be waiting on this thread's progress: not on a communication
+  // thread (continuations), not under an AsyncIssueGuard.
+  const bool may_inline = !on_comm_thread() && inline_issue_allowed() && can_start(op);
+  WorkPtr work;
+  {
+    std::lock_guard issue_lock(issue_mutex_);
+    op.seq = collective ? next_seq_ : next_p2p_;
+    op.timeout = timeout();
+    std::string what = describe(op);
+    op.work = std::make_shared<Work>(what);
+    work = op.work;
+    bool run_here = false;
+    {
+      std::lock_guard lock(queue_mutex_);
+      TANDEM_CHECK(broken_reason_.empty(), "[dist] cannot run {}: the group is broken ({})", what, broken_reason_);
+      TANDEM_CHECK(!stopping_, "[dist] cannot run {}: the group is shut down", what);
+      run_here = may_inline && queue_.empty() && !busy_;
+      if (run_here) {
+        busy_ = true;  // the group's turn is ours: later ops queue behind this one
+      } else {
+        if (!thread_.joinable()) thread_ = std::thread([this] { run_loop(); });
+        queue_.push_back(std::move(op));
+      }
+    }
+    (collective ? next_seq_ : next_p2p_)++;
+    if (!run_here) {
+      queue_cv_.notify_one();
+      return work;
+    }
+  }
+  run_inline(std::move(op));
+  return work;
+}
+
+void QueuedGroup::run_inline(Op op) {
+  op.deadline = Clock::now() + op.timeout;
+  try {
+    std::unique_ptr<StartedOp> started = start(op);
+    const auto budget_end = std::min(Clock::now() + kInlineBudget, op.deadline);
+    bool done = started->progress();
+    // The clock is read every 16 polls: reading it costs about as much as one poll.
+    for (uint32_t polls = 1; !done; ++polls) {
+      if ((polls & 15) == 0 && Clock::now() >= budget_end) break;
+      done = started->progress();
+    }
+    if (!done) {
+      // The peers are not there yet: the communication thread finishes it (ahead of anything
+      // queued meanwhile, which was issued later) and this call returns.
+      op.started = std::move(started);
+      {
+        std::lock_guard lock(queue_mutex_);
+        TANDEM_CHECK(!stopping_, "[dist] {} was abandoned: the group was shut down while it ran",
+                     op.work->description());
+        if (!thread_.joinable()) thread_ = std::thread([this] { run_loop(); });
+        queue_.push_front(std::move(op));
+        busy_ = false;
+      }
+      queue_cv_.notify_one();
+      return;
+    }
+    complete(op, {});
+  } catch (...) {
+    fail_op(op, std::current_exception());
+  }
+  bool queued = false;
   {
     std::lock_guard lock(queue_mutex_);
-    TANDEM_CHECK(broken_reason_.empty(), "[dist] cannot run {}: the group is broken ({})", what, broken_reason_);
-    TANDEM_CHECK(!stopping_, "[dist] cannot run {}: the group is shut down", what);
-    if (!thread_.joinable()) thread_ = std::thread([this] { run_loop(); });
-    queue_.push_back(std::move(op));
+    busy_ = false;
+    queued = !queue_.empty();
   }
-  (collective ? next_seq_ : next_p2p_)++;
-  queue_cv_.notify_one();
-  return work;
+  if (queued) queue_cv_.notify_one();
 }
 
 void QueuedGroup::stop_comm_thread() {
@@ -290,23 +355,26 @@ void QueuedGroup::run_loop() {
     std::string broken;
     {
       std::unique_lock lock(queue_mutex_);
-      queue_cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      // busy_: an issuing thread is running an op inline; what is queued comes after it.
+      queue_cv_.wait(lock, [&] { return (stopping_ && !busy_) || (!queue_.empty() && !busy_); });
       if (queue_.empty()) return;  // stopping and drained
       op = std::move(queue_.front());
       queue_.pop_front();
       broken = broken_reason_;
+      busy_ = true;
     }
     if (!broken.empty()) {
       op.work->mark_failed(std::make_exception_ptr(
           Error(fmt::format("[dist] cannot run {}: the group is broken ({})", op.work->description(), broken))));
-      continue;
+    } else {
+      run_one(op);
     }
-    run_one(op);
+    std::lock_guard lock(queue_mutex_);
+    busy_ = false;
   }
 }
 
 void QueuedGroup::run_one(Op& op) {
-  WorkPtr work = op.work;
   try {
     // Device tensors go through host copies (pinned memory where the backend has it): the
     // collectives below work on CPU memory.
@@ -322,52 +390,63 @@ void QueuedGroup::run_one(Op& op) {
         t = host;
       }
     }
-    op.deadline = Clock::now() + op.timeout;
+    if (!op.started) op.deadline = Clock::now() + op.timeout;  // a started op keeps its deadline
     execute(op);
     for (auto& [dev, host] : staged) {
       backend_for(dev.device(), "dist").copy_bytes(dev.data_ptr(), dev.device(), host.data_ptr(), kCPU, host.nbytes());
     }
-    auto original = [&](const Tensor& t) {
-      for (auto& [dev, host] : staged)
-        if (host.is_same(t)) return dev;
-      return t;
-    };
-    TensorList result;
-    switch (op.kind) {
-      case OpKind::allreduce:
-      case OpKind::allreduce_coalesced:
-      case OpKind::broadcast:
-      case OpKind::send:
-      case OpKind::recv:
-        for (auto& t : op.inputs) result.push_back(original(t));
-        break;
-      case OpKind::allgather:
-      case OpKind::allgather_into:
-      case OpKind::reduce_scatter:
-      case OpKind::reduce_scatter_tensor:
-      case OpKind::all_to_all:
-        for (auto& t : op.outputs) result.push_back(original(t));
-        break;
-      case OpKind::barrier:
-      case OpKind::new_group: break;
-    }
-    work->mark_completed(std::move(result));
+    complete(op, staged);
+  } catch (...) {
+    fail_op(op, std::current_exception());
+  }
+}
+
+void QueuedGroup::complete(Op& op, const std::vector<std::pair<Tensor, Tensor>>& staged) {
+  auto original = [&](const Tensor& t) {
+    for (auto& [dev, host] : staged)
+      if (host.is_same(t)) return dev;
+    return t;
+  };
+  TensorList result;
+  switch (op.kind) {
+    case OpKind::allreduce:
+    case OpKind::allreduce_coalesced:
+    case OpKind::broadcast:
+    case OpKind::send:
+    case OpKind::recv:
+      for (auto& t : op.inputs) result.push_back(original(t));
+      break;
+    case OpKind::allgather:
+    case OpKind::allgather_into:
+    case OpKind::reduce_scatter:
+    case OpKind::reduce_scatter_tensor:
+    case OpKind::all_to_all:
+      for (auto& t : op.outputs) result.push_back(original(t));
+      break;
+    case OpKind::barrier:
+    case OpKind::new_group: break;
+  }
+  op.work->mark_completed(std::move(result));
+}
+
+void QueuedGroup::fail_op(Op& op, std::exception_ptr error) {
+  try {
+    std::rethrow_exception(error);
   } catch (const TimeoutError& e) {
     if (!e.group_survives()) {
       std::lock_guard lock(queue_mutex_);
       if (broken_reason_.empty()) broken_reason_ = e.what();
     }
-    work->mark_failed(std::current_exception());
   } catch (...) {
-    work->mark_failed(std::current_exception());
   }
+  op.work->mark_failed(std::move(error));
 }
 
 // ---- Issue: validation, fingerprint, queue ----
 
 WorkPtr QueuedGroup::allreduce(const Tensor& tensor, ReduceOp reduce) {
   Op op;
-  op.fingerprint = check_allreduce(tensor, reduce);
+  op.fingerprint = check_allreduce(tensor, reduce, debug_checks() || always_fingerprints());
   op.kind = OpKind::allreduce;
   op.reduce = reduce;
   op.inputs = {tensor};

@@ -11,6 +11,7 @@
 #include <condition_variable>
 #include <deque>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -38,6 +39,15 @@ std::string_view op_kind_name(OpKind k);
 
 using Clock = std::chrono::steady_clock;
 
+// An operation started without blocking (QueuedGroup::start): progress() advances it and returns
+// true once it is complete, or throws. Whichever thread owns the group's turn calls it: the issuing
+// thread first, then the communication thread if the peers were not there yet.
+class StartedOp {
+ public:
+  virtual ~StartedOp() = default;
+  virtual bool progress() = 0;
+};
+
 // One operation as issued. Inputs/outputs are CPU tensors (staging of device tensors happens
 // before execute sees them).
 struct Op {
@@ -53,7 +63,9 @@ struct Op {
   std::string fingerprint;                      // what this rank called, comparable across ranks
   Clock::time_point deadline;
   Milliseconds timeout{0};
+  bool debug = false;  // the group's debug checks when it was issued (fingerprints are exchanged first)
   WorkPtr work;
+  std::unique_ptr<StartedOp> started;  // begun on the issuing thread; the communication thread finishes it
 };
 
 // Thrown by execute() when an operation missed its deadline. `group_survives` is true when the
@@ -101,8 +113,19 @@ class QueuedGroup : public ProcessGroup {
   [[noreturn]] void fail_mismatch(const Op& op, const std::vector<std::string>& fingerprints) const;
 
  protected:
-  // Runs `op` on the communication thread; returns when done or throws.
+  // Runs `op` on the communication thread; returns when done or throws. An op with `started` set
+  // was begun by start() and only needs finishing.
   virtual void execute(Op& op) = 0;
+  // The issuing thread's fast path. When the group is idle (nothing queued or running) and
+  // can_start(op), the issuing thread calls start(op), which begins it without blocking, and polls
+  // progress() for up to kInlineBudget: peers in step finish it before the call returns, saving the
+  // two thread hand-offs; otherwise the communication thread takes the started op over. Backends
+  // that cannot (threads) keep the defaults.
+  virtual bool can_start(const Op&) const { return false; }
+  // Whether execute() compares fingerprints even without debug checks (threads: they are free).
+  virtual bool always_fingerprints() const { return false; }
+  virtual std::unique_ptr<StartedOp> start(Op&) { return nullptr; }
+  static constexpr std::chrono::microseconds kInlineBudget{25};
   // Backends call this first in their destructor so the thread stops before their state dies.
   void stop_comm_thread();
   // new_group: execute() hands the new group (nullptr on non-members) back to the caller.
@@ -113,10 +136,16 @@ class QueuedGroup : public ProcessGroup {
   WorkPtr issue_p2p(OpKind kind, const char* what, const char* peer_name, const Tensor& tensor, int peer, int tag);
   void run_loop();
   void run_one(Op& op);
+  void run_inline(Op op);
+  // Completes op's Work with its result tensors, or fails it (a TimeoutError may break the group).
+  void complete(Op& op, const std::vector<std::pair<Tensor, Tensor>>& staged);
+  void fail_op(Op& op, std::exception_ptr error);
 
   int rank_;
   int size_;
   std::string name_;
+  mutable std::once_flag where_once_;
+  mutable std::string where_;  // "group world (mpi, rank 1 of 2)", for describe()
   std::atomic<int64_t> timeout_ms_;
   std::atomic<bool> debug_;
 
@@ -128,6 +157,7 @@ class QueuedGroup : public ProcessGroup {
   std::condition_variable queue_cv_;
   std::deque<Op> queue_;
   bool stopping_ = false;
+  bool busy_ = false;  // an op is running (on the communication thread or inline on an issuing thread)
   std::string broken_reason_;  // non-empty once broken
   std::thread thread_;
   std::map<const Work*, ProcessGroupPtr> created_;
@@ -141,7 +171,8 @@ std::vector<int64_t> equal_splits(int64_t rows, int size, const char* what);
 // fingerprints that debug checks compare across ranks are the same. Each check_<op> throws a
 // "[op] ..." Error for bad arguments on group g and returns the op's fingerprint; device checks
 // are the backend's own.
-std::string check_allreduce(const Tensor& tensor, ReduceOp reduce);
+// (allreduce is the one issued per step in a loop: its fingerprint is formatted only when asked.)
+std::string check_allreduce(const Tensor& tensor, ReduceOp reduce, bool fingerprint = true);
 std::string check_allreduce_coalesced(const TensorList& tensors, ReduceOp reduce);
 std::string check_broadcast(const ProcessGroup& g, const Tensor& tensor, int root);
 std::string check_allgather(const ProcessGroup& g, const TensorList& outputs, const Tensor& input);

@@ -265,6 +265,8 @@ void Reducer::mark_ready(size_t param, bool used_here) {
 }
 
 void Reducer::launch_ready_buckets() {
+  // Buckets overlap with the rest of backward: never wait here for a peer that is behind.
+  AsyncIssueGuard async_issue;
   while (next_launch_ < buckets_.size() && buckets_[next_launch_].pending == 0) {
     const size_t index = next_launch_++;
     Bucket& b = buckets_[index];

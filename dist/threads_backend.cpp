@@ -77,6 +77,20 @@ class ThreadGroup final : public QueuedGroup {
     collective(op);
   }
 
+  bool always_fingerprints() const override { return size() > 1; }
+
+  // A world of one (dist::init without a launcher) reduces over nothing: an allreduce leaves its
+  // tensor as it is (avg divides by 1), so it completes on the issuing thread with no hand-off.
+  bool can_start(const Op& op) const override {
+    return size() == 1 && op.kind == OpKind::allreduce && op.inputs[0].is_cpu();
+  }
+  std::unique_ptr<StartedOp> start(Op&) override {
+    struct Identity final : StartedOp {
+      bool progress() override { return true; }
+    };
+    return std::make_unique<Identity>();
+  }
+
  private:
   // Waits on the world's condition variable until pred, the deadline, an abort or shutdown.
   // Returns false on the deadline; throws on abort/shutdown.
