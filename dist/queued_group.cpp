@@ -326,8 +326,10 @@ void QueuedGroup::run_inline(Op op) {
       queue_cv_.notify_one();
       return;
     }
+    wait_for_earlier_completions();
     complete(op, {});
   } catch (...) {
+    wait_for_earlier_completions();
     fail_op(op, std::current_exception());
   }
   bool queued = false;
@@ -337,6 +339,11 @@ void QueuedGroup::run_inline(Op op) {
     queued = !queue_.empty();
   }
   if (queued) queue_cv_.notify_one();
+}
+
+void QueuedGroup::wait_for_earlier_completions() const {
+  // The op before this one gave its turn back and is marking its Work (finish_queued): a moment.
+  while (unmarked_.load() != 0) std::this_thread::yield();
 }
 
 void QueuedGroup::stop_comm_thread() {
@@ -364,22 +371,20 @@ void QueuedGroup::run_loop() {
       busy_ = true;
     }
     if (!broken.empty()) {
-      op.work->mark_failed(std::make_exception_ptr(
-          Error(fmt::format("[dist] cannot run {}: the group is broken ({})", op.work->description(), broken))));
+      finish_queued(op, std::make_exception_ptr(Error(
+                            fmt::format("[dist] cannot run {}: the group is broken ({})", op.work->description(), broken))));
     } else {
       run_one(op);
     }
-    std::lock_guard lock(queue_mutex_);
-    busy_ = false;
   }
 }
 
 void QueuedGroup::run_one(Op& op) {
+  std::vector<std::pair<Tensor, Tensor>> staged;  // (device tensor, host copy)
   try {
     // Device tensors go through host copies (pinned memory where the backend has it): the
     // collectives below work on CPU memory.
     TensorList* lists[] = {&op.inputs, &op.outputs};
-    std::vector<std::pair<Tensor, Tensor>> staged;  // (device tensor, host copy)
     for (TensorList* list : lists) {
       for (Tensor& t : *list) {
         if (t.is_cpu()) continue;
@@ -395,10 +400,35 @@ void QueuedGroup::run_one(Op& op) {
     for (auto& [dev, host] : staged) {
       backend_for(dev.device(), "dist").copy_bytes(dev.data_ptr(), dev.device(), host.data_ptr(), kCPU, host.nbytes());
     }
-    complete(op, staged);
   } catch (...) {
-    fail_op(op, std::current_exception());
+    return finish_queued(op, std::current_exception());
   }
+  finish_queued(op, nullptr, staged);
+}
+
+void QueuedGroup::finish_queued(Op& op, std::exception_ptr error, const std::vector<std::pair<Tensor, Tensor>>& staged) {
+  // Give the group's turn back before completing the Work: a caller woken by the completion and
+  // issuing its next small op at once then finds the group idle and runs it inline, instead of
+  // queueing it behind a turn that is about to end (and so on, never getting back inline).
+  // unmarked_ keeps completions in issue order: an inline op completes only after this one.
+  bool queued = false;
+  {
+    std::lock_guard lock(queue_mutex_);
+    busy_ = false;
+    unmarked_.fetch_add(1);
+    queued = !queue_.empty();
+  }
+  if (queued) queue_cv_.notify_one();
+  if (error) {
+    fail_op(op, std::move(error));
+  } else {
+    try {
+      complete(op, staged);
+    } catch (...) {
+      fail_op(op, std::current_exception());
+    }
+  }
+  unmarked_.fetch_sub(1);
 }
 
 void QueuedGroup::complete(Op& op, const std::vector<std::pair<Tensor, Tensor>>& staged) {

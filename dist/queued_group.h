@@ -140,6 +140,9 @@ class QueuedGroup : public ProcessGroup {
   // Completes op's Work with its result tensors, or fails it (a TimeoutError may break the group).
   void complete(Op& op, const std::vector<std::pair<Tensor, Tensor>>& staged);
   void fail_op(Op& op, std::exception_ptr error);
+  // The communication thread's end of an op: gives the turn back, then completes or fails it.
+  void finish_queued(Op& op, std::exception_ptr error, const std::vector<std::pair<Tensor, Tensor>>& staged = {});
+  void wait_for_earlier_completions() const;
 
   int rank_;
   int size_;
@@ -157,7 +160,8 @@ class QueuedGroup : public ProcessGroup {
   std::condition_variable queue_cv_;
   std::deque<Op> queue_;
   bool stopping_ = false;
-  bool busy_ = false;  // an op is running (on the communication thread or inline on an issuing thread)
+  bool busy_ = false;
+  std::atomic<int> unmarked_{0};  // ops whose turn ended but whose Work is not yet marked  // an op is running (on the communication thread or inline on an issuing thread)
   std::string broken_reason_;  // non-empty once broken
   std::thread thread_;
   std::map<const Work*, ProcessGroupPtr> created_;

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cmath>
 #include <functional>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -94,7 +95,10 @@ inline double expected_reduction(ReduceOp op, Dtype dt, int n, int64_t i) {
 // ---- collectives x dtypes ----
 
 // Sizes cross the mpi backend's algorithm switches (recursive doubling / ring at 256 KiB).
-inline void allreduce_all(ProcessGroup& pg, const std::vector<int64_t>& sizes = {0, 1, 13, 70001}) {
+// Sizes around the mpi backend's thresholds: eager-sized pieces (4000 bytes, so 1000/1001 f32 and
+// 8000/8001 f32 sit at one piece and at the last piece count), then whole messages, then the ring.
+inline void allreduce_all(ProcessGroup& pg, const std::vector<int64_t>& sizes = {0, 1, 13, 1000, 1001, 8000, 8001,
+                                                                                  70001}) {
   const int n = pg.size(), r = pg.rank();
   for (Dtype dt : kAllDtypes) {
     for (ReduceOp op : kAllOps) {
@@ -385,6 +389,46 @@ inline void mismatch_detection(ProcessGroup& pg) {
 // On a copy of the group (a timeout breaks it): ranks >= 1 (threads: the upper half) skip a
 // collective; the ones that called it time out naming the collective, its number and, where
 // known, the missing ranks. `exact_missing` is false for the mpi backend without debug checks.
+// A small allreduce issued while a peer is late returns at once (it may start on the issuing
+// thread, which hands it to the communication thread when the peer is not there): its Work is
+// still running, wait(timeout) says so, and the ops issued behind it complete in order. The same
+// under an AsyncIssueGuard, which always queues.
+inline void late_peer(ProcessGroup& pg) {
+  using namespace std::chrono;
+  const int n = pg.size(), r = pg.rank();
+  if (n == 1) return;
+  const bool late = r == n - 1;
+  for (bool guarded : {false, true}) {
+    std::optional<AsyncIssueGuard> guard;
+    if (guarded) guard.emplace();
+    pg.barrier()->wait();
+    if (late) std::this_thread::sleep_for(milliseconds(300));
+    Tensor a = make({1000}, f32, [&](int64_t i) { return contribution(ReduceOp::sum, f32, r, i); });
+    Tensor b = make({13}, i64, [&](int64_t i) { return contribution(ReduceOp::max, i64, r, i); });
+    const auto start = steady_clock::now();
+    WorkPtr wa = pg.allreduce(a);
+    WorkPtr wb = pg.allreduce(b, ReduceOp::max);
+    const double issue_ms = duration<double, std::milli>(steady_clock::now() - start).count();
+    if (!late) {
+      expect(issue_ms < 150, "issuing two small allreduces with a peer 300 ms late took {} ms (guard {})", issue_ms,
+             guarded);
+      expect(!wa->is_completed(), "an allreduce completed while a peer was still asleep");
+      std::string msg;
+      try {
+        wa->wait(milliseconds(10));
+      } catch (const Error& e) {
+        msg = e.what();
+      }
+      expect(msg.find("timed out after 10 ms (the operation is still running)") != std::string::npos,
+             "wait(10 ms) on a running allreduce: '{}'", msg);
+    }
+    wb->wait();
+    expect(wa->is_completed(), "an allreduce issued first is complete when the one behind it is");
+    expect_values(a, [&](int64_t i) { return expected_reduction(ReduceOp::sum, f32, n, i); }, "late-peer sum", 0);
+    expect_values(b, [&](int64_t i) { return expected_reduction(ReduceOp::max, i64, n, i); }, "late-peer max", 0);
+  }
+}
+
 inline void timeout_reporting(ProcessGroup& pg, bool debug) {
   const int n = pg.size(), r = pg.rank();
   if (n == 1) return;

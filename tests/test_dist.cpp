@@ -136,6 +136,13 @@ TEST_CASE("dist threads: Work::wait with a timeout and waits inside continuation
   REQUIRE(checks == 3);  // the wait timeout (2 checks on rank 0) and the deadlock check
 }
 
+TEST_CASE("dist threads: a small allreduce with a late peer returns at once, and completes in order", "[dist]") {
+  for (int n : {2, 3}) {
+    INFO("ranks: " << n);
+    REQUIRE_NOTHROW(run_threads(n, [](ProcessGroup& pg) { late_peer(pg); }, test_options()));
+  }
+}
+
 TEST_CASE("dist init: a world of size 1 without mpirun, and backend selection", "[dist]") {
   if (launched_by_mpi()) return;  // this test is about running without a launcher
   ProcessGroupPtr w = init();
@@ -144,8 +151,16 @@ TEST_CASE("dist init: a world of size 1 without mpirun, and backend selection", 
   REQUIRE(world_info().local_size == 1);
   REQUIRE(init() == w);
   Tensor t = make({3}, f32, [](int64_t i) { return static_cast<double>(i); });
-  dist::allreduce(t, ReduceOp::avg)->wait();
+  // A world of one reduces over nothing: done on the calling thread, complete when issued.
+  WorkPtr done = dist::allreduce(t, ReduceOp::avg);
+  REQUIRE(done->is_completed());
+  REQUIRE(done->result()[0].is_same(t));
   expect_values(t, [](int64_t i) { return static_cast<double>(i); }, "size-1 allreduce");
+  {
+    AsyncIssueGuard queued;  // through the communication thread instead: the same result
+    dist::allreduce(t, ReduceOp::sum)->wait();
+    expect_values(t, [](int64_t i) { return static_cast<double>(i); }, "size-1 allreduce, queued");
+  }
   REQUIRE_NOTHROW(allreduce_all(*w));
   finalize();
   REQUIRE(!is_initialized());

@@ -56,6 +56,10 @@ TEST_CASE("dist mpi: sub-groups", "[dist_mpi]") {
 }
 TEST_CASE("dist mpi: argument errors", "[dist_mpi]") { run_case([](ProcessGroup& g) { argument_errors(g); }); }
 TEST_CASE("dist mpi: mismatch detection", "[dist_mpi]") { run_case([](ProcessGroup& g) { mismatch_detection(g); }); }
+TEST_CASE("dist mpi: a small allreduce with a late peer returns at once, and completes in order", "[dist_mpi]") {
+  run_case([](ProcessGroup& g) { late_peer(g); });
+}
+
 TEST_CASE("dist mpi: timeouts", "[dist_mpi]") {
   run_case([](ProcessGroup& g) {
     timeout_reporting(g, false);
