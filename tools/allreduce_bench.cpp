@@ -9,7 +9,8 @@
 // current stream, synchronised after each call as ours is waited) as the peer. --device cuda with
 // mpi or threads stages through host buffers and has no peer.
 //
-// Per size: count, dtype, median time over several timed batches (the slowest rank's), algbw =
+// Per size: count, dtype, median time over timed batches (the slowest rank's; ours and raw MPI in
+// alternating batches), algbw =
 // bytes / time, busbw = algbw * 2 (n - 1) / n (what each rank's link carries), for ours and raw MPI.
 // Every result is checked before timing: rank r contributes (r + i) % 3 at element i, so the exact
 // sum is known (and exact in f16/bf16). --backend threads runs N ranks as threads (no MPI peer).
@@ -21,6 +22,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "bench_common.h"
@@ -290,7 +292,8 @@ void sweep(ProcessGroup& pg, const Args& args, bool with_mpi, std::vector<Result
       buf.upload();
       auto ours = [&] { pg.allreduce(t)->wait(); };
       pg.barrier()->wait();
-      r.ours_s = timed(ours, iters, 5, std::min(iters, 20));
+      const bool raw_mpi = with_mpi && !on_cuda;
+      if (!raw_mpi) r.ours_s = timed(ours, iters, 5, std::min(iters, 20));
 #ifdef TANDEM_WITH_NCCL
       if (raw_nccl) {
         fill(buf.host, pg.rank());
@@ -305,7 +308,7 @@ void sweep(ProcessGroup& pg, const Args& args, bool with_mpi, std::vector<Result
         r.raw_s = timed(raw, iters, 5, std::min(iters, 20));
       }
 #endif
-      if (with_mpi && !on_cuda) {
+      if (raw_mpi) {
         auto [type, op] = raw_type(dt);
         fill(t, pg.rank());
         MPI_Allreduce(MPI_IN_PLACE, t.data_ptr(), static_cast<int>(count), type, op, MPI_COMM_WORLD);
@@ -314,7 +317,8 @@ void sweep(ProcessGroup& pg, const Args& args, bool with_mpi, std::vector<Result
         zero(t);
         auto raw = [&] { MPI_Allreduce(MPI_IN_PLACE, t.data_ptr(), static_cast<int>(count), type, op, MPI_COMM_WORLD); };
         MPI_Barrier(MPI_COMM_WORLD);
-        r.raw_s = bench::median_seconds(raw, iters, 5, std::min(iters, 20));
+        // Ours and raw in alternating batches (7 each), so drift on a shared machine hits both.
+        std::tie(r.ours_s, r.raw_s) = bench::median_seconds_alternating(ours, raw, iters, 7, std::min(iters, 20));
       }
       if (with_mpi) {
         // Report the slowest rank, as nccl-tests does.

@@ -15,6 +15,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace bench {
@@ -35,6 +36,26 @@ inline double median_seconds(const std::function<void()>& fn, int iters, int run
   }
   std::sort(samples.begin(), samples.end());
   return samples[samples.size() / 2];
+}
+
+// As median_seconds for two functions timed in alternating batches (a, b, a, b, ...), so that a
+// shared machine's drift over the run falls on both alike: {median of a, median of b}.
+inline std::pair<double, double> median_seconds_alternating(const std::function<void()>& a,
+                                                            const std::function<void()>& b, int iters, int runs,
+                                                            int warmup) {
+  for (int i = 0; i < warmup; ++i) a();
+  for (int i = 0; i < warmup; ++i) b();
+  std::vector<double> sa, sb;
+  for (int r = 0; r < runs; ++r) {
+    for (auto [fn, samples] : {std::pair{&a, &sa}, std::pair{&b, &sb}}) {
+      double t0 = now_s();
+      for (int i = 0; i < iters; ++i) (*fn)();
+      samples->push_back((now_s() - t0) / iters);
+    }
+  }
+  std::sort(sa.begin(), sa.end());
+  std::sort(sb.begin(), sb.end());
+  return {sa[sa.size() / 2], sb[sb.size() / 2]};
 }
 
 // Resident set size of this process, in bytes (from /proc/self/statm).
