@@ -132,6 +132,14 @@ TEST_CASE("README dist", "[readme]") {
     g.allreduce(x)->wait();
     REQUIRE(x.to_vector<float>() == std::vector<float>{6, 6});
   });
+  Tensor small = ones({8});
+  {
+    dist::AsyncIssueGuard async;
+    auto w = pg->allreduce(small);
+    Tensor other = ones({3}) * 2;  // compute_something_else()
+    w->wait();
+  }
+  REQUIRE(small.to_vector<float>() == std::vector<float>(8, 1.0f));
 }
 
 TEST_CASE("README DistributedDataParallel", "[readme]") {
