@@ -139,7 +139,7 @@ class ProcessGroup {
 using ProcessGroupPtr = std::shared_ptr<ProcessGroup>;
 
 // Small collectives issued while their group is idle may run on the issuing thread for a few tens
-// of microseconds (the mpi backend does this for a CPU allreduce of up to 64 KiB): when the peers
+// of microseconds (the mpi backend does this for a CPU allreduce of up to 32 KiB): when the peers
 // are in step the Work is already complete when allreduce() returns, with no hand-off to the
 // communication thread and back; otherwise the communication thread takes it over and the call
 // returns. While an AsyncIssueGuard lives, collectives issued on this thread always go to the

@@ -342,7 +342,8 @@ void QueuedGroup::run_inline(Op op) {
 }
 
 void QueuedGroup::wait_for_earlier_completions() const {
-  // The op before this one gave its turn back and is marking its Work (finish_queued): a moment.
+  // The op before this one gave its turn back and is marking its Work (finish_queued), which
+  // includes running its continuations: usually a moment.
   while (unmarked_.load() != 0) std::this_thread::yield();
 }
 

@@ -122,10 +122,10 @@ class QueuedGroup : public ProcessGroup {
   // two thread hand-offs; otherwise the communication thread takes the started op over. Backends
   // that cannot (threads) keep the defaults.
   virtual bool can_start(const Op&) const { return false; }
-  // Whether execute() compares fingerprints even without debug checks (threads: they are free).
-  virtual bool always_fingerprints() const { return false; }
   virtual std::unique_ptr<StartedOp> start(Op&) { return nullptr; }
   static constexpr std::chrono::microseconds kInlineBudget{25};
+  // Whether execute() compares fingerprints even without debug checks (threads: they are free).
+  virtual bool always_fingerprints() const { return false; }
   // Backends call this first in their destructor so the thread stops before their state dies.
   void stop_comm_thread();
   // new_group: execute() hands the new group (nullptr on non-members) back to the caller.
@@ -160,8 +160,8 @@ class QueuedGroup : public ProcessGroup {
   std::condition_variable queue_cv_;
   std::deque<Op> queue_;
   bool stopping_ = false;
-  bool busy_ = false;
-  std::atomic<int> unmarked_{0};  // ops whose turn ended but whose Work is not yet marked  // an op is running (on the communication thread or inline on an issuing thread)
+  bool busy_ = false;  // an op is running (on the communication thread or inline on an issuing thread)
+  std::atomic<int> unmarked_{0};  // ops whose turn ended but whose Work is not yet marked
   std::string broken_reason_;  // non-empty once broken
   std::thread thread_;
   std::map<const Work*, ProcessGroupPtr> created_;
