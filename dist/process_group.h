@@ -2,8 +2,8 @@
 // handle of one asynchronous collective.
 //
 // Every collective is issued by the caller, gets the group's next sequence number, and runs on
-// the group's communication thread in issue order (a small one may finish on the issuing thread:
-// see AsyncIssueGuard); the caller gets a Work at once. Tensors handed
+// the group's communication thread in issue order (a small one may finish on the issuing thread,
+// see AsyncIssueGuard; under a BlockingIssueGuard any one may); the caller gets a Work at once. Tensors handed
 // to a collective must not be touched until its Work completes. All ranks of a group must issue
 // the same collectives in the same order with matching dtypes and shapes (TANDEM_DIST_DEBUG=detail
 // checks this); a collective that does not complete within the group's timeout fails, naming the
@@ -154,5 +154,24 @@ class AsyncIssueGuard {
 };
 // False on this thread while an AsyncIssueGuard lives.
 bool inline_issue_allowed();
+
+// PyTorch's async_op=False: while a BlockingIssueGuard lives, a collective (or send/recv) issued
+// on this thread has finished, successfully or not, when the call returns; its Work's wait()
+// rethrows any error as usual. While the group is idle the issuing thread runs it itself, from
+// start to end, saving the hand-off to the communication thread and back (about 10 us, a few
+// percent of a 256 KiB CPU allreduce); while the group is busy the call queues it and waits.
+// Use it where each result is needed before the next step (a loss averaged for logging, a
+// parameter broadcast). An AsyncIssueGuard on the same thread takes precedence, and continuations
+// keep running where the op completes (here, on the issuing thread). The nccl group ignores it:
+// its collectives are already stream-ordered, not waited on by the host.
+class BlockingIssueGuard {
+ public:
+  BlockingIssueGuard();
+  ~BlockingIssueGuard();
+  BlockingIssueGuard(const BlockingIssueGuard&) = delete;
+  BlockingIssueGuard& operator=(const BlockingIssueGuard&) = delete;
+};
+// True on this thread while a BlockingIssueGuard lives and no AsyncIssueGuard does.
+bool blocking_issue_requested();
 
 }  // namespace tandem::dist

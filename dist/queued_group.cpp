@@ -46,6 +46,12 @@ AsyncIssueGuard::AsyncIssueGuard() { ++tls_async_issue_depth; }
 AsyncIssueGuard::~AsyncIssueGuard() { --tls_async_issue_depth; }
 bool inline_issue_allowed() { return tls_async_issue_depth == 0; }
 
+thread_local int tls_blocking_issue_depth = 0;
+
+BlockingIssueGuard::BlockingIssueGuard() { ++tls_blocking_issue_depth; }
+BlockingIssueGuard::~BlockingIssueGuard() { --tls_blocking_issue_depth; }
+bool blocking_issue_requested() { return tls_blocking_issue_depth > 0 && tls_async_issue_depth == 0; }
+
 std::string_view op_kind_name(OpKind k) {
   switch (k) {
     case OpKind::allreduce: return "allreduce";
@@ -266,10 +272,13 @@ WorkPtr QueuedGroup::issue(Op op, bool collective) {
       if (!t.is_cpu()) backend_for(t.device(), "dist").synchronize(t.device());
   }
   op.debug = debug_checks();
-  // Inline only where nothing could be waiting on this thread's progress: not on a communication
-  // thread (continuations), not under an AsyncIssueGuard.
-  const bool may_inline = !on_comm_thread() && inline_issue_allowed() && can_start(op);
+  // Run on this thread only where nothing could be waiting on its progress: not on a
+  // communication thread (continuations), not under an AsyncIssueGuard. Blocking runs any op to
+  // its end here; inline starts a small one and hands it over if the peers are late.
+  const bool blocking = !on_comm_thread() && blocking_issue_requested();
+  const bool may_inline = !blocking && !on_comm_thread() && inline_issue_allowed() && can_start(op);
   WorkPtr work;
+  bool run_here = false;
   {
     std::lock_guard issue_lock(issue_mutex_);
     op.seq = collective ? next_seq_ : next_p2p_;
@@ -277,12 +286,11 @@ WorkPtr QueuedGroup::issue(Op op, bool collective) {
     std::string what = describe(op);
     op.work = std::make_shared<Work>(what);
     work = op.work;
-    bool run_here = false;
     {
       std::lock_guard lock(queue_mutex_);
       TANDEM_CHECK(broken_reason_.empty(), "[dist] cannot run {}: the group is broken ({})", what, broken_reason_);
       TANDEM_CHECK(!stopping_, "[dist] cannot run {}: the group is shut down", what);
-      run_here = may_inline && queue_.empty() && !busy_;
+      run_here = (blocking || may_inline) && queue_.empty() && !busy_;
       if (run_here) {
         busy_ = true;  // the group's turn is ours: later ops queue behind this one
       } else {
@@ -291,13 +299,38 @@ WorkPtr QueuedGroup::issue(Op op, bool collective) {
       }
     }
     (collective ? next_seq_ : next_p2p_)++;
-    if (!run_here) {
-      queue_cv_.notify_one();
-      return work;
-    }
   }
-  run_inline(std::move(op));
+  if (!run_here) {
+    queue_cv_.notify_one();
+    if (blocking) wait_quietly(*work);
+  } else if (blocking) {
+    run_blocking(op);
+  } else {
+    run_inline(std::move(op));
+  }
   return work;
+}
+
+void QueuedGroup::run_blocking(Op& op) {
+  // The op before ours may have given its turn back and still be marking its Work: ours must
+  // complete after it (and no later op can start before ours ends: the turn is ours).
+  wait_for_earlier_completions();
+  // This thread does what the communication thread would, with its rules: continuations run
+  // here, and a wait() inside one is the same error.
+  struct AsCommThread {
+    AsCommThread() { set_on_comm_thread(true); }
+    ~AsCommThread() { set_on_comm_thread(false); }
+  } as_comm_thread;
+  run_one(op);
+}
+
+void QueuedGroup::wait_quietly(const Work& work) {
+  // Queued behind a running op: the communication thread runs ours next. Its error, if any, stays
+  // in the Work for the caller's wait(); this call only promises it has finished.
+  try {
+    work.wait();
+  } catch (...) {
+  }
 }
 
 void QueuedGroup::run_inline(Op op) {

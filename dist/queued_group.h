@@ -137,6 +137,10 @@ class QueuedGroup : public ProcessGroup {
   void run_loop();
   void run_one(Op& op);
   void run_inline(Op op);
+  // Under a BlockingIssueGuard: the issuing thread runs op from start to end (the group's turn
+  // is already its own), or waits for the queued op to finish.
+  void run_blocking(Op& op);
+  static void wait_quietly(const Work& work);
   // Completes op's Work with its result tensors, or fails it (a TimeoutError may break the group).
   void complete(Op& op, const std::vector<std::pair<Tensor, Tensor>>& staged);
   void fail_op(Op& op, std::exception_ptr error);

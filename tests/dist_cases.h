@@ -429,6 +429,88 @@ inline void late_peer(ProcessGroup& pg) {
   }
 }
 
+// Under a BlockingIssueGuard every collective has finished when its call returns: ops of every
+// kind and size (the ring too) complete with the right values; an op issued while the group is
+// busy with one a late peer holds up queues behind it and the call waits for both; an
+// AsyncIssueGuard on the same thread wins (the call returns at once); a peer that never arrives
+// fails the call's Work with the timeout, which wait() rethrows.
+inline void blocking_issue(ProcessGroup& pg) {
+  using namespace std::chrono;
+  const int n = pg.size(), r = pg.rank();
+  {
+    BlockingIssueGuard blocking;
+    for (int64_t numel : {1, 1001, 70001}) {
+      Tensor t = make({numel}, f32, [&](int64_t i) { return contribution(ReduceOp::sum, f32, r, i); });
+      WorkPtr w = pg.allreduce(t);
+      expect(w->is_completed(), "a {}-element allreduce under a BlockingIssueGuard is not complete at return", numel);
+      expect_values(t, [&](int64_t i) { return expected_reduction(ReduceOp::sum, f32, n, i); },
+                    fmt::format("blocking allreduce of {} elements on {} ranks", numel, n));
+    }
+    Tensor b = make({5}, i64, [&](int64_t i) { return r == n - 1 ? i + 7 : 0; });
+    expect(pg.broadcast(b, n - 1)->is_completed(), "a blocking broadcast is not complete at return");
+    expect_values(b, [](int64_t i) { return i + 7; }, "blocking broadcast");
+    Tensor out = make({2 * n}, f64, [](int64_t) { return -1; });
+    expect(pg.allgather_into(out, make({2}, f64, [&](int64_t i) { return r * 2 + i; }))->is_completed(),
+           "a blocking allgather is not complete at return");
+    expect_values(out, [](int64_t i) { return static_cast<double>(i); }, "blocking allgather");
+    expect(pg.barrier()->is_completed(), "a blocking barrier is not complete at return");
+    // A continuation on a Work complete at return runs at once, on this thread.
+    bool ran = false;
+    pg.barrier()->then([&](Work&) {
+      ran = true;
+      return TensorList{};
+    });
+    expect(ran, "a continuation on a blocking collective did not run at once");
+    // Every dtype and op through the blocking path (allreduce_all waits anyway).
+    allreduce_all(pg, {0, 13, 8001});
+  }
+  if (n == 1) return;
+  // A peer 300 ms late: the first allreduce (issued without the guard) returns at once and keeps
+  // the group busy; the blocking one behind it queues, and its call returns when both are done.
+  const bool late = r == n - 1;
+  pg.barrier()->wait();
+  if (late) std::this_thread::sleep_for(milliseconds(300));
+  Tensor a = make({1000}, f32, [&](int64_t i) { return contribution(ReduceOp::sum, f32, r, i); });
+  Tensor c = make({300000}, f32, [&](int64_t i) { return contribution(ReduceOp::sum, f32, r, i); });
+  WorkPtr wa = pg.allreduce(a);
+  WorkPtr wc;
+  {
+    BlockingIssueGuard blocking;
+    wc = pg.allreduce(c);
+  }
+  expect(wa->is_completed() && wc->is_completed(), "a blocking allreduce queued behind a running one returned early");
+  expect_values(a, [&](int64_t i) { return expected_reduction(ReduceOp::sum, f32, n, i); }, "allreduce before");
+  expect_values(c, [&](int64_t i) { return expected_reduction(ReduceOp::sum, f32, n, i); }, "blocking allreduce after");
+  // AsyncIssueGuard wins.
+  pg.barrier()->wait();
+  if (late) std::this_thread::sleep_for(milliseconds(300));
+  {
+    BlockingIssueGuard blocking;
+    AsyncIssueGuard async;
+    Tensor d = make({10}, f32, [&](int64_t i) { return contribution(ReduceOp::sum, f32, r, i); });
+    const auto start = steady_clock::now();
+    WorkPtr wd = pg.allreduce(d);
+    const double issue_ms = duration<double, std::milli>(steady_clock::now() - start).count();
+    if (!late) expect(issue_ms < 150 && !wd->is_completed(), "under both guards the issue blocked ({} ms)", issue_ms);
+    wd->wait();
+    expect_values(d, [&](int64_t i) { return expected_reduction(ReduceOp::sum, f32, n, i); }, "both guards");
+  }
+  // A peer that never arrives (on a copy of the group: the timeout breaks it): the blocking call
+  // returns after the timeout with the Work failed, and wait() says why.
+  std::vector<int> all;
+  for (int k = 0; k < n; ++k) all.push_back(k);
+  ProcessGroupPtr g = pg.new_group(all);
+  g->set_timeout(milliseconds(400));
+  if (r == 0) {
+    BlockingIssueGuard blocking;
+    Tensor t = make({8}, f32, [](int64_t) { return 1; });
+    WorkPtr w = g->allreduce(t);
+    expect(w->is_completed() && !w->is_success(), "a blocking allreduce with absent peers did not fail at return");
+    expect_error(error_of([&] { w->wait(); }), {"allreduce #0", "timed out after 400 ms"}, "blocking timeout");
+  }
+  pg.barrier()->wait();
+}
+
 inline void timeout_reporting(ProcessGroup& pg, bool debug) {
   const int n = pg.size(), r = pg.rank();
   if (n == 1) return;

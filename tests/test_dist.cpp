@@ -143,6 +143,13 @@ TEST_CASE("dist threads: a small allreduce with a late peer returns at once, and
   }
 }
 
+TEST_CASE("dist threads: a BlockingIssueGuard finishes each collective before the call returns", "[dist]") {
+  for (int n : {1, 2, 3, 4}) {
+    INFO("ranks: " << n);
+    REQUIRE_NOTHROW(run_threads(n, [](ProcessGroup& pg) { blocking_issue(pg); }, test_options()));
+  }
+}
+
 TEST_CASE("dist init: a world of size 1 without mpirun, and backend selection", "[dist]") {
   if (launched_by_mpi()) return;  // this test is about running without a launcher
   ProcessGroupPtr w = init();

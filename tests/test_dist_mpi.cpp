@@ -60,6 +60,10 @@ TEST_CASE("dist mpi: a small allreduce with a late peer returns at once, and com
   run_case([](ProcessGroup& g) { late_peer(g); });
 }
 
+TEST_CASE("dist mpi: a BlockingIssueGuard finishes each collective before the call returns", "[dist_mpi]") {
+  run_case([](ProcessGroup& g) { blocking_issue(g); });
+}
+
 TEST_CASE("dist mpi: timeouts", "[dist_mpi]") {
   run_case([](ProcessGroup& g) {
     timeout_reporting(g, false);

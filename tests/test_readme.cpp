@@ -140,6 +140,13 @@ TEST_CASE("README dist", "[readme]") {
     w->wait();
   }
   REQUIRE(small.to_vector<float>() == std::vector<float>(8, 1.0f));
+  Tensor loss_sum = full({1}, 3.0), params = ones({5});
+  {
+    dist::BlockingIssueGuard blocking;
+    pg->allreduce(loss_sum)->wait();
+    REQUIRE(pg->broadcast(params, 0)->is_completed());
+  }
+  REQUIRE(loss_sum.to_vector<float>() == std::vector<float>{3.0f});
 }
 
 TEST_CASE("README DistributedDataParallel", "[readme]") {

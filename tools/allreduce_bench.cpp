@@ -10,8 +10,10 @@
 // mpi or threads stages through host buffers and has no peer.
 //
 // Per size: count, dtype, median time over timed batches (the slowest rank's; ours and raw MPI in
-// alternating batches), algbw =
-// bytes / time, busbw = algbw * 2 (n - 1) / n (what each rank's link carries), for ours and raw MPI.
+// interleaved batches), algbw = bytes / time, busbw = algbw * 2 (n - 1) / n (what each rank's link
+// carries), for ours and raw MPI. Ours is timed twice: issue then wait (what DDP and an async
+// caller see), and under a BlockingIssueGuard (a caller that wants the result at once, as
+// MPI_Allreduce gives it).
 // Every result is checked before timing: rank r contributes (r + i) % 3 at element i, so the exact
 // sum is known (and exact in f16/bf16). --backend threads runs N ranks as threads (no MPI peer).
 #include <mpi.h>
@@ -167,7 +169,8 @@ struct Result {
   size_t bytes;
   int64_t count;
   Dtype dtype;
-  double ours_s;
+  double ours_s;           // issue, then wait
+  double blocking_s = NAN;  // under a BlockingIssueGuard (not nccl)
   double raw_s = NAN;
   std::string error;
 };
@@ -282,18 +285,36 @@ void sweep(ProcessGroup& pg, const Args& args, bool with_mpi, std::vector<Result
       int64_t count = static_cast<int64_t>(bytes / itemsize(dt));
       Buffer buf(count, dt, dev);
       const Tensor& t = buf.t;
-      Result r{count * itemsize(dt), count, dt, 0, NAN, ""};
+      Result r{count * itemsize(dt), count, dt, 0, NAN, NAN, ""};
       fill(buf.host, pg.rank());
       buf.upload();
       pg.allreduce(t)->wait();
       r.error = check(buf.download(), n);
+      const bool blocking = args.backend != "nccl";  // the nccl group ignores the guard
+      if (blocking && r.error.empty()) {
+        fill(buf.host, pg.rank());
+        buf.upload();
+        {
+          BlockingIssueGuard guard;
+          pg.allreduce(t)->wait();
+        }
+        std::string err = check(buf.download(), n);
+        if (!err.empty()) r.error = "blocking: " + err;
+      }
       const int iters = iters_for(bytes);
       zero(buf.host);  // timed runs sum zeros, so repeated sums cannot overflow
       buf.upload();
       auto ours = [&] { pg.allreduce(t)->wait(); };
+      auto ours_blocking = [&] {
+        BlockingIssueGuard guard;
+        pg.allreduce(t)->wait();
+      };
       pg.barrier()->wait();
       const bool raw_mpi = with_mpi && !on_cuda;
-      if (!raw_mpi) r.ours_s = timed(ours, iters, 5, std::min(iters, 20));
+      if (!raw_mpi) {
+        r.ours_s = timed(ours, iters, 5, std::min(iters, 20));
+        if (blocking) r.blocking_s = timed(ours_blocking, iters, 5, std::min(iters, 20));
+      }
 #ifdef TANDEM_WITH_NCCL
       if (raw_nccl) {
         fill(buf.host, pg.rank());
@@ -317,15 +338,20 @@ void sweep(ProcessGroup& pg, const Args& args, bool with_mpi, std::vector<Result
         zero(t);
         auto raw = [&] { MPI_Allreduce(MPI_IN_PLACE, t.data_ptr(), static_cast<int>(count), type, op, MPI_COMM_WORLD); };
         MPI_Barrier(MPI_COMM_WORLD);
-        // Ours and raw in alternating batches (7 each), so drift on a shared machine hits both.
-        std::tie(r.ours_s, r.raw_s) = bench::median_seconds_alternating(ours, raw, iters, 7, std::min(iters, 20));
+        // Ours (both ways) and raw in interleaved batches (7 each), so drift on a shared machine
+        // hits all three.
+        auto medians = bench::median_seconds_interleaved({ours, ours_blocking, raw}, iters, 7, std::min(iters, 20));
+        r.ours_s = medians[0];
+        r.blocking_s = medians[1];
+        r.raw_s = medians[2];
       }
       if (with_mpi) {
         // Report the slowest rank, as nccl-tests does.
-        double times[2] = {r.ours_s, r.raw_s}, worst[2];
-        MPI_Allreduce(times, worst, 2, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+        double times[3] = {r.ours_s, r.blocking_s, r.raw_s}, worst[3];
+        MPI_Allreduce(times, worst, 3, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
         r.ours_s = worst[0];
-        r.raw_s = worst[1];
+        r.blocking_s = worst[1];
+        r.raw_s = worst[2];
         int bad = r.error.empty() ? 0 : 1, any_bad = 0;
         MPI_Allreduce(&bad, &any_bad, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
         if (any_bad && r.error.empty()) r.error = "wrong result on another rank";
@@ -351,6 +377,10 @@ void report(const std::vector<Result>& results, int n, const Args& args, bool fa
       }
       rows.push_back(bw);
       rows.push_back(lat);
+      if (!std::isnan(r.blocking_s)) {
+        rows.push_back({base + "_blocking_busbw", r.bytes / r.blocking_s * busf / 1e9, bw.peer, "GB/s", "", r.error});
+        rows.push_back({base + "_blocking_time", r.blocking_s * 1e6, lat.peer, "us", "", r.error});
+      }
     }
     bench::print_rows(rows, true);
     return;
@@ -360,15 +390,20 @@ void report(const std::vector<Result>& results, int n, const Args& args, bool fa
                                             : "no peer (device tensors staged through host buffers)";
   fmt::print("# allreduce (sum, in place), backend {} on {}, {} ranks; ours vs {} on the same buffers\n", args.backend,
              args.device, n, peer);
-  fmt::print("# {:>10} {:>10} {:>6} | {:>10} {:>8} {:>8} | {:>10} {:>8} {:>8} | {:>6} {}\n", "size", "count", "type",
-             "time(us)", "algbw", "busbw", "raw(us)", "algbw", "busbw", "ratio", "check");
+  fmt::print("# {:>10} {:>10} {:>6} | {:>10} {:>8} {:>8} | {:>10} {:>8} | {:>10} {:>8} {:>8} | {:>6} {:>6} {}\n",
+             "size", "count", "type", "time(us)", "algbw", "busbw", "block(us)", "busbw", "raw(us)", "algbw", "busbw",
+             "ratio", "ratioB", "check");
   for (const auto& r : results) {
     double alg = r.bytes / r.ours_s / 1e9, raw_alg = r.bytes / r.raw_s / 1e9;
-    fmt::print("  {:>10} {:>10} {:>6} | {:>10.2f} {:>8.3f} {:>8.3f} | {:>10.2f} {:>8.3f} {:>8.3f} | {:>6.3f} {}\n",
-               r.bytes, r.count, dtype_name(r.dtype), r.ours_s * 1e6, alg, alg * busf, r.raw_s * 1e6, raw_alg,
-               raw_alg * busf, r.raw_s / r.ours_s, r.error.empty() ? "ok" : "WRONG: " + r.error);
+    fmt::print("  {:>10} {:>10} {:>6} | {:>10.2f} {:>8.3f} {:>8.3f} | {:>10.2f} {:>8.3f} | {:>10.2f} {:>8.3f} {:>8.3f} "
+               "| {:>6.3f} {:>6.3f} {}\n",
+               r.bytes, r.count, dtype_name(r.dtype), r.ours_s * 1e6, alg, alg * busf, r.blocking_s * 1e6,
+               r.bytes / r.blocking_s * busf / 1e9, r.raw_s * 1e6, raw_alg, raw_alg * busf, r.raw_s / r.ours_s,
+               r.raw_s / r.blocking_s, r.error.empty() ? "ok" : "WRONG: " + r.error);
   }
-  fmt::print("# ratio = ours busbw / raw busbw; {}\n", failed ? "SOME RESULTS WERE WRONG" : "all results correct");
+  fmt::print("# time: issue, then wait; block: under a BlockingIssueGuard (the caller runs it while the group is idle)\n");
+  fmt::print("# ratio = ours busbw / raw busbw (ratioB: blocking); {}\n",
+             failed ? "SOME RESULTS WERE WRONG" : "all results correct");
 }
 
 }  // namespace

@@ -38,24 +38,26 @@ inline double median_seconds(const std::function<void()>& fn, int iters, int run
   return samples[samples.size() / 2];
 }
 
-// As median_seconds for two functions timed in alternating batches (a, b, a, b, ...), so that a
-// shared machine's drift over the run falls on both alike: {median of a, median of b}.
-inline std::pair<double, double> median_seconds_alternating(const std::function<void()>& a,
-                                                            const std::function<void()>& b, int iters, int runs,
-                                                            int warmup) {
-  for (int i = 0; i < warmup; ++i) a();
-  for (int i = 0; i < warmup; ++i) b();
-  std::vector<double> sa, sb;
+// As median_seconds for several functions timed in interleaved batches (a, b, c, a, b, c, ...),
+// so that a shared machine's drift over the run falls on all alike: the median of each, in order.
+inline std::vector<double> median_seconds_interleaved(const std::vector<std::function<void()>>& fns, int iters,
+                                                      int runs, int warmup) {
+  for (const auto& fn : fns)
+    for (int i = 0; i < warmup; ++i) fn();
+  std::vector<std::vector<double>> samples(fns.size());
   for (int r = 0; r < runs; ++r) {
-    for (auto [fn, samples] : {std::pair{&a, &sa}, std::pair{&b, &sb}}) {
+    for (size_t f = 0; f < fns.size(); ++f) {
       double t0 = now_s();
-      for (int i = 0; i < iters; ++i) (*fn)();
-      samples->push_back((now_s() - t0) / iters);
+      for (int i = 0; i < iters; ++i) fns[f]();
+      samples[f].push_back((now_s() - t0) / iters);
     }
   }
-  std::sort(sa.begin(), sa.end());
-  std::sort(sb.begin(), sb.end());
-  return {sa[sa.size() / 2], sb[sb.size() / 2]};
+  std::vector<double> medians;
+  for (auto& s : samples) {
+    std::sort(s.begin(), s.end());
+    medians.push_back(s[s.size() / 2]);
+  }
+  return medians;
 }
 
 // Resident set size of this process, in bytes (from /proc/self/statm).
