@@ -7,4 +7,9 @@ namespace tandem::dist {
 bool on_comm_thread();
 void set_on_comm_thread(bool on);
 
+// True while an issuing thread runs an op itself under a BlockingIssueGuard: the thread has
+// nothing else to do until it ends, so a backend may poll it more eagerly than a communication
+// thread, which shares its core with the caller's compute.
+bool caller_runs_op();
+
 }  // namespace tandem::dist

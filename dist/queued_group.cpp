@@ -13,6 +13,7 @@ namespace tandem::dist {
 
 namespace {
 thread_local bool tls_on_comm_thread = false;
+thread_local bool tls_caller_runs_op = false;
 
 std::string join_ranks(const std::vector<int>& ranks) { return fmt::format("{}", fmt::join(ranks, ", ")); }
 
@@ -40,6 +41,7 @@ Shape row_shape(const Tensor& t) {
 thread_local int tls_async_issue_depth = 0;
 
 bool on_comm_thread() { return tls_on_comm_thread; }
+bool caller_runs_op() { return tls_caller_runs_op; }
 void set_on_comm_thread(bool on) { tls_on_comm_thread = on; }
 
 AsyncIssueGuard::AsyncIssueGuard() { ++tls_async_issue_depth; }
@@ -318,8 +320,8 @@ void QueuedGroup::run_blocking(Op& op) {
   // This thread does what the communication thread would, with its rules: continuations run
   // here, and a wait() inside one is the same error.
   struct AsCommThread {
-    AsCommThread() { set_on_comm_thread(true); }
-    ~AsCommThread() { set_on_comm_thread(false); }
+    AsCommThread() { tls_on_comm_thread = tls_caller_runs_op = true; }
+    ~AsCommThread() { tls_on_comm_thread = tls_caller_runs_op = false; }
   } as_comm_thread;
   run_one(op);
 }

@@ -181,8 +181,11 @@ std::string human(size_t b) {
   return fmt::format("{}B", b);
 }
 
-// Batches sized so that each size takes a fraction of a second.
-int iters_for(size_t bytes) { return static_cast<int>(std::clamp<size_t>((size_t(32) << 20) / std::max<size_t>(bytes, 4096), 2, 1000)); }
+// Batches sized so that each size takes a fraction of a second: 64 MiB of traffic per batch, at
+// least 4 calls (a batch of 2 large calls made the 8-16 MiB medians swing by 30 % between runs).
+int iters_for(size_t bytes) {
+  return static_cast<int>(std::clamp<size_t>((size_t(64) << 20) / std::max<size_t>(bytes, 4096), 4, 1000));
+}
 
 #ifdef TANDEM_WITH_CUDA
 // As bench::median_seconds, timed by CUDA events on the current stream around each batch (every
