@@ -12,4 +12,9 @@ void set_on_comm_thread(bool on);
 // thread, which shares its core with the caller's compute.
 bool caller_runs_op();
 
+// How many threads of this process are blocked in Work::wait. While one is, its core is idle, so
+// a communication thread polling a long transfer may keep spinning instead of sleeping (which
+// would add up to a sleep's length to each step of the transfer).
+int threads_waiting_on_work();
+
 }  // namespace tandem::dist

@@ -26,20 +26,19 @@ void check_mpi(int rc, const char* call, const char* file, int line) {
 }
 #define TANDEM_MPI_CHECK(...) check_mpi((__VA_ARGS__), #__VA_ARGS__, __FILE__, __LINE__)
 
-// How a communication thread waits for MPI requests. Peers in step complete within a few polls,
-// so it spins first (latency); then it yields, which also covers a large transfer in flight; once
-// a peer is clearly late (> 1 ms: DDP launches buckets long before slower ranks reach them) it
-// sleeps in growing steps up to 100 us, so a waiting comm thread does not keep taking the core
-// from the compute threads of its own or another rank. A caller running a blocking op itself has
-// no compute to make room for: it is patient for as long as the op's `bytes` take at 1 GB/s
-// before sleeping (an 8 MiB exchange takes ~3 ms here, and a rank asleep when its peer finishes
-// lost up to 100 us of it; with the comm thread's 1 ms the 16 MiB allreduce ran at 0.88 x raw
-// MPI, 0.99 x with this). A comm thread patient that long made a DDP step 3-7 % slower (7 A/B runs).
+// How a thread waits for MPI requests. Peers in step complete within a few polls, so it spins
+// first (latency); then it yields, which also covers a large transfer in flight; once a peer is
+// clearly late (> 1 ms: DDP launches buckets long before slower ranks reach them) it sleeps in
+// growing steps up to 100 us, so a waiting comm thread does not keep taking the core from the
+// compute threads of its own or another rank. When there is no compute to make room for (a caller
+// running a blocking op itself, or a comm thread while some thread of the process is blocked in
+// Work::wait) it is patient for as long as the op's `bytes` take at 1 GB/s before sleeping: an
+// 8 MiB exchange takes ~3 ms here, and a rank asleep when its peer finishes lost up to 100 us of
+// it (with 1 ms only, the 16 MiB allreduce ran at 0.88 x raw MPI, 0.99 x with this). A comm
+// thread that patient during compute made a DDP step 3-7 % slower (7 A/B runs).
 class Backoff {
  public:
-  explicit Backoff(size_t bytes = 0)
-      : patience_(std::max<std::chrono::nanoseconds>(std::chrono::milliseconds(1),
-                                                     std::chrono::nanoseconds(static_cast<int64_t>(bytes)))) {}
+  explicit Backoff(size_t bytes = 0) : transfer_time_(static_cast<int64_t>(bytes)) {}
 
   void pause() {
     ++polls_;
@@ -48,7 +47,7 @@ class Backoff {
     if (!sleeping_) {
       // The clock is read every 16th pause: a read costs as much as a poll (perf put it at 4 %
       // of a 256 KiB allreduce when read on every one).
-      if ((polls_ & 15) != 0 || std::chrono::steady_clock::now() - start_ < patience_) {
+      if ((polls_ & 15) != 0 || patient(std::chrono::steady_clock::now() - start_)) {
         std::this_thread::yield();
         return;
       }
@@ -59,7 +58,12 @@ class Backoff {
   }
 
  private:
-  std::chrono::nanoseconds patience_;
+  bool patient(std::chrono::nanoseconds waited) const {
+    if (waited < std::chrono::milliseconds(1)) return true;
+    return waited < transfer_time_ && (caller_runs_op() || threads_waiting_on_work() > 0);
+  }
+
+  std::chrono::nanoseconds transfer_time_;
   uint64_t polls_ = 0;
   bool sleeping_ = false;
   std::chrono::steady_clock::time_point start_{};
@@ -389,7 +393,7 @@ class MpiGroup final : public QueuedGroup {
   // Polls the requests, which move `bytes` in all, until all complete; false at the deadline. See
   // Backoff for the pacing.
   bool poll(const Op& op, MPI_Request* reqs, int n, size_t bytes = 0) {
-    Backoff backoff(caller_runs_op() ? bytes : 0);
+    Backoff backoff(bytes);
     for (uint64_t spin = 0;; ++spin) {
       int done = 0;
       {

@@ -2,6 +2,8 @@
 
 #include "dist/comm_thread.h"
 
+#include <atomic>
+
 namespace tandem::dist {
 
 std::string_view reduce_op_name(ReduceOp op) {
@@ -14,6 +16,22 @@ std::string_view reduce_op_name(ReduceOp op) {
   }
   return "?";
 }
+
+namespace {
+
+std::atomic<int> waiting_on_work{0};
+
+// Counts the calling thread in threads_waiting_on_work() while it blocks.
+struct CountedWait {
+  CountedWait() { waiting_on_work.fetch_add(1, std::memory_order_relaxed); }
+  ~CountedWait() { waiting_on_work.fetch_sub(1, std::memory_order_relaxed); }
+  CountedWait(const CountedWait&) = delete;
+  CountedWait& operator=(const CountedWait&) = delete;
+};
+
+}  // namespace
+
+int threads_waiting_on_work() { return waiting_on_work.load(std::memory_order_relaxed); }
 
 Work::Work(std::string description) : description_(std::move(description)) {}
 
@@ -30,6 +48,7 @@ void Work::wait() const {
     // it would wait for itself.
     TANDEM_CHECK(!on_comm_thread(), "[dist] wait on {} from a communication thread (inside a continuation) would "
                  "deadlock; chain it with then() instead", description_);
+    CountedWait counted;
     cv_.wait(lock, [&] { return done_; });
   }
   if (error_) std::rethrow_exception(error_);
@@ -40,6 +59,7 @@ void Work::wait(Milliseconds timeout) const {
   if (!done_) {
     TANDEM_CHECK(!on_comm_thread(), "[dist] wait on {} from a communication thread (inside a continuation) would "
                  "deadlock; chain it with then() instead", description_);
+    CountedWait counted;
     if (!cv_.wait_for(lock, timeout, [&] { return done_; })) {
       fail("[dist] wait on {} timed out after {} ms (the operation is still running)", description_, timeout.count());
     }
