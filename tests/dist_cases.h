@@ -94,11 +94,11 @@ inline double expected_reduction(ReduceOp op, Dtype dt, int n, int64_t i) {
 
 // ---- collectives x dtypes ----
 
-// Sizes cross the mpi backend's algorithm switches (recursive doubling / ring at 256 KiB).
 // Sizes around the mpi backend's thresholds: eager-sized pieces (4000 bytes, so 1000/1001 f32 and
-// 8000/8001 f32 sit at one piece and at the last piece count), then whole messages, then the ring.
+// 8000/8001 f32 sit at one piece and at the last piece count), then whole messages, then the ring
+// (from max(64 KiB, n x 32 KiB): 20000 f32 rings on 2 ranks only, 70001 f32 on up to 8).
 inline void allreduce_all(ProcessGroup& pg, const std::vector<int64_t>& sizes = {0, 1, 13, 1000, 1001, 8000, 8001,
-                                                                                  70001}) {
+                                                                                  20000, 70001}) {
   const int n = pg.size(), r = pg.rank();
   for (Dtype dt : kAllDtypes) {
     for (ReduceOp op : kAllOps) {
