@@ -452,11 +452,11 @@ class MpiGroup final : public QueuedGroup {
     }
   }
 
-  // An allreduce too small for the ring (use_ring) as a StartedOp, so the issuing thread can begin it and the
-  // communication thread finish it. With a power-of-two group, recursive doubling: log2(n) rounds,
-  // each exchanging the whole buffer with rank ^ 2^k and combining in the same order on both
-  // partners (lower rank's data first), so every rank ends with identical bits. Otherwise one
-  // MPI_Iallreduce.
+  // An allreduce too small for the ring (use_ring) as a StartedOp, so the issuing thread can
+  // begin it and the communication thread finish it. With a power-of-two group, recursive
+  // doubling: log2(n) rounds, each exchanging the whole buffer with rank ^ 2^k and combining in
+  // the same order on both partners (lower rank's data first), so every rank ends with identical
+  // bits. Otherwise one MPI_Iallreduce.
   class SmallAllreduce final : public StartedOp {
    public:
     SmallAllreduce(MpiGroup& g, ReduceOp reduce, char* data, int64_t count, Dtype dt)
