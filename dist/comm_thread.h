@@ -8,8 +8,8 @@ bool on_comm_thread();
 void set_on_comm_thread(bool on);
 
 // True while an issuing thread runs an op itself under a BlockingIssueGuard: the thread has
-// nothing else to do until it ends, so a backend may poll it more eagerly than a communication
-// thread, which shares its core with the caller's compute.
+// nothing else to do until it ends, so a backend may poll it more eagerly than it lets a
+// communication thread poll while the caller computes (see threads_waiting_on_work).
 bool caller_runs_op();
 
 // How many threads of this process are blocked in Work::wait. While one is, its core is idle, so
