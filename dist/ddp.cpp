@@ -160,12 +160,19 @@ void DistributedDataParallel::broadcast_states(bool include_buffers) {
 
 void DistributedDataParallel::before_forward() {
   reducer_->prepare_for_forward();
+  // PyTorch's rule: rank 0's buffers are broadcast only at the start of an accumulation window,
+  // i.e. when the previous forward was synchronised (or there was none). The forwards inside
+  // no_sync and the synchronised one that ends the window run on each rank's own buffers.
   // Read afresh every time: a reassigned buffer (set_buffer) is synced too.
-  if (require_sync_ && options_.broadcast_buffers && group_->size() > 1) broadcast_from_rank0(*group_, synced_buffers());
+  if (autograd::grad_mode_enabled() && sync_buffers_before_forward_ && options_.broadcast_buffers &&
+      group_->size() > 1)
+    broadcast_from_rank0(*group_, synced_buffers());
 }
 
 void DistributedDataParallel::after_forward() {
-  if (require_sync_ && autograd::grad_mode_enabled()) reducer_->prepare_for_backward();
+  if (!autograd::grad_mode_enabled()) return;  // evaluation is not part of any window
+  sync_buffers_before_forward_ = require_sync_;
+  if (require_sync_) reducer_->prepare_for_backward();
 }
 
 Tensor DistributedDataParallel::forward(const Tensor& input) {

@@ -124,6 +124,7 @@ class DistributedDataParallel {
   std::vector<std::string> names_;
   std::unique_ptr<Reducer> reducer_;
   bool require_sync_ = true;
+  bool sync_buffers_before_forward_ = true;  // the previous grad-mode forward was synchronised
   double forward_ms_ = 0;
 };
 

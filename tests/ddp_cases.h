@@ -287,6 +287,62 @@ inline void buffers(ProcessGroupPtr g) {
   }
 }
 
+// Gradient accumulation with BatchNorm and broadcast_buffers (PyTorch's rule): rank 0's buffers
+// are broadcast only before the first forward of each window (the previous forward was
+// synchronised); the no_sync forwards and the synchronised forward that ends the window update
+// each rank's own statistics. The reference: one BatchNorm per rank fed the same micro-batches,
+// every rank's copy reset to rank 0's at each window start. BatchNorm comes first, so its
+// statistics depend on the data only.
+inline void buffers_with_no_sync(ProcessGroupPtr g) {
+  const int W = g->size(), R = g->rank();
+  constexpr int kMicro = 3;  // two no_sync micro-batches, then the synchronised one
+  manual_seed(4);
+  auto m = std::make_shared<nn::Sequential>();
+  m->push_back(std::make_shared<nn::BatchNorm1d>(8));
+  m->push_back(std::make_shared<nn::Linear>(8, 4));
+  m->to(f64);
+  std::vector<std::shared_ptr<nn::BatchNorm1d>> ref;
+  for (int r = 0; r < W; ++r) {
+    ref.push_back(std::make_shared<nn::BatchNorm1d>(8));
+    ref.back()->to(f64);
+  }
+  DistributedDataParallel ddp(m, g, {});
+  optim::SGD opt(m->parameters(), {.lr = 0.05});
+  auto batch = [&](int step, int micro, int r) {
+    int64_t first = ((step * kMicro + micro) * 16 + r) * 5;
+    return std::pair{inputs(first, 5, 8, f64) * (1.0 + r), targets(first, 5, 4, f64)};
+  };
+  for (int step = 0; step < 3; ++step) {
+    opt.zero_grad();
+    for (int r = 1; r < W; ++r)
+      for (const auto& [name, b] : ref[0]->named_buffers()) {
+        NoGradGuard ng;
+        ref[r]->buffer(name).copy_(b);
+      }
+    for (int micro = 0; micro < kMicro; ++micro) {
+      for (int r = 0; r < W; ++r) {
+        NoGradGuard ng;
+        (*ref[r])(batch(step, micro, r).first);
+      }
+      auto [x, y] = batch(step, micro, R);
+      if (micro + 1 < kMicro) {
+        auto guard = ddp.no_sync();
+        mse_loss(ddp(x), y).backward();
+      } else {
+        mse_loss(ddp(x), y).backward();
+      }
+    }
+    opt.step();
+    for (const auto& [name, want] : ref[R]->named_buffers()) {
+      Tensor got = m->buffer("0." + name);
+      double d = max_abs_diff(got, want);
+      expect(d == 0, "no_sync window {}: rank {}'s {} differs from the per-rank reference by {} (got {}, want {})",
+             step, R, name, d, got.to(f64).flatten().narrow(0, 0, 1).item<double>(),
+             want.to(f64).flatten().narrow(0, 0, 1).item<double>());
+    }
+  }
+}
+
 // Every rank leaves `extra` without gradient and find_unused_parameters is off: the reduction
 // cannot finish, and check_reducer_finalized / the next forward say why, naming the parameters.
 inline void unused_everywhere_is_an_error(ProcessGroupPtr g) {

@@ -42,6 +42,13 @@ TEST_CASE("ddp threads: broadcast_buffers true and false", "[ddp]") {
   REQUIRE_NOTHROW(on_threads(3, buffers));
 }
 
+TEST_CASE("ddp threads: with no_sync, buffers are broadcast only at the start of each accumulation window", "[ddp]") {
+  for (int n : {2, 3}) {
+    INFO(n << " ranks");
+    REQUIRE_NOTHROW(on_threads(n, buffers_with_no_sync));
+  }
+}
+
 TEST_CASE("ddp threads: a parameter without gradient on every rank is a clear error", "[ddp]") {
   REQUIRE_NOTHROW(on_threads(2, unused_everywhere_is_an_error));
   REQUIRE_NOTHROW(on_threads(1, unused_everywhere_is_an_error));

@@ -32,6 +32,7 @@ TEST_CASE("ddp mpi: no_sync", "[ddp_mpi]") {
   });
 }
 TEST_CASE("ddp mpi: broadcast_buffers", "[ddp_mpi]") { run_case(buffers); }
+TEST_CASE("ddp mpi: buffers with no_sync", "[ddp_mpi]") { run_case(buffers_with_no_sync); }
 TEST_CASE("ddp mpi: unused parameter error", "[ddp_mpi]") { run_case(unused_everywhere_is_an_error); }
 TEST_CASE("ddp mpi: construction errors", "[ddp_mpi]") { run_case(construction_errors); }
 TEST_CASE("ddp mpi: ignored parameters", "[ddp_mpi]") { run_case(ignored_parameters); }
