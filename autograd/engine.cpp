@@ -11,6 +11,8 @@
 #include <algorithm>
 #include <atomic>
 #include <deque>
+#include <mutex>
+#include <thread>
 #include <unordered_map>
 
 #include "autograd/hooks.h"
@@ -20,6 +22,7 @@ namespace tandem::autograd {
 
 struct EngineAccess {
   static std::vector<Node*>& nodes(GraphTask& t) { return t.nodes_sorted_; }
+  static uint64_t& id(GraphTask& t) { return t.id_; }
 };
 
 bool GraphTask::reaches(const Node* node) const {
@@ -38,10 +41,47 @@ namespace {
 
 struct BackwardState {
   std::deque<std::function<void()>> callbacks;
+  uint64_t task_id = 0;
 };
 thread_local BackwardState* current_backward = nullptr;
-thread_local std::vector<std::pair<uint64_t, std::function<void(const GraphTask&)>>> start_observers;
-thread_local uint64_t next_observer_id = 1;
+std::atomic<uint64_t> next_task_id{1};
+
+// The process-wide observer list. A call in flight holds the entry alive and counts itself in
+// `in_flight`, so that removal can wait for calls running on other threads to return.
+struct Observer {
+  uint64_t id = 0;
+  std::function<void(const GraphTask&)> fn;
+  std::atomic<bool> active{true};
+  std::atomic<int> in_flight{0};
+};
+std::mutex observers_mutex;
+std::vector<std::shared_ptr<Observer>> start_observers;  // guarded by observers_mutex
+std::atomic<size_t> observer_count{0};                   // read without the lock on every backward
+uint64_t next_observer_id = 1;                           // guarded by observers_mutex
+thread_local const Observer* running_observer = nullptr;
+
+void notify_start_observers(const GraphTask& task) {
+  std::vector<std::shared_ptr<Observer>> snapshot;
+  {
+    std::lock_guard<std::mutex> lock(observers_mutex);
+    snapshot = start_observers;
+  }
+  for (const auto& o : snapshot) {
+    // Count first, then check: remove() clears `active` first, then waits for the count.
+    o->in_flight.fetch_add(1);
+    struct Leave {
+      Observer* o;
+      const Observer* outer;
+      ~Leave() {
+        running_observer = outer;
+        o->in_flight.fetch_sub(1);
+      }
+    } leave{o.get(), running_observer};
+    if (!o->active.load()) continue;
+    running_observer = o.get();
+    o->fn(task);
+  }
+}
 
 // Applies the tensor hooks registered on a node output (or a leaf) in registration order.
 Tensor run_tensor_hooks(const HookList<TensorHook>* hooks, Tensor grad, const OutputMeta& expected) {
@@ -146,7 +186,8 @@ void backward(const TensorList& roots, const TensorList& grads, bool retain_grap
   for (size_t i = 0; i < order.size(); ++i) slot_of[order[i]] = static_cast<uint32_t>(i);
 
   GraphTask task;
-  if (!start_observers.empty()) {
+  EngineAccess::id(task) = next_task_id.fetch_add(1);
+  if (observer_count.load() > 0) {
     EngineAccess::nodes(task) = order;
     std::sort(EngineAccess::nodes(task).begin(), EngineAccess::nodes(task).end());
   }
@@ -164,6 +205,7 @@ void backward(const TensorList& roots, const TensorList& grads, bool retain_grap
   };
 
   BackwardState state;
+  state.task_id = task.id();
   BackwardState* outer = current_backward;
   current_backward = &state;
   struct Restore {
@@ -173,7 +215,7 @@ void backward(const TensorList& roots, const TensorList& grads, bool retain_grap
 
   GradModeGuard no_grad(false);
   for (auto& [e, g] : seeds) deliver(e.fn.get(), e.input_nr, std::move(g), nullptr);
-  for (auto& [id, fn] : std::vector(start_observers)) fn(task);
+  if (observer_count.load() > 0) notify_start_observers(task);
 
   for (Node* node : order) {
     TensorList in = std::move(buffers[slot_of.find(node)->second]);
@@ -213,14 +255,33 @@ void queue_callback(std::function<void()> fn) {
 
 bool in_backward() { return current_backward != nullptr; }
 
+uint64_t current_graph_task_id() { return current_backward ? current_backward->task_id : 0; }
+
 uint64_t add_backward_start_observer(std::function<void(const GraphTask&)> fn) {
-  uint64_t id = next_observer_id++;
-  start_observers.emplace_back(id, std::move(fn));
-  return id;
+  auto o = std::make_shared<Observer>();
+  o->fn = std::move(fn);
+  std::lock_guard<std::mutex> lock(observers_mutex);
+  o->id = next_observer_id++;
+  start_observers.push_back(o);
+  observer_count.store(start_observers.size());
+  return o->id;
 }
 
 void remove_backward_start_observer(uint64_t id) {
-  std::erase_if(start_observers, [id](const auto& p) { return p.first == id; });
+  std::shared_ptr<Observer> removed;
+  {
+    std::lock_guard<std::mutex> lock(observers_mutex);
+    auto it = std::find_if(start_observers.begin(), start_observers.end(), [id](const auto& o) { return o->id == id; });
+    if (it == start_observers.end()) return;
+    removed = *it;
+    start_observers.erase(it);
+    observer_count.store(start_observers.size());
+  }
+  removed->active.store(false);
+  // Wait for calls in flight on other threads (the owner's state is about to go away). A call on
+  // this thread (an observer removing itself) cannot be waited for and need not be.
+  const int self = running_observer == removed.get() ? 1 : 0;
+  while (removed->in_flight.load() > self) std::this_thread::yield();
 }
 
 }  // namespace tandem::autograd

@@ -17,21 +17,30 @@ class GraphTask {
   // True when this backward will deliver a gradient to `leaf` (a tensor that requires grad).
   bool reaches(const Tensor& leaf) const;
   bool reaches(const Node* node) const;
+  // Unique over the process's lifetime: tells this backward from a later one that happens to
+  // sit at the same address.
+  uint64_t id() const { return id_; }
 
  private:
   friend struct EngineAccess;
   std::vector<Node*> nodes_sorted_;  // sorted by pointer for lookup
+  uint64_t id_ = 0;
 };
+
+// The id of the innermost backward running on this thread, 0 when none.
+uint64_t current_graph_task_id();
 
 // Queues fn to run once the current backward has finished, after every node (callbacks may
 // queue more). Only valid inside a backward (e.g. from a hook): otherwise throws.
 void queue_callback(std::function<void()> fn);
 bool in_backward();
 
-// Observers are per thread (each rank of the threads backend has its own autograd state):
-// register and remove one on the thread that runs the backwards it observes.
-// Observers called at the start of every backward on this thread, before any node runs (DDP
-// uses this to learn which parameters the loss does not reach). Removed by the returned id.
+// Observers called at the start of every backward, on whichever thread runs it, before any node
+// runs (DDP uses this to adopt the backwards of its forwards and to learn which parameters the
+// loss does not reach). They are process-wide, so a model may be driven from any thread: an
+// observer must tell its own backwards from others' (the threads backend runs one rank per
+// thread) and must be safe to call from several threads at once. Removed by the returned id;
+// once remove returns, the observer is not running anywhere and is never called again.
 uint64_t add_backward_start_observer(std::function<void(const GraphTask&)> fn);
 void remove_backward_start_observer(uint64_t id);
 

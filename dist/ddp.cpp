@@ -15,10 +15,11 @@ namespace tandem::dist {
 
 namespace {
 
-// One rank's model as integers: [count, then per parameter: dtype, ndim, dims...].
+// One rank's model as integers: [count, then per parameter: requires_grad, dtype, ndim, dims...].
 std::vector<int64_t> model_signature(const std::vector<std::pair<std::string, Tensor>>& params) {
   std::vector<int64_t> sig{static_cast<int64_t>(params.size())};
   for (const auto& [name, t] : params) {
+    sig.push_back(t.requires_grad() ? 1 : 0);
     sig.push_back(static_cast<int64_t>(t.dtype()));
     sig.push_back(t.dim());
     for (int64_t d : t.shape()) sig.push_back(d);
@@ -27,14 +28,18 @@ std::vector<int64_t> model_signature(const std::vector<std::pair<std::string, Te
 }
 
 struct ParamSig {
+  bool requires_grad;
   Dtype dtype;
   Shape shape;
+  std::string str() const { return fmt::format("{} {}{}", shape, dtype, requires_grad ? "" : " (requires_grad=false)"); }
+  bool operator==(const ParamSig&) const = default;
 };
 
 std::vector<ParamSig> decode_signature(const int64_t* sig) {
   std::vector<ParamSig> out(static_cast<size_t>(sig[0]));
   size_t at = 1;
   for (ParamSig& p : out) {
+    p.requires_grad = sig[at++] != 0;
     p.dtype = static_cast<Dtype>(sig[at++]);
     int64_t ndim = sig[at++];
     Shape s;
@@ -82,6 +87,7 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
   ReducerOptions ro;
   ro.find_unused_parameters = options_.find_unused_parameters;
   ro.gradient_as_bucket_view = options_.gradient_as_bucket_view;
+  ro.static_graph = options_.static_graph;
   if (options_.bucket_cap_mb) {
     ro.bucket_bytes = static_cast<size_t>(*options_.bucket_cap_mb * 1024.0 * 1024.0);
     ro.bucket_bytes = std::max<size_t>(ro.bucket_bytes, 1);
@@ -119,11 +125,11 @@ void DistributedDataParallel::verify_same_model_across_ranks(
     const std::vector<ParamSig> other = decode_signature(a + r * longest);
     const size_t common = std::min(ref.size(), other.size());
     for (size_t i = 0; i < common; ++i) {
-      if (ref[i].shape != other[i].shape || ref[i].dtype != other[i].dtype) {
-        fail("[ddp] the model differs across ranks: parameter {} ('{}' on rank {}) is {} {} on rank 0 but {} {} on "
+      if (!(ref[i] == other[i])) {
+        fail("[ddp] the model differs across ranks: parameter {} ('{}' on rank {}) is {} on rank 0 but {} on "
              "rank {}. Every rank must build the same model",
-             i, i < params.size() ? params[i].first : std::string("?"), group_->rank(), ref[i].shape, ref[i].dtype,
-             other[i].shape, other[i].dtype, r);
+             i, i < params.size() ? params[i].first : std::string("?"), group_->rank(), ref[i].str(), other[i].str(),
+             r);
       }
     }
     if (ref.size() != other.size()) {
@@ -159,6 +165,12 @@ void DistributedDataParallel::broadcast_states(bool include_buffers) {
 }
 
 void DistributedDataParallel::before_forward() {
+  TANDEM_CHECK(reducer_->attached(),
+               "[ddp] the autograd hooks were removed (remove_autograd_hooks): this DDP can no longer synchronise "
+               "gradients; call the module directly to train it locally");
+  // A forward under NoGradGuard is no iteration: no collective, no check, no rebuild, so that
+  // rank 0 alone may evaluate.
+  if (!autograd::grad_mode_enabled()) return;
   reducer_->prepare_for_forward();
   // PyTorch's rule: rank 0's buffers are broadcast only at the start of an accumulation window,
   // i.e. when the previous forward was synchronised (or there was none). The forwards inside
@@ -169,10 +181,10 @@ void DistributedDataParallel::before_forward() {
     broadcast_from_rank0(*group_, synced_buffers());
 }
 
-void DistributedDataParallel::after_forward() {
+void DistributedDataParallel::after_forward(const TensorList& outputs) {
   if (!autograd::grad_mode_enabled()) return;  // evaluation is not part of any window
   sync_buffers_before_forward_ = require_sync_;
-  if (require_sync_) reducer_->prepare_for_backward();
+  if (require_sync_) reducer_->prepare_for_backward(outputs);
 }
 
 Tensor DistributedDataParallel::forward(const Tensor& input) {
@@ -180,7 +192,7 @@ Tensor DistributedDataParallel::forward(const Tensor& input) {
   const auto start = std::chrono::steady_clock::now();
   Tensor out = (*module_)(input);
   const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-  after_forward();
+  after_forward({out});
   if (require_sync_) forward_ms_ = ms;
   return out;
 }

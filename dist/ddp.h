@@ -20,6 +20,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -42,7 +43,28 @@ struct DdpOptions {
   bool gradient_as_bucket_view = false;
   // Dotted names of parameters or buffers DDP leaves alone: not synced, not bucketed.
   std::vector<std::string> ignored_parameters;
+  // The set of parameters that receive a gradient is the same in every iteration: the first
+  // backward records it (one used-map allreduce in the whole run), later ones need no search,
+  // and several forwards may run before one backward.
+  bool static_graph = false;
 };
+
+namespace detail {
+// The tensors of a forward's result, so DDP knows which backward is the iteration's.
+inline void collect_tensors(TensorList& out, const Tensor& t) { out.push_back(t); }
+inline void collect_tensors(TensorList& out, const TensorList& ts) { out.insert(out.end(), ts.begin(), ts.end()); }
+template <class T>
+void collect_tensors(TensorList&, const T&) {}  // anything else holds no tensor DDP can see
+template <class A, class B>
+void collect_tensors(TensorList& out, const std::pair<A, B>& p) {
+  collect_tensors(out, p.first);
+  collect_tensors(out, p.second);
+}
+template <class... T>
+void collect_tensors(TensorList& out, const std::tuple<T...>& t) {
+  std::apply([&](const auto&... e) { (collect_tensors(out, e), ...); }, t);
+}
+}  // namespace detail
 
 // The reducer's figures plus the forward time of the last synchronised forward.
 struct DdpStats : ReducerStats {
@@ -64,11 +86,15 @@ class DistributedDataParallel {
   Tensor operator()(const Tensor& input) { return forward(input); }
   Tensor forward(const Tensor& input);
   // For modules whose forward takes other arguments: `ddp.call([&] { return net->forward(a, b); })`.
+  // The result (a Tensor, a TensorList, or a pair/tuple of them) tells DDP which backward is
+  // this iteration's; for other result types any backward that reaches the parameters is.
   template <class F>
   auto call(F&& run_forward) -> decltype(run_forward()) {
     before_forward();
     auto out = run_forward();
-    after_forward();
+    TensorList outputs;
+    detail::collect_tensors(outputs, out);
+    after_forward(outputs);
     return out;
   }
 
@@ -112,7 +138,7 @@ class DistributedDataParallel {
 
  private:
   void before_forward();
-  void after_forward();
+  void after_forward(const TensorList& outputs);
   void verify_same_model_across_ranks(const std::vector<std::pair<std::string, Tensor>>& params);
   void broadcast_states(bool include_buffers);
   std::vector<Tensor> synced_buffers() const;

@@ -89,13 +89,21 @@ Reducer::Reducer(std::vector<Param> params, ProcessGroupPtr group, ReducerOption
   observer_ = autograd::add_backward_start_observer([this](const autograd::GraphTask& t) { on_backward_start(t); });
 }
 
-Reducer::~Reducer() { remove_autograd_hooks(); }
+Reducer::~Reducer() {
+  remove_autograd_hooks();
+  wait_outstanding();
+}
 
 void Reducer::remove_autograd_hooks() {
   if (!attached_) return;
   attached_ = false;
   hooks_.clear();  // HookHandle removes each hook
-  autograd::remove_backward_start_observer(observer_);
+  autograd::remove_backward_start_observer(observer_);  // returns once no call of it is running
+  {
+    std::lock_guard<std::mutex> lock(observe_mutex_);
+    armed_ = false;
+    pending_forwards_.clear();
+  }
   expect_hooks_ = false;
 }
 
@@ -138,45 +146,94 @@ Tensor Reducer::slot_view(size_t param) const {
   return b.buffer.narrow(0, b.offsets[s.index], b.lengths[s.index]).view(params_[param].tensor.shape());
 }
 
-void Reducer::prepare_for_forward() {
-  if (!failure_.empty()) fail("[ddp] the previous iteration's gradient reduction failed, so DDP cannot continue: {}", failure_);
-  if (expect_hooks_) throw_unfinished();
-  if (rebuild_pending_) rebuild_buckets();
-}
-
-void Reducer::prepare_for_backward() {
-  TANDEM_CHECK(attached_, "[ddp] the autograd hooks were removed (remove_autograd_hooks): this DDP can no longer synchronise gradients");
-  expect_hooks_ = true;
-  backward_started_ = false;
-  finalize_queued_ = false;  // a backward that threw never ran its callback
-  std::fill(ready_.begin(), ready_.end(), false);
+void Reducer::wait_outstanding() noexcept {
+  // A collective still in flight writes into its bucket; nothing may reuse the buffer before it
+  // is done (a failed one is reported where it is waited for, or is already moot).
   for (Bucket& b : buckets_) {
-    b.pending = b.params.size();
+    if (!b.work) continue;
+    try {
+      b.work->wait();
+    } catch (...) {
+    }
     b.work.reset();
   }
+  if (used_work_) {
+    try {
+      used_work_->wait();
+    } catch (...) {
+    }
+    used_work_.reset();
+  }
+}
+
+void Reducer::reset_iteration() {
+  wait_outstanding();
+  expect_hooks_ = false;
+  adopted_task_ = 0;
+  backward_started_ = false;
+  hooks_fired_ = false;
+  finalize_ran_ = false;
+  std::fill(ready_.begin(), ready_.end(), false);
+  for (Bucket& b : buckets_) b.pending = b.params.size();
   next_launch_ = 0;
-  used_work_.reset();
   ready_order_.clear();
+  graph_changed_.clear();
   events_.clear();
   for (Tensor& s : unused_stash_) s = Tensor();
 }
 
+void Reducer::prepare_for_forward() {
+  if (!failure_.empty()) fail("[ddp] the previous iteration's gradient reduction failed, so DDP cannot continue: {}", failure_);
+  if (expect_hooks_ && hooks_fired_) {
+    // A backward that threw never ran its end-of-backward callback: drop its partial reduction
+    // (once its collectives are done) instead of blaming the parameters.
+    if (!finalize_ran_) {
+      reset_iteration();
+      std::lock_guard<std::mutex> lock(observe_mutex_);
+      armed_ = false;
+      pending_forwards_.clear();
+    } else {
+      throw_unfinished();
+    }
+  }
+  {
+    // Forwards never backwarded are forgiven; their outputs are dropped once nothing holds them.
+    std::lock_guard<std::mutex> lock(observe_mutex_);
+    std::erase_if(pending_forwards_, [](const auto& outs) {
+      return std::all_of(outs.begin(), outs.end(), [](const auto& w) { return w.expired(); });
+    });
+  }
+  if (rebuild_pending_) rebuild_buckets();
+}
+
+void Reducer::prepare_for_backward(const TensorList& outputs) {
+  TANDEM_CHECK(attached_, "[ddp] the autograd hooks were removed (remove_autograd_hooks): this DDP can no longer synchronise gradients");
+  if (!expect_hooks_) reset_iteration();
+  expect_hooks_ = true;
+  std::vector<std::weak_ptr<autograd::Node>> nodes;
+  for (const Tensor& t : outputs) {
+    if (!t.defined()) continue;
+    if (auto* m = autograd::meta(t); m && m->grad_fn) nodes.push_back(m->grad_fn);
+  }
+  if (nodes.empty()) {
+    // No output DDP can see: the parameters' gradient accumulators stand in for it.
+    for (const Param& p : params_)
+      if (auto* m = autograd::meta(p.tensor)) nodes.push_back(m->grad_accumulator);
+  }
+  std::lock_guard<std::mutex> lock(observe_mutex_);
+  armed_ = true;
+  pending_forwards_.push_back(std::move(nodes));
+}
+
 void Reducer::check_finalized() const {
   if (!failure_.empty()) fail("[ddp] the previous iteration's gradient reduction failed: {}", failure_);
-  if (expect_hooks_) throw_unfinished();
+  if (expect_hooks_ && hooks_fired_) throw_unfinished();
 }
 
 void Reducer::throw_unfinished() const {
   std::vector<std::string> missing;
   for (size_t p = 0; p < params_.size(); ++p)
     if (!ready_[p]) missing.push_back(params_[p].name);
-  if (!backward_started_ && missing.size() == params_.size()) {
-    fail("[ddp] Expected to have finished reduction in the prior iteration before starting a new one: the last "
-         "synchronised forward (grad mode on, outside no_sync) was not followed by a backward that reached the "
-         "model's parameters on rank {}. Run backward on a loss computed from the output, run forwards that need "
-         "no gradient under NoGradGuard, or wrap them in no_sync()",
-         group_->rank());
-  }
   fail("[ddp] Expected to have finished reduction in the prior iteration before starting a new one: on rank {} "
        "{} of {} parameters received no gradient in the last backward: {}. This happens when the module has "
        "parameters that were not used in producing the loss; build DDP with find_unused_parameters=true if that "
@@ -192,42 +249,79 @@ void Reducer::register_comm_hook(CommHook hook) {
 }
 
 void Reducer::on_backward_start(const autograd::GraphTask& task) {
-  if (!expect_hooks_ || backward_started_) return;
-  // A backward that reaches none of our parameters (another model's) is not this iteration's.
-  bool reaches_any = false;
-  for (const Param& p : params_) {
-    if (task.reaches(p.tensor)) {
-      reaches_any = true;
-      break;
+  // Runs on whichever thread starts a backward, this reducer's or another's: only the state
+  // under observe_mutex_ is read until the backward is known to be ours.
+  size_t reached = 0;
+  {
+    std::lock_guard<std::mutex> lock(observe_mutex_);
+    if (!armed_) return;
+    for (const auto& outs : pending_forwards_) {
+      bool hit = false;
+      for (const auto& w : outs) {
+        auto node = w.lock();
+        if (node && task.reaches(node.get())) {
+          hit = true;
+          break;
+        }
+      }
+      reached += hit;
     }
+    if (reached == 0) return;  // not the backward of a synchronised forward of ours
+    armed_ = false;
+    pending_forwards_.clear();
   }
-  if (!reaches_any) return;
-  begin_backward();
-  queue_finalize();
-  if (options_.find_unused_parameters) {
+  adopt(task, reached);
+}
+
+void Reducer::adopt(const autograd::GraphTask& task, size_t forwards_reached) {
+  if (forwards_reached > 1 && !options_.static_graph) {
+    reset_iteration();
+    fail("[ddp] this backward reaches the outputs of {} synchronised forwards. Running several forwards before one "
+         "backward needs DistributedDataParallel built with static_graph=true (the set of parameters that receive a "
+         "gradient must then be the same in every iteration)",
+         forwards_reached);
+  }
+  adopted_task_ = task.id();
+  backward_started_ = true;
+  trained_ = true;
+  backward_start_ = Clock::now();
+  events_.push_back({ReducerEvent::backward_started, -1});
+  autograd::queue_callback([this] { finalize(); });  // once per adopted backward
+  if (static_first_iteration()) return;  // nothing is reduced before the end of this backward
+  if (options_.static_graph) {
+    for (size_t p = 0; p < params_.size(); ++p)
+      if (static_unused_here_[p]) mark_ready(p, /*used_here=*/false);
+  } else if (options_.find_unused_parameters) {
     for (size_t p = 0; p < params_.size(); ++p)
       if (!task.reaches(params_[p].tensor)) mark_ready(p, /*used_here=*/false);
   }
 }
 
-void Reducer::begin_backward() {
-  backward_started_ = true;
-  trained_ = true;
-  backward_start_ = Clock::now();
-  events_.push_back({ReducerEvent::backward_started, -1});
-}
-
-void Reducer::queue_finalize() {
-  if (finalize_queued_) return;
-  finalize_queued_ = true;
-  autograd::queue_callback([this] { finalize(); });
-}
-
 void Reducer::on_grad_ready(size_t param) {
-  local_used_[param] = 1;  // also inside no_sync: used in any micro-batch counts as used
-  if (!expect_hooks_) return;
-  if (!backward_started_) begin_backward();  // observers missed it (a backward on another thread)
-  queue_finalize();
+  if (!expect_hooks_) {
+    local_used_[param] = 1;  // inside no_sync: used in any micro-batch counts as used
+    return;
+  }
+  if (!backward_started_) return;  // a backward not of a synchronised forward (another model's)
+  if (autograd::current_graph_task_id() != adopted_task_) {
+    // A second backward while this iteration's reduction is open must not feed a gradient into
+    // a slot that is already reduced; one that reaches only unready parameters is not ours.
+    if (ready_[param]) mark_ready(param, /*used_here=*/true);  // throws "marked ready twice"
+    return;
+  }
+  hooks_fired_ = true;
+  local_used_[param] = 1;
+  if (static_first_iteration()) {
+    // Recorded only; the end-of-backward callback reduces everything.
+    ready_order_.push_back(param);
+    last_ready_ = Clock::now();
+    events_.push_back({ReducerEvent::grad_ready, static_cast<int64_t>(param)});
+    return;
+  }
+  if (options_.static_graph && static_unused_here_[param]) {
+    graph_changed_.push_back(param);  // reported at the end of this backward
+    return;
+  }
   mark_ready(param, /*used_here=*/true);
 }
 
@@ -289,16 +383,76 @@ void Reducer::launch_ready_buckets() {
       return TensorList{};
     });
   }
-  if (next_launch_ == buckets_.size() && options_.find_unused_parameters) {
-    // After the last bucket, so every rank issues it at the same point of its collective order.
-    used_map_ = from_vector<int32_t>(local_used_, {static_cast<int64_t>(local_used_.size())}).to(control_device_);
-    used_work_ = group_->allreduce(used_map_, ReduceOp::max);
-  }
+  // Dynamic find_unused_parameters: after the last bucket, so every rank issues it at the same
+  // point of its collective order.
+  if (next_launch_ == buckets_.size() && options_.find_unused_parameters && !options_.static_graph) launch_used_map();
+}
+
+void Reducer::launch_used_map() {
+  used_map_ = from_vector<int32_t>(local_used_, {static_cast<int64_t>(local_used_.size())}).to(control_device_);
+  used_work_ = group_->allreduce(used_map_, ReduceOp::max);
 }
 
 void Reducer::finalize() {
-  finalize_queued_ = false;
-  if (!expect_hooks_ || next_launch_ < buckets_.size()) return;  // unfinished: reported at the next forward
+  finalize_ran_ = true;
+  if (!expect_hooks_) return;
+  try {
+    if (static_first_iteration()) {
+      finalize_static_first_iteration();
+    } else {
+      if (options_.static_graph) check_static_graph();
+      if (options_.find_unused_parameters && !options_.static_graph) {
+        // Reached, but no gradient arrived (a custom Function returned none, a branch got none):
+        // unused too, never left pending.
+        for (size_t p = 0; p < params_.size(); ++p)
+          if (!ready_[p]) mark_ready(p, /*used_here=*/false);
+      }
+    }
+  } catch (const std::exception& e) {
+    failure_ = e.what();
+    wait_outstanding();
+    throw;
+  }
+  if (next_launch_ < buckets_.size()) return;  // unfinished: reported at the next forward
+  wait_and_write_back();
+}
+
+void Reducer::finalize_static_first_iteration() {
+  // One used-map allreduce in the whole run: which parameters any rank used.
+  std::vector<bool> used_here(params_.size());
+  for (size_t p = 0; p < params_.size(); ++p) used_here[p] = ready_order_.end() != std::find(ready_order_.begin(), ready_order_.end(), p);
+  launch_used_map();
+  used_work_->wait();
+  events_.push_back({ReducerEvent::used_map_reduced, -1});
+  const std::vector<int32_t> anywhere = used_map_.to(kCPU).to_vector<int32_t>();
+  static_unused_here_.assign(params_.size(), false);
+  static_unused_anywhere_.assign(params_.size(), false);
+  for (size_t p = 0; p < params_.size(); ++p) {
+    static_unused_here_[p] = !used_here[p];
+    static_unused_anywhere_[p] = anywhere[p] == 0;
+  }
+  static_recorded_ = true;
+  // Every bucket, in index order, now that every slot can be filled.
+  const std::vector<size_t> order = std::move(ready_order_);
+  ready_order_.clear();
+  for (size_t p : order) mark_ready(p, /*used_here=*/true);
+  for (size_t p = 0; p < params_.size(); ++p)
+    if (!ready_[p]) mark_ready(p, /*used_here=*/false);
+}
+
+void Reducer::check_static_graph() const {
+  auto changed = [&](size_t p, const char* what) {
+    fail("[ddp] the training graph changed in this iteration (parameter '{}' {} on rank {}), which static_graph does "
+         "not allow: the set of parameters that receive a gradient must be the one of the first iteration. Build DDP "
+         "without static_graph (with find_unused_parameters=true if some parameters are unused)",
+         params_[p].name, what, group_->rank());
+  };
+  if (!graph_changed_.empty()) changed(graph_changed_.front(), "received a gradient but did not in the first iteration");
+  for (size_t p = 0; p < params_.size(); ++p)
+    if (!ready_[p]) changed(p, "received no gradient but did in the first iteration");
+}
+
+void Reducer::wait_and_write_back() {
   expect_hooks_ = false;
   NoGradGuard no_grad;
   const auto wait_start = Clock::now();
@@ -321,18 +475,22 @@ void Reducer::finalize() {
     if (used_work_) used_work_->wait();
   } catch (const std::exception& e) {
     failure_ = e.what();
+    wait_outstanding();
     throw;
   }
   const auto wait_end = Clock::now();
 
   std::vector<std::string> unused;
   std::vector<int32_t> used_everywhere;
-  if (used_map_.defined() && used_work_) used_everywhere = used_map_.to(kCPU).to_vector<int32_t>();
-  const int32_t* global_used = used_everywhere.empty() ? nullptr : used_everywhere.data();
+  if (options_.find_unused_parameters && !options_.static_graph && used_map_.defined() && used_work_)
+    used_everywhere = used_map_.to(kCPU).to_vector<int32_t>();
   for (size_t p = 0; p < params_.size(); ++p) {
     const Tensor& param = params_[p].tensor;
     Tensor slot = slot_view(p);
-    if (options_.find_unused_parameters && global_used && global_used[p] == 0) {
+    const bool unused_everywhere = options_.static_graph
+                                       ? static_unused_anywhere_[p]
+                                       : !used_everywhere.empty() && used_everywhere[p] == 0;
+    if (unused_everywhere) {
       // No rank used it: .grad stays as it was (none stays none).
       unused.push_back(params_[p].name);
       if (unused_stash_[p].defined()) slot.copy_(unused_stash_[p]);
@@ -347,6 +505,8 @@ void Reducer::finalize() {
       param.set_grad(slot.clone());
     }
   }
+  for (Bucket& b : buckets_) b.work.reset();
+  used_work_.reset();
   std::fill(local_used_.begin(), local_used_.end(), 0);
   for (Tensor& s : unused_stash_) s = Tensor();
 
@@ -365,7 +525,9 @@ void Reducer::finalize() {
   }
   events_.push_back({ReducerEvent::finalized, -1});
 
-  if (!rebuilt_ && !options_.find_unused_parameters && first_ready_order_.empty()) {
+  // One rebuild, in the order the first synchronised backward made gradients ready; with a
+  // dynamic find_unused_parameters that order may change, with static_graph it cannot.
+  if (!rebuilt_ && (options_.static_graph || !options_.find_unused_parameters) && first_ready_order_.empty()) {
     first_ready_order_ = ready_order_;
     rebuild_pending_ = true;
   }

@@ -5,14 +5,17 @@
 // strictly in bucket order, so communication overlaps the rest of backward. A callback queued at
 // the end of backward waits for every bucket and writes the averages back into `.grad`.
 //
-// Parameters the loss does not reach (find_unused_parameters) are known from the tape when
-// backward starts (autograd's backward-start observer): no graph search in forward.
+// Which backward is DDP's: one that reaches the output of a synchronised forward (DDP hands the
+// outputs over in prepare_for_backward). A backward-start observer, process-wide so that DDP can
+// be driven from any thread, adopts it before any node runs; gradient hooks fired by any other
+// backward (another model sharing parameters) are not this iteration's.
 //
-// The per-iteration state is kept apart from the bucket layout so that the next issue's features
-// (static graph: a counted number of hook firings per parameter and a delayed reduction at the
-// end of the first backward; delayed-allreduce parameters; mixed precision shadows;
-// optimizer-in-backward chained after each bucket's Work) add states and continuations, not a
-// rewrite.
+// "Used" means the parameter's gradient hook fired in this backward. With find_unused_parameters
+// the parameters the loss does not reach are marked ready when backward starts (the tape knows
+// them: no graph search in forward), and reachable ones whose hook still did not fire are marked
+// in the end-of-backward callback. With static_graph the first backward only records which
+// parameters were used and reduces everything in its end-of-backward callback; later backwards
+// mark the first iteration's unused parameters ready at once and reduce as usual.
 #pragma once
 
 #include <chrono>
@@ -45,11 +48,12 @@ struct ReducerOptions {
   size_t bucket_bytes = size_t{25} << 20;
   bool find_unused_parameters = false;
   bool gradient_as_bucket_view = false;
+  bool static_graph = false;
 };
 
 // What the reducer did, in order, in the current (or last) iteration: the overlap test reads it.
 struct ReducerEvent {
-  enum Kind { backward_started, grad_ready, bucket_launched, bucket_reduced, finalized } kind;
+  enum Kind { backward_started, grad_ready, bucket_launched, bucket_reduced, used_map_reduced, finalized } kind;
   int64_t index = -1;  // parameter index (grad_ready) or bucket index
 };
 
@@ -79,12 +83,16 @@ class Reducer {
   Reducer(const Reducer&) = delete;
   Reducer& operator=(const Reducer&) = delete;
 
-  // At the start of every forward (synchronised or not): throws when the previous synchronised
+  // At the start of every forward in grad mode (synchronised or not; a forward under NoGradGuard
+  // calls nothing, so it performs no collective): throws when the previous synchronised
   // iteration did not finish its reduction, and performs the one bucket rebuild after the first
   // finished iteration.
   void prepare_for_forward();
-  // After a synchronised forward with grad mode on: the next backward reduces.
-  void prepare_for_backward();
+  // After a synchronised forward with grad mode on: a backward that reaches one of `outputs`
+  // reduces. Several calls before that backward add to the outputs (static_graph runs several
+  // forwards before one backward). An empty list (a forward whose result holds no tensor DDP can
+  // see) stands for the parameters themselves: then any backward that reaches them is adopted.
+  void prepare_for_backward(const TensorList& outputs);
   // Throws the unfinished-reduction error now, instead of at the next forward.
   void check_finalized() const;
 
@@ -92,6 +100,7 @@ class Reducer {
   void register_comm_hook(CommHook hook);
   // Detaches the reducer from autograd: no hook of it fires again.
   void remove_autograd_hooks();
+  bool attached() const { return attached_; }
 
   const std::vector<ReducerEvent>& events() const { return events_; }
   ReducerStats stats() const;
@@ -114,14 +123,20 @@ class Reducer {
   void build_buckets(const std::vector<std::vector<size_t>>& layout);
   Tensor slot_view(size_t param) const;
   void on_backward_start(const autograd::GraphTask& task);
-  void begin_backward();  // this iteration's first backward that reaches the parameters
+  void adopt(const autograd::GraphTask& task, size_t forwards_reached);
   void on_grad_ready(size_t param);
   void mark_ready(size_t param, bool used_here);
   void launch_ready_buckets();
+  void launch_used_map();
   void finalize();
+  void finalize_static_first_iteration();
+  void check_static_graph() const;
+  void wait_and_write_back();
+  void reset_iteration();
+  void wait_outstanding() noexcept;
   void rebuild_buckets();
   [[noreturn]] void throw_unfinished() const;
-  void queue_finalize();
+  bool static_first_iteration() const { return options_.static_graph && !static_recorded_; }
 
   std::vector<Param> params_;
   ProcessGroupPtr group_;
@@ -136,10 +151,18 @@ class Reducer {
   uint64_t observer_ = 0;
   bool attached_ = true;
 
-  // ---- iteration state ----
+  // ---- what the backward-start observer reads, from any thread (under observe_mutex_) ----
+  std::mutex observe_mutex_;
+  bool armed_ = false;  // a synchronised forward ran and no backward has been adopted since
+  // The output nodes of each synchronised forward since the last adopted backward.
+  std::vector<std::vector<std::weak_ptr<autograd::Node>>> pending_forwards_;
+
+  // ---- iteration state (the thread that runs DDP's backward) ----
   bool expect_hooks_ = false;     // a synchronised forward ran; its backward reduces
-  bool backward_started_ = false; // this iteration's first backward has started
-  bool finalize_queued_ = false;  // by the backward running now
+  uint64_t adopted_task_ = 0;     // the backward being reduced (GraphTask::id), 0 when none
+  bool backward_started_ = false; // this iteration's backward has been adopted
+  bool hooks_fired_ = false;      // ... and a gradient hook of it fired: the reduction is pending
+  bool finalize_ran_ = false;     // its end-of-backward callback ran (false: the backward threw)
   bool trained_ = false;          // any synchronised backward has started (comm hooks are fixed)
   std::vector<bool> ready_;
   std::vector<int32_t> local_used_;  // accumulates over no_sync backwards until a reduction
@@ -152,6 +175,11 @@ class Reducer {
   std::vector<size_t> first_ready_order_;  // kept for the rebuild
   bool rebuilt_ = false;
   bool rebuild_pending_ = false;
+  // static_graph: what the first synchronised backward saw.
+  bool static_recorded_ = false;
+  std::vector<bool> static_unused_here_;      // this rank's hook did not fire
+  std::vector<bool> static_unused_anywhere_;  // no rank's hook fired: .grad is left alone
+  std::vector<size_t> graph_changed_;         // parameters whose hook fired against the record
   std::vector<ReducerEvent> events_;
 
   // ---- statistics ----
