@@ -208,7 +208,9 @@ void Reducer::prepare_for_forward() {
 
 void Reducer::prepare_for_backward(const TensorList& outputs) {
   TANDEM_CHECK(attached_, "[ddp] the autograd hooks were removed (remove_autograd_hooks): this DDP can no longer synchronise gradients");
-  if (!expect_hooks_) reset_iteration();
+  // A fresh iteration, unless an earlier forward's backward is already under way (then this
+  // forward joins the iteration; several forwards under static_graph).
+  if (!expect_hooks_ || !hooks_fired_) reset_iteration();
   expect_hooks_ = true;
   std::vector<std::weak_ptr<autograd::Node>> nodes;
   for (const Tensor& t : outputs) {

@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 
 #include "ddp_cases.h"
+#include "ddp_modes_cases.h"
 
 using namespace tandem;
 using namespace tandem::dist;
@@ -235,4 +236,29 @@ TEST_CASE("ddp: misuse after construction is a clear error, and a failed reducti
                           Catch::Contains("[ddp] the comm hook returned no Work for bucket 0"));
     }
   });
+}
+
+TEST_CASE("ddp threads: static_graph with one, two and three forwards before one backward", "[ddp][static_graph]") {
+  for (int n : {1, 2, 3}) {
+    INFO(n << " ranks");
+    REQUIRE_NOTHROW(on_threads(n, static_graph_all));
+  }
+}
+
+TEST_CASE("ddp threads: a graph that changes under static_graph is an error there and a timeout elsewhere",
+          "[ddp][static_graph]") {
+  for (bool start_using : {true, false}) {
+    INFO("start using: " << start_using);
+    auto start = std::chrono::steady_clock::now();
+    REQUIRE_NOTHROW(on_threads(2, [start_using](ProcessGroupPtr g) { static_graph_changes(g, start_using); }, 2));
+    CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(30));
+  }
+}
+
+TEST_CASE("ddp threads: which backward is DDP's, grad mode off, another thread, used means the hook fired",
+          "[ddp]") {
+  for (int n : {1, 2, 3}) {
+    INFO(n << " ranks");
+    REQUIRE_NOTHROW(on_threads(n, reducer_rules, 20));
+  }
 }

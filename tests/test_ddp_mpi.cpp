@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 
 #include "ddp_cases.h"
+#include "ddp_modes_cases.h"
 #include "mpi_case.h"
 
 using namespace tandem;
@@ -44,4 +45,11 @@ TEST_CASE("ddp mpi: second DDP after a failed backward", "[ddp_mpi]") {
     hooks_after_failed_backward(g, false);
     hooks_after_failed_backward(g, true);
   });
+}
+TEST_CASE("ddp mpi: static_graph", "[ddp_mpi]") { run_case(static_graph_all); }
+TEST_CASE("ddp mpi: reducer rules", "[ddp_mpi]") { run_case(reducer_rules); }
+TEST_CASE("ddp mpi: a graph that changes under static_graph", "[ddp_mpi]") {
+  for (bool start_using : {true, false})
+    mpi_case::run_case(mpi_world(), [start_using](ProcessGroupPtr g) { static_graph_changes(g, start_using); },
+                       std::chrono::seconds(3));
 }
