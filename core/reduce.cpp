@@ -27,6 +27,40 @@ Acc slice_sum(const T* p, int64_t stride, int64_t n) {
   return pairwise_sum<Acc>(0, n, [p, stride](int64_t i) { return static_cast<Acc>(p[i * stride]); });
 }
 
+// Mean and sum of squared deviations (M2) of load(0 .. n), two pairwise passes over the values
+// shifted by the first one. Two passes: no E[x^2] - E[x]^2 cancellation. The shift: on a constant
+// slice every x - shift is exactly 0, so the mean is the value itself and M2 exactly 0, which an
+// unshifted mean (sum / n) cannot promise: 0.1 + 0.1 + 0.1 over 3 is not 0.1 in f64, and
+// [0.1, 0.1, 0.1] had std 1.7e-17. (Welford, the CUDA kernel's scheme, is exact there too, but
+// its per-element dependency chain measured 3-6x slower on the CPU than these vectorised passes.)
+template <class Acc>
+struct Moments {
+  Acc shift;  // the first value
+  Acc dm;     // mean - shift
+  Acc m2;
+  Acc mean() const { return shift + dm; }
+};
+
+template <class Acc, class Load>
+Moments<Acc> shifted_moments(int64_t n, const Load& load, bool want_m2) {
+  if (n == 0) return {Acc(0), std::numeric_limits<Acc>::quiet_NaN(), Acc(0)};
+  const Acc shift = load(0);
+  const Acc dm = pairwise_sum<Acc>(0, n, [&](int64_t k) { return load(k) - shift; }) / static_cast<Acc>(n);
+  if (!want_m2) return {shift, dm, Acc(0)};
+  const Acc m2 = pairwise_sum<Acc>(0, n, [&](int64_t k) {
+    const Acc d = (load(k) - shift) - dm;
+    return d * d;
+  });
+  return {shift, dm, m2};
+}
+
+// want_m2 false: the mean alone (one pass), as var/std's backward needs it.
+template <class Acc, class T>
+Moments<Acc> slice_moments(const T* p, int64_t stride, int64_t n, bool want_m2 = true) {
+  if (stride == 1) return shifted_moments<Acc>(n, [p](int64_t i) { return static_cast<Acc>(p[i]); }, want_m2);
+  return shifted_moments<Acc>(n, [p, stride](int64_t i) { return static_cast<Acc>(p[i * stride]); }, want_m2);
+}
+
 // Calls fn(out_index, slice_ptr, slice_stride, slice_len) once per output element, in the
 // output's contiguous order.
 template <class T, class Fn>
@@ -451,14 +485,10 @@ Tensor var_kernel(const Tensor& a, const ReducePlan& pl, int64_t correction, boo
     using Acc = acc_t<T>;
     T* o = out_ptr<T>(out);
     const Acc denom = static_cast<Acc>(std::max<int64_t>(0, pl.count - correction));
-    // Two passes (mean, then squared deviations): no cancellation, unlike E[x^2] - E[x]^2.
+    // Exactly 0 on a constant slice (see shifted_moments). N - correction <= 0 divides by 0
+    // (NaN, or inf), as PyTorch's forward does.
     for_each_slice<T>(pl, a, [&](int64_t i, const T* p, int64_t stride, int64_t n) {
-      Acc mean = slice_sum<Acc>(p, stride, n) / static_cast<Acc>(n);
-      Acc ss = pairwise_sum<Acc>(0, n, [&](int64_t k) {
-        Acc d = static_cast<Acc>(p[k * stride]) - mean;
-        return d * d;
-      });
-      Acc v = ss / denom;
+      Acc v = slice_moments<Acc>(p, stride, n).m2 / denom;
       o[i] = static_cast<T>(take_sqrt ? std::sqrt(v) : v);
     });
   });
@@ -634,17 +664,23 @@ Tensor var_grad(const Tensor& g, const Tensor& a, const Tensor& result, const Re
     k.pointwise_grad(ReduceGradOp::center_scale, out, a, keepdim_view(mean, pl), keepdim_view(factor, pl), 0);
     return out;
   }
-  sum_into(a, pl, mean, static_cast<double>(pl.count));
   TANDEM_DISPATCH_FLOATING(a.dtype(), op, [&] {
     using T = scalar_t;
     using Acc = acc_t<T>;
+    // The forward's mean, so x - mean is exactly 0 on a constant slice.
+    T* mo = out_ptr<T>(mean);
+    for_each_slice<T>(pl, a, [&](int64_t i, const T* p, int64_t stride, int64_t n) {
+      mo[i] = static_cast<T>(slice_moments<Acc>(p, stride, n, /*want_m2=*/false).mean());
+    });
     const Acc denom = static_cast<Acc>(std::max<int64_t>(0, pl.count - correction));
     for_each_run<3>(pl.out_shape, {&factor, &g, &result}, [&](const StridedRun<3>& r) {
       for (int64_t i = 0; i < r.n; ++i) {
         Acc gi = static_cast<Acc>(*reinterpret_cast<const T*>(r.ptr[1] + i * r.stride[1]));
         Acc res = static_cast<Acc>(*reinterpret_cast<const T*>(r.ptr[2] + i * r.stride[2]));
-        *reinterpret_cast<T*>(r.ptr[0] + i * r.stride[0]) =
-            static_cast<T>(is_std ? gi / (denom * res) : gi * Acc(2) / denom);
+        // Where std is 0 the slice is constant and its gradient 0 (PyTorch masks it the same
+        // way); g / (denom * 0) * 0 would be NaN.
+        Acc f = is_std ? (res == Acc(0) ? Acc(0) : gi / (denom * res)) : gi * Acc(2) / denom;
+        *reinterpret_cast<T*>(r.ptr[0] + i * r.stride[0]) = static_cast<T>(f);
       }
     });
     Tensor mv = keepdim_view(mean, pl);

@@ -94,7 +94,8 @@ Tensor extreme_grad(const Tensor& g, const Tensor& a, const Tensor& result, cons
 // max/min over one dim: g placed at the saved indices, zero elsewhere.
 Tensor index_grad(const Tensor& g, const Tensor& indices, const ReducePlan& plan, const Shape& in_shape,
                   int64_t dim);
-// var: g * 2 (x - mean) / (N - c); std: g (x - mean) / ((N - c) std).
+// var: g * 2 (x - mean) / (N - c); std: g (x - mean) / ((N - c) std), and 0 where std == 0 (a
+// constant slice), as in PyTorch. N - c is clamped at 0, as in the forward.
 Tensor var_grad(const Tensor& g, const Tensor& a, const Tensor& result, const ReducePlan& plan, int64_t correction,
                 bool is_std);
 // logsumexp: g * exp(x - result).
@@ -112,7 +113,7 @@ enum class ReduceOp : uint8_t { sum, mean, amax, amin, var, std, logsumexp, norm
 //   extreme_mask:  in0 == in1 (or both NaN) ? 1 : 0 (x, result)
 //   extreme_split: in0 != 0 ? in1 / in2 : 0      (mask, g, count)
 //   var_factor:    in0 * 2 / p                   (g; p = N - correction)
-//   std_factor:    in0 / (p * in1)               (g, result)
+//   std_factor:    in1 == 0 ? 0 : in0 / (p * in1) (g, result)
 //   center_scale:  in2 * (in0 - in1)             (x, mean, factor)
 //   logsumexp:     in2 * exp(in0 - in1)          (x, result, g)
 //   norm:          in1 == 0 ? 0 : in2 * in0 / in1 (x, result, g)

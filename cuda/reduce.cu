@@ -449,7 +449,7 @@ __global__ void pointwise_grad_kernel(ReduceGradOp op, T* __restrict__ out, cons
       case ReduceGradOp::extreme_mask: r = (x0 == x1 || (dnan(x0) && dnan(x1))) ? A(1) : A(0); break;
       case ReduceGradOp::extreme_split: r = x0 != A(0) ? x1 / x2 : A(0); break;
       case ReduceGradOp::var_factor: r = x0 * A(2) / p; break;
-      case ReduceGradOp::std_factor: r = x0 / (p * x1); break;
+      case ReduceGradOp::std_factor: r = x1 == A(0) ? A(0) : x0 / (p * x1); break;  // std 0: constant slice
       case ReduceGradOp::center_scale: r = x2 * (x0 - x1); break;
       case ReduceGradOp::logsumexp: r = x2 * dexp(x0 - x1); break;
       case ReduceGradOp::norm: r = x1 == A(0) ? A(0) : x2 * x0 / x1; break;

@@ -77,6 +77,16 @@ Tensor reduce(const Tensor& losses, Reduction reduction, const Shape& out_shape)
   fail("[loss] unknown reduction");
 }
 
+// loss_sum / total, the mean reduction over the targets' total weight. A total of 0 (every target
+// ignored, or all of class weight 0) gives 0 / 0 = NaN, as in PyTorch, but no gradient: no row
+// reaches the loss, and differentiating the division would spread 1 / 0 = inf to every row,
+// where the rows' weight of 0 turns it into NaN.
+Tensor mean_over_total(const Tensor& loss_sum, const Tensor& total) {
+  Tensor empty = eq(total, Scalar(0.0));
+  Tensor ratio = div(loss_sum, masked_fill(total, empty, Scalar(1.0)));
+  return where(empty, div(loss_sum.detach(), total.detach()), ratio);
+}
+
 // Class-index targets on a device: one fused kernel each way (core/nn_ops.h gives the formula,
 // the one the composed CPU path below computes) instead of log_softmax, gather and masked sums.
 Tensor fused_cross_entropy(const Tensor& logits, const Tensor& target, const CrossEntropyOptions& options) {
@@ -103,7 +113,7 @@ Tensor fused_cross_entropy(const Tensor& logits, const Tensor& target, const Cro
   switch (options.reduction) {
     case Reduction::none: return loss.reshape(rows.out_shape);
     case Reduction::sum: return sum(loss);
-    case Reduction::mean: return div(sum(loss), sum(r.kept));
+    case Reduction::mean: return mean_over_total(sum(loss), sum(r.kept));
   }
   fail("[cross_entropy] unknown reduction");
 }
@@ -127,7 +137,7 @@ Tensor nll_loss(const Tensor& input, const Tensor& target, const NLLLossOptions&
   switch (options.reduction) {
     case Reduction::none: return losses.reshape(rows.out_shape);
     case Reduction::sum: return sum(losses);
-    case Reduction::mean: return div(sum(losses), sum(w));
+    case Reduction::mean: return mean_over_total(sum(losses), sum(w));
   }
   fail("[nll_loss] unknown reduction");
 }
@@ -197,7 +207,7 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, const CrossEntr
         Tensor safe_target = masked_fill(rows.target, ignored, Scalar(int64_t{0}));
         kept = kept * index_select(weight, 0, safe_target);
       }
-      smooth_reduced = div(sum(smooth), sum(kept));
+      smooth_reduced = mean_over_total(sum(smooth), sum(kept));
       break;
     }
   }

@@ -24,7 +24,8 @@ struct CrossEntropyOptions {
 // input: log-probabilities [N, C] or [N, C, d1, ...] (or [C] with a 0-dim target); target:
 // class indices (i64 or i32) [N] or [N, d1, ...]. Targets equal to ignore_index contribute
 // nothing; the mean divides by the summed weight of the targets that are not ignored (by their
-// count without weights). A target outside [0, C) is an error naming the class count.
+// count without weights). When that sum is 0 the mean is NaN (0 / 0, as in PyTorch) and its
+// gradient 0. A target outside [0, C) is an error naming the class count.
 Tensor nll_loss(const Tensor& input, const Tensor& target, const NLLLossOptions& options = {});
 
 // nll_loss(log_softmax(logits, class dim), target), with optional label smoothing (PyTorch's

@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <functional>
 
 #include "nn/nn.h"
 #include "tandem.h"
@@ -522,6 +523,65 @@ TEST_CASE("losses: gradcheck", "[nn][loss]") {
   check([&](const TensorList& in) { return nn::mse_loss(in[0], in[1]); }, {x, y});
   Tensor probs = softmax(randn({4, 5}, f64), 1);
   check([&](const TensorList& in) { return nn::cross_entropy(in[0], probs); }, {x});
+}
+
+TEST_CASE("cross_entropy and nll_loss: a mean over no weight is NaN with a zero gradient (torch 1.13)", "[nn][loss]") {
+  auto all_zero = [](const Tensor& g) {
+    REQUIRE(g.defined());
+    for (double v : to_dtype(g, f64).contiguous().to_vector<double>()) REQUIRE(v == 0.0);  // a NaN fails too
+  };
+  // loss(x) for fresh leaf logits x; returns x's gradient after loss.backward().
+  auto grad_of = [](const Tensor& logits, const std::function<Tensor(const Tensor&)>& loss, bool want_nan) {
+    Tensor x = logits.clone().requires_grad_();
+    Tensor l = loss(x);
+    INFO("loss " << l.item<double>());
+    REQUIRE(std::isnan(l.item<double>()) == want_nan);
+    l.backward();
+    return x.grad();
+  };
+  Tensor x = loss_logits();
+  Tensor none = from_vector<int64_t>({-100, -100, -100});
+  Tensor w = t64({1.0, 2.0, 0.5, 1.5}, {4});
+  // Every target ignored: the mean is 0 / 0 (NaN, as in torch), but no row reaches the loss, so
+  // the gradient is 0 (torch skips ignored rows; the division by the total weight gave inf * 0).
+  all_zero(grad_of(x, [&](const Tensor& in) { return nn::cross_entropy(in, none); }, true));
+  all_zero(grad_of(x, [&](const Tensor& in) { return nn::cross_entropy(in, none, nn::Reduction::mean, -100, 0.2); },
+                   true));
+  all_zero(grad_of(x, [&](const Tensor& in) { return nn::cross_entropy(in, none, {.weight = w, .label_smoothing = 0.2}); },
+                   true));
+  all_zero(grad_of(
+      x, [&](const Tensor& in) { return nn::cross_entropy(in, from_vector<int64_t>({1, 1, 1}), nn::Reduction::mean, 1); },
+      true));
+  all_zero(grad_of(to_dtype(x, f32), [&](const Tensor& in) { return nn::cross_entropy(in, none); }, true));
+  Tensor x3 = x.reshape({1, 3, 4}).permute({0, 2, 1}).contiguous();  // [N, C, d]
+  all_zero(grad_of(x3, [&](const Tensor& in) { return nn::cross_entropy(in, none.reshape({1, 3})); }, true));
+  Tensor logp = log_softmax(x, 1);
+  all_zero(grad_of(logp, [&](const Tensor& in) { return nn::nll_loss(in, none); }, true));
+  all_zero(grad_of(logp, [&](const Tensor& in) { return nn::nll_loss(in, none, {.weight = w}); }, true));
+  // The sum of nothing is 0, with a zero gradient.
+  all_zero(grad_of(x, [&](const Tensor& in) { return nn::cross_entropy(in, none, nn::Reduction::sum); }, false));
+  // Targets left, all of class weight 0: torch gives NaN gradients here (w_t * (1 / 0) = 0 * inf);
+  // Tandem applies the same rule as above, a zero total weight contributes no gradient.
+  Tensor wz = t64({0.0, 2.0, 0.0, 1.5}, {4});
+  Tensor tz = from_vector<int64_t>({0, 2, -100});
+  all_zero(grad_of(x, [&](const Tensor& in) { return nn::cross_entropy(in, tz, {.weight = wz}); }, true));
+  all_zero(grad_of(x, [&](const Tensor& in) { return nn::cross_entropy(in, tz, {.weight = wz, .label_smoothing = 0.2}); },
+                   true));
+  all_zero(grad_of(logp, [&](const Tensor& in) { return nn::nll_loss(in, tz, {.weight = wz}); }, true));
+
+  // A partly ignored batch is unchanged: torch's values and gradients.
+  Tensor ti = from_vector<int64_t>({2, -100, 3});
+  require_close(grad_of(x, [&](const Tensor& in) { return nn::cross_entropy(in, ti); }, false),
+                {0.07842965907291799, 0.017500022389326946, -0.1485026541425628, 0.052572972680317895, 0, 0, 0, 0,
+                 0.08407642475687144, 0.22854341761840785, 0.15319723421911347, -0.4658170765943927});
+  require_close(
+      grad_of(x, [&](const Tensor& in) { return nn::cross_entropy(in, ti, {.weight = w, .label_smoothing = 0.2}); },
+              false),
+      {0.025979278397396704, -0.03862498544693749, 0.0159732748073342, -0.0033275677577933667, 0, 0, 0, 0,
+       0.0969108158974636, 0.28138795554669144, 0.20963598961771454, -0.5879347610618695});
+  require_close(nn::nll_loss(x, ti), {-0.44999999999999996});
+  require_close(grad_of(x, [&](const Tensor& in) { return nn::nll_loss(in, ti); }, false),
+                {0, 0, -0.5, 0, 0, 0, 0, 0, 0, 0, 0, -0.5});
 }
 
 // ---- init ----

@@ -311,3 +311,161 @@ TEST_CASE("logsumexp backward is softmax; norm backward at zero is zero") {
   norm(z).backward();
   require_close(vals(z.grad()), {0, 0, 0});
 }
+
+TEST_CASE("var/std: a constant slice gives exactly 0 in every float dtype, layout, keepdim and correction") {
+  // A mean taken as sum / n is off by a rounding (0.1 * 3 / 3 != 0.1 in f64), and then
+  // [0.1, 0.1, 0.1] had std 1.7e-17 instead of 0; Welford's running mean stays exact here.
+  for (Dtype dt : {f64, f32, f16, bf16}) {
+    for (double c : {0.1, 1.0 / 3, 0.7, -2.3, 1000.1}) {
+      for (int64_t n : {3, 7, 10, 129, 1000}) {
+        INFO("dtype " << dt << ", value " << c << ", n " << n);
+        Tensor row = full({n}, Scalar(c), dt);
+        // [n, 3] with columns of one value each (c, 2c, -c) and its transpose: dim 0 is strided.
+        Tensor cols = cat({full({n, 1}, Scalar(c), dt), full({n, 1}, Scalar(2 * c), dt), full({n, 1}, Scalar(-c), dt)}, 1);
+        Tensor rows = cols.t().contiguous();
+        // [2, n, 3] reduced over dims {0, 2}, which do not coalesce (the gathered path).
+        Tensor cube = full({2, n, 3}, Scalar(c), dt);
+        for (int64_t corr : {0, 1, 2}) {
+          INFO("correction " << corr);
+          for (bool keepdim : {false, true}) {
+            for (const Tensor& r : {var(row, {}, corr, keepdim), tandem::std(row, {}, corr, keepdim),
+                                    var(cols, {0}, corr, keepdim), tandem::std(cols, {0}, corr, keepdim),
+                                    var(rows, {1}, corr, keepdim), tandem::std(rows, {-1}, corr, keepdim),
+                                    var(cube, {0, 2}, corr, keepdim), tandem::std(cube, {0, 2}, corr, keepdim)}) {
+              for (double v : vals(to_dtype(r, f64))) {
+                INFO("got " << v);
+                REQUIRE(v == 0.0);
+              }
+            }
+          }
+        }
+        REQUIRE(var(row).item<double>() == 0.0);
+        REQUIRE(tandem::std(row).item<double>() == 0.0);
+      }
+    }
+  }
+}
+
+TEST_CASE("var/std backward: 0 where std is 0 (PyTorch masks it), exactly 0 on a constant slice") {
+  for (Dtype dt : {f64, f32}) {
+    INFO("dtype " << dt);
+    // A zero row used to give g / (N - c) / 0 * 0 = NaN.
+    Tensor z = leaf(from_vector<double>({0, 0, 0, 1, 2, 4}, {2, 3}).to(dt));
+    tandem::std(z, {1}).sum().backward();
+    std::vector<double> gz = vals(to_dtype(z.grad(), f64));
+    const double s = std::sqrt(7.0 / 3);  // std of [1, 2, 4]; mean 7/3
+    require_close(gz, {0, 0, 0, (-4.0 / 3) / (2 * s), (-1.0 / 3) / (2 * s), (5.0 / 3) / (2 * s)},
+                  dt == f64 ? 1e-12 : 1e-6);
+    // A constant row that is not all zeros: its std was ~1e-17, its gradient -0.41 per element.
+    Tensor c = leaf(full({3}, Scalar(0.1), dt));
+    tandem::std(c).backward();
+    for (double v : vals(to_dtype(c.grad(), f64))) REQUIRE(v == 0.0);
+    Tensor cv = leaf(full({3}, Scalar(0.1), dt));
+    var(cv).backward();
+    for (double v : vals(to_dtype(cv.grad(), f64))) REQUIRE(v == 0.0);
+    // Per dim, keepdim, correction 0: columns 0 and 2 constant, column 1 not.
+    Tensor m = leaf(from_vector<double>({0.3, 1.0, -0.7, 0.3, 2.0, -0.7, 0.3, 4.0, -0.7}, {3, 3}).to(dt));
+    (tandem::std(m, {0}, 0, true) * from_vector<double>({1, 2, 3}, {1, 3}).to(dt)).sum().backward();
+    std::vector<double> gm = vals(to_dtype(m.grad(), f64));
+    const double s0 = std::sqrt(14.0 / 9);  // std of [1, 2, 4] with correction 0
+    require_close(gm, {0, 2 * (-4.0 / 3) / (3 * s0), 0, 0, 2 * (-1.0 / 3) / (3 * s0), 0, 0, 2 * (5.0 / 3) / (3 * s0), 0},
+                  dt == f64 ? 1e-12 : 1e-6);
+    for (size_t i : {0, 2, 3, 5, 6, 8}) REQUIRE(gm[i] == 0.0);
+  }
+}
+
+TEST_CASE("var/std: values and gradients match PyTorch 1.13, also at N - correction <= 0") {
+  // Row 1 is constant; row 2 sits on a large offset (cancellation in E[x^2] - E[x]^2).
+  const std::vector<double> data = {0.3,    -1.2,   2.5,    0.7,    -0.4,   0.1,    0.1,   0.1,
+                                    0.1,    0.1,    1000.1, 1000.2, 1000.3, 1000.4, 1000.5};
+  Tensor a = from_vector<double>(data, {3, 5});
+  // torch.var(a, dim=1), torch.std(a, dim=1, correction=0, keepdim=True), torch.var(a, dim=0, correction=2).
+  require_close(vals(var(a, {1})), {1.927, 0.0, 0.024999999999991473}, 1e-10);
+  Tensor sk = tandem::std(a, {1}, 0, true);
+  REQUIRE(sk.shape() == Shape{3, 1});
+  require_close(vals(sk), {1.2416118556135005, 0.0, 0.14142135623728538}, 1e-10);
+  require_close(vals(var(a, {0}, 2)), {666533.36, 667667.8866666667, 665336.88, 666666.8466666668, 667533.7399999999});
+  require_close(vals(tandem::std(a, {0})),
+                {577.2925428238269, 577.7836475129193, 576.7741672439917, 577.3503471319069, 577.7256009560248});
+  // torch.std(x, dim=1).sum().backward(): the constant row's gradient is 0.
+  Tensor x = leaf(a.clone());
+  tandem::std(x, {1}).sum().backward();
+  require_close(vals(x.grad()),
+                {-0.014407516921751122, -0.28454845920458466, 0.3817991984264047, 0.057630067687004474,
+                 -0.14047328998707342, 0.0, 0.0, 0.0, 0.0, 0.0, -0.316227766016784, -0.15811388300830212, 0.0,
+                 0.1581138830084819, 0.3162277660169638},
+                1e-10);
+  // torch.var(x, dim=1, correction=0).sum().backward()
+  Tensor y = leaf(a.clone());
+  var(y, {1}, 0).sum().backward();
+  require_close(vals(y.grad()),
+                {-0.03200000000000001, -0.6320000000000001, 0.8480000000000001, 0.12799999999999997,
+                 -0.31200000000000006, 0.0, 0.0, 0.0, 0.0, 0.0, -0.07999999999997272, -0.03999999999996362, 0.0,
+                 0.0400000000000091, 0.0800000000000182},
+                1e-10);
+  // Full reductions of rows 0 and 2: torch.var(b), torch.std(b, correction=0), torch.std(b).backward().
+  std::vector<double> bd(data.begin(), data.begin() + 5);
+  bd.insert(bd.end(), data.begin() + 10, data.end());
+  Tensor b = leaf(from_vector<double>(bd, {10}));
+  require_close({var(b).item<double>()}, {277734.2026666666});
+  require_close({tandem::std(b, {}, 0).item<double>()}, {499.9607808618592});
+  tandem::std(b).backward();
+  require_close(vals(b.grad()),
+                {-0.10542595750975552, -0.105742210082079, -0.10496212040368108, -0.10534162349046927,
+                 -0.10557354204350648, 0.10536692369625514, 0.1053880072010767, 0.10540909070589825,
+                 0.10543017421071982, 0.10545125771554138});
+  // f32 on rows 0 and 1 (torch f32 values).
+  Tensor f = leaf(from_vector<float>({0.3f, -1.2f, 2.5f, 0.7f, -0.4f, 0.1f, 0.1f, 0.1f, 0.1f, 0.1f}, {2, 5}));
+  require_close(vals(var(f, {1})), {1.9270000457763672, 0.0}, 1e-6);
+  tandem::std(f, {1}).sum().backward();
+  require_close(vals(f.grad()),
+                {-0.014407508075237274, -0.28454846143722534, 0.38179922103881836, 0.05763006955385208,
+                 -0.14047327637672424, 0, 0, 0, 0, 0},
+                1e-6);
+
+  // N - correction <= 0: the divisor is max(0, N - correction), as in PyTorch's forward, so
+  // var is M2 / 0: NaN for a constant slice (one element with correction 1), inf otherwise.
+  const double inf = std::numeric_limits<double>::infinity();
+  REQUIRE(std::isnan(var(from_vector<double>({0.5}, {1})).item<double>()));
+  for (double v : vals(tandem::std(from_vector<double>({0.5, 2.0}, {2, 1}), {1}))) REQUIRE(std::isnan(v));
+  for (int64_t corr : {2, 3}) {
+    INFO("correction " << corr);
+    Tensor p = leaf(from_vector<double>({0.5, 1.5}, {1, 2}));
+    Tensor v = var(p, {1}, corr);
+    REQUIRE(v.item<double>() == inf);
+    v.sum().backward();
+    // torch gives [-inf, inf] at correction 2 (2 / 0 * (x - mean)); at 3 it divides by -1 and
+    // gives [1, -1], a gradient of a forward it did not compute. The clamped divisor keeps the
+    // gradient consistent with the inf forward.
+    std::vector<double> gp = vals(p.grad());
+    REQUIRE(gp[0] == -inf);
+    REQUIRE(gp[1] == inf);
+    Tensor q = leaf(from_vector<double>({0.5, 1.5}, {1, 2}));
+    Tensor s = tandem::std(q, {1}, corr);
+    REQUIRE(s.item<double>() == inf);
+    s.sum().backward();  // torch: NaN (g / (2 inf) = 0, times 2 / 0)
+    for (double g : vals(q.grad())) REQUIRE(std::isnan(g));
+    Tensor k = leaf(from_vector<double>({0.5, 0.5}, {1, 2}));
+    Tensor sk0 = tandem::std(k, {1}, corr);
+    REQUIRE(std::isnan(sk0.item<double>()));  // 0 / 0: not a zero std, so not masked
+    sk0.sum().backward();
+    for (double g : vals(k.grad())) REQUIRE(std::isnan(g));
+  }
+}
+
+TEST_CASE("gradcheck: var/std with corrections 0 and 2, keepdim, non-adjacent dims") {
+  manual_seed(14);
+  Tensor t = leaf(randn({3, 4, 5}, f64));
+  std::vector<std::function<Tensor(const TensorList&)>> fns = {
+      [](const TensorList& in) { return var(in[0], {0, 2}, 0, true); },
+      [](const TensorList& in) { return tandem::std(in[0], {0, 2}, 2); },
+      [](const TensorList& in) { return tandem::std(in[0].permute({2, 0, 1}), {1}, 0, true); },
+      [](const TensorList& in) { return var(in[0].permute({2, 0, 1}), {0, 1}, 2); },
+      [](const TensorList& in) { return tandem::std(in[0], {}, 0); },
+  };
+  for (auto& fn : fns) {
+    auto r = gradcheck(fn, {t});
+    INFO(r.report);
+    REQUIRE(r.ok);
+  }
+}
