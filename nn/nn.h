@@ -6,4 +6,5 @@
 #include "nn/loss.h"
 #include "nn/module.h"
 #include "nn/optim.h"
+#include "nn/optim_in_backward.h"
 #include "nn/safetensors.h"

@@ -178,3 +178,23 @@ TEST_CASE("README DistributedDataParallel", "[readme]") {
     }
   });
 }
+
+TEST_CASE("README optimizer in backward", "[readme]") {
+  manual_seed(0);
+  Tensor x = randn({16, 4}), y = randn({16, 2});
+  nn::Sequential model;
+  model.push_back(std::make_shared<nn::Linear>(4, 8));
+  model.push_back(std::make_shared<nn::ReLU>());
+  model.push_back(std::make_shared<nn::Linear>(8, 2));
+  const double first = nn::mse_loss(model(x), y).item<double>();
+  auto in_backward = optim::apply_optimizer_in_backward(optim::AdamWOptions{.lr = 1e-3}, model.parameters());
+  for (int step = 0; step < 10; ++step) {
+    in_backward->set_lr(1e-3 * (1 - step / 10.0));  // a schedule, as with any optimizer
+    nn::mse_loss(model(x), y).backward();          // steps each parameter; no zero_grad, no step()
+  }
+  nn::TensorDict state = in_backward->state_dict();  // "0.state.0.exp_avg", ...: "<i>." + parameter i's optimizer keys
+  REQUIRE(state.contains("0.state.0.exp_avg"));
+  REQUIRE(state["3.state.0.step"].item<double>() == 10);
+  for (const Tensor& p : model.parameters()) REQUIRE_FALSE(p.grad().defined());
+  REQUIRE(nn::mse_loss(model(x), y).item<double>() < first);
+}
