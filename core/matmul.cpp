@@ -159,6 +159,18 @@ Strides batch_strides_of(const Tensor& t, const Shape& batch) {
   return out;
 }
 
+// A row or column dim of size 1 addresses nothing through its stride, so any value is valid for
+// it. Taking the innermost batch stride there lets fold_batch fold the batch into that dim, as it
+// does for a dense operand, whatever stride a view (t(), narrow(), unsqueeze()) left on it.
+void settle_unit_strides(MatOperand& x, const Shape& batch, int64_t rows, int64_t cols) {
+  for (size_t d = batch.size(); d-- > 0;) {
+    if (batch[d] == 1) continue;
+    if (rows == 1) x.s0 = x.batch_strides[d];
+    if (cols == 1) x.s1 = x.batch_strides[d];
+    return;
+  }
+}
+
 MatmulGeometry matmul_geometry(const Tensor& a, const Tensor& b, const char* op) {
   check_pair(a, b, op);
   TANDEM_CHECK(a.dim() >= 1 && b.dim() >= 1, "[{}] both arguments need at least 1 dim, got a {} and b {}", op,
@@ -189,6 +201,8 @@ MatmulGeometry matmul_geometry(const Tensor& a, const Tensor& b, const char* op)
   g.b.batch_strides = batch_strides_of(b, g.batch);
   g.b.s0 = b.dim() == 1 ? b.stride(0) : b.stride(-2);
   g.b.s1 = b.dim() == 1 ? 1 : b.stride(-1);
+  settle_unit_strides(g.a, g.batch, g.M, g.K);
+  settle_unit_strides(g.b, g.batch, g.K, g.N);
   g.out_shape = g.batch;
   if (a.dim() > 1) g.out_shape.push_back(g.M);
   if (b.dim() > 1) g.out_shape.push_back(g.N);
@@ -213,21 +227,35 @@ Strides reducing_batch_strides(const Shape& shape, int64_t rank_without_batch, c
 }
 
 // Rows of t (rank >= 1) with every leading dim folded into them: the row stride, or false when
-// the leading dims do not fold without a copy.
+// the leading dims do not fold without a copy. The leading dims are walked innermost first and
+// size-1 dims are skipped, since their strides are arbitrary (views give them any value and
+// is_contiguous() ignores them), so every tensor is_contiguous() accepts folds.
 bool fold_rows(const Tensor& t, int64_t& s0) {
-  if (t.dim() == 1) {
-    s0 = t.size(0);
-    return true;
+  bool have_rows = false;
+  int64_t expected = 0;
+  for (int64_t d = t.dim() - 2; d >= 0; --d) {
+    const int64_t n = t.size(d);
+    if (n == 1) continue;
+    if (!have_rows) {
+      s0 = t.stride(d);
+      have_rows = true;
+    } else if (t.stride(d) != expected) {
+      return false;
+    }
+    expected = t.stride(d) * n;
   }
-  const int64_t nd = t.dim();
-  Shape lead(std::vector<int64_t>(t.shape().begin(), t.shape().end() - 2));
-  Strides lst(std::vector<int64_t>(t.strides().begin(), t.strides().end() - 2));
-  s0 = t.stride(-2);
-  if (t.size(-2) == 1 && nd > 2) {
-    // A size-1 row dim has an arbitrary stride; take the one the batch dims imply.
-    s0 = t.size(-1) * t.stride(-1);
-  }
-  return chains(lead, lst, s0, t.size(-2));
+  // At most one row: its stride addresses nothing; the dense row length keeps BLAS's ld valid.
+  if (!have_rows) s0 = std::max<int64_t>(t.size(-1), 1);
+  return true;
+}
+
+// t with its leading dims folded into rows of stride s0, copied first when they do not fold.
+Tensor folded_rows(const Tensor& t, int64_t& s0, const char* op) {
+  if (fold_rows(t, s0)) return t;
+  Tensor c = materialize(t, op);
+  TANDEM_CHECK(fold_rows(c, s0), "[{}] internal: the contiguous copy of a tensor of shape {} (strides {}) has strides {} "
+               "that do not fold into rows", op, t.shape(), t.strides(), c.strides());
+  return c;
 }
 
 int64_t leading_numel(const Tensor& t) {
@@ -351,12 +379,8 @@ Tensor linear_kernel(const Tensor& x_in, const Tensor& weight, const Tensor& bia
     TANDEM_CHECK(bias.dim() == 1 && bias.size(0) == out_f, "[linear] bias must have shape [{}], got {}", out_f,
                  bias.shape());
   }
-  Tensor x = x_in;
   int64_t xs0;
-  if (!fold_rows(x, xs0)) {
-    x = materialize(x, op);
-    fold_rows(x, xs0);
-  }
+  const Tensor x = folded_rows(x_in, xs0, op);
   const int64_t rows = leading_numel(x);
   Shape out_shape(std::vector<int64_t>(x.shape().begin(), x.shape().end() - 1));
   out_shape.push_back(out_f);
@@ -424,6 +448,7 @@ std::array<Tensor, 2> matmul_backward(const Tensor& grad, const Tensor& a, const
   const size_t nb = geo.batch.size();
   MatOperand g{grad.data_ptr(), Strides(std::vector<int64_t>(grad.strides().begin(), grad.strides().begin() + nb)),
                a.dim() > 1 ? grad.stride(nb) : 0, b.dim() > 1 ? grad.strides().back() : 0};
+  settle_unit_strides(g, geo.batch, geo.M, geo.N);
   std::array<Tensor, 2> out;
   if (need_a) {
     // grad_a = g b^T: [M, N] x [N, K]
@@ -452,12 +477,8 @@ std::array<Tensor, 3> linear_backward(const Tensor& grad, const Tensor& x_in, co
                "[{}] tensors are on different devices: gradient on {}, input on {}, weight on {}", op, grad.device(),
                x_in.device(), weight.device());
   const int64_t in = weight.size(1), out_f = weight.size(0);
-  Tensor g = grad;
   int64_t gs0;
-  if (!fold_rows(g, gs0)) {
-    g = materialize(g, op);
-    fold_rows(g, gs0);
-  }
+  const Tensor g = folded_rows(grad, gs0, op);
   const int64_t rows = leading_numel(g);
   MatOperand ga{g.data_ptr(), {}, gs0, g.stride(-1)};
   std::array<Tensor, 3> out;
@@ -470,12 +491,8 @@ std::array<Tensor, 3> linear_backward(const Tensor& grad, const Tensor& x_in, co
   }
   if (need_w) {
     // grad_W = g^T x: [out, rows] x [rows, in], one GEMM whatever the leading dims.
-    Tensor x = x_in;
     int64_t xs0;
-    if (!fold_rows(x, xs0)) {
-      x = materialize(x, op);
-      fold_rows(x, xs0);
-    }
+    const Tensor x = folded_rows(x_in, xs0, op);
     Tensor gw = make_empty(weight.shape(), weight.dtype(), weight.device(), op);
     MatOperand xa{x.data_ptr(), {}, xs0, x.stride(-1)};
     batched_gemm(g.device(), g.dtype(), {}, out_f, in, rows, ga.transposed(), xa, gw.data_ptr(), {}, gw.numel(), false,
