@@ -33,6 +33,9 @@ void copy(const Tensor& dst, const Tensor& src) {
   if (dst.dtype() == src.dtype()) {
     if (dst.data_ptr() == src.data_ptr() && dst.shape() == src.shape() && dst.strides() == src.strides()) return;
     if (dst.is_contiguous() && src.is_contiguous() && dst.shape() == src.shape()) {
+      // One buffer seen through strides that differ only on size-1 dims: nothing moves, and
+      // cudaMemcpy's ranges must not overlap.
+      if (dst.data_ptr() == src.data_ptr()) return;
       DeviceGuard guard(dst.device());
       TANDEM_CUDA_CHECK(cudaMemcpyAsync(dst.data_ptr(), src.data_ptr(), dst.nbytes(), cudaMemcpyDeviceToDevice,
                                         current_stream(dst.device())));

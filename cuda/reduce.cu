@@ -542,6 +542,9 @@ class CudaReduceKernels final : public detail::ReduceDeviceKernels {
     const char* name = "reduce_backward";
     const int64_t n = out.numel();
     if (n == 0) return;
+    // The kernel writes element i at out[i]: core hands it a fresh dense output.
+    TANDEM_CHECK(out.is_contiguous(), "[{}] internal: the output (shape {}, strides {}) must be contiguous", name,
+                 out.shape(), out.strides());
     std::array<Strides, 3> st;
     const Tensor* ins[3] = {&in0, &in1, &in2};
     for (int j = 0; j < 3; ++j) {

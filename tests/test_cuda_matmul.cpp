@@ -268,3 +268,80 @@ TEST_CASE("cuda matmul: mixed devices are an error", "[cuda][matmul]") {
   REQUIRE_THROWS_WITH(addmm(randn({5}), a.to(kGPU), b.to(kGPU)), Contains("[addmm] bias is on cpu"));
   REQUIRE_THROWS_WITH(matmul(a.to(kGPU), randn({5, 5}).to(kGPU)), Contains("[matmul] inner dimensions differ"));
 }
+
+// ---- size-1 dims with odd strides (issue 15) ----
+
+namespace {
+
+// dense's values in a CPU view whose dims of size > 1 are dense row-major (so is_contiguous()
+// holds) and whose size-1 dims carry odd strides, over a NaN-filled buffer; then the same
+// geometry on the GPU (its whole storage copied: .to() would make a dense copy).
+Tensor odd_on_gpu(const Tensor& dense) {
+  const Shape& s = dense.shape();
+  Strides st(s.size(), 0);
+  int64_t run = 1, odd = 97;
+  for (size_t d = s.size(); d-- > 0;) {
+    if (s[d] == 1) {
+      st[d] = odd;
+      odd = odd == 97 ? 5 : 97;
+    } else {
+      st[d] = run;
+      run *= s[d];
+    }
+  }
+  const int64_t n = 3 + run + 97 * (dense.numel() + 1) * 8;
+  Tensor cpu = make_view(full({n}, std::nan(""), dense.dtype()), s, st, 3);
+  {
+    NoGradGuard no_grad;
+    cpu.copy_(dense);
+  }
+  Tensor buf = make_view(cpu, Shape{n}, Strides{1}, 0).to(kGPU);
+  return make_view(buf, s, st, 3);
+}
+
+}  // namespace
+
+TEST_CASE("cuda matmul: operands and gradients whose size-1 dims carry odd strides", "[cuda][matmul]") {
+  TANDEM_REQUIRE_CUDA_OR_SKIP();
+  // The report: linear read storage elements 0, 3, 6 of this view.
+  const Tensor base = arange(1, 10, TensorOptions(f64)).view({3, 3}).to(kGPU);
+  const Tensor y = base.t().narrow(1, 0, 1).unsqueeze(1);
+  REQUIRE(y.is_contiguous());
+  require_close(cuda_test::host_values(linear(y, full({1, 1}, 0.7, TensorOptions(f64, kGPU)))), {0.7, 1.4, 2.1});
+
+  // linear / matmul / addmm on odd views, the output transposed so the incoming gradient is odd
+  // too, against the CPU on dense leaves: values and every gradient.
+  using Fn = std::function<Tensor(const TensorList&)>;
+  const std::vector<std::pair<Fn, TensorList>> cases = {
+      {[](const TensorList& t) { return linear(t[0], t[1]).transpose(0, 1).permute({2, 1, 0}); },
+       {randn({3, 1, 1}, f64), randn({1, 1}, f64)}},
+      {[](const TensorList& t) { return linear(t[0], t[1], t[2]).transpose(0, -1); },
+       {randn({2, 1, 3}, f64), randn({4, 3}, f64), randn({4}, f64)}},
+      {[](const TensorList& t) { return linear(t[0], t[1], t[2]).transpose(0, -1); },
+       {randn({4, 1, 1, 3}, f64), randn({1, 3}, f64), randn({1}, f64)}},
+      {[](const TensorList& t) { return matmul(t[0], t[1]).transpose(0, -1); },
+       {randn({4, 1, 3}, f64), randn({3, 2}, f64)}},
+      {[](const TensorList& t) { return matmul(t[0], t[1]).transpose(0, -1); },
+       {randn({2, 3, 1}, f64), randn({1, 1, 4}, f64)}},
+      {[](const TensorList& t) { return bmm(t[0], t[1]).transpose(0, -1); },
+       {randn({3, 1, 2}, f64), randn({3, 2, 1}, f64)}},
+      {[](const TensorList& t) { return addmm(t[0], t[1], t[2]).t(); },
+       {randn({1, 4}, f64), randn({1, 3}, f64), randn({3, 4}, f64)}},
+  };
+  for (const auto& [fn, in] : cases) {
+    TensorList cpu, gpu;
+    for (const Tensor& t : in) {
+      cpu.push_back(test_util::leaf(t.clone()));
+      gpu.push_back(test_util::leaf(odd_on_gpu(t)));
+    }
+    const Tensor want = fn(cpu), got = fn(gpu);
+    require_match(got, want, 1e-12);
+    const Tensor ct = randn(want.shape(), f64);
+    want.backward(ct.contiguous());
+    got.backward(odd_on_gpu(ct));
+    for (size_t i = 0; i < in.size(); ++i) {
+      INFO("gradient of input " << i << " (shape " << fmt::format("{}", in[i].shape()) << ")");
+      require_match(gpu[i].grad(), cpu[i].grad(), 1e-12);
+    }
+  }
+}
