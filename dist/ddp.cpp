@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <numeric>
 #include <set>
 
 #include "autograd/grad_mode.h"
@@ -81,8 +82,52 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
                "[ddp] DDP is not needed when a module has no parameter that requires a gradient ({} has none that is "
                "not ignored)",
                module_->type_name());
+  // Argument errors before any collective, so that every rank fails the same way at once.
+  const auto& delayed_names = options_.delay_all_reduce_named_params;
+  TANDEM_CHECK(delayed_names.empty() == options_.param_to_hook_all_reduce.empty(),
+               "[ddp] delay_all_reduce_named_params and param_to_hook_all_reduce go together: got {} delayed "
+               "parameters and hook parameter '{}'",
+               delayed_names.size(), options_.param_to_hook_all_reduce);
+  std::vector<DelayedAllreduce::Param> delayed;
+  for (const std::string& name : delayed_names) {
+    auto it = std::find_if(managed.begin(), managed.end(), [&](const Reducer::Param& p) { return p.name == name; });
+    TANDEM_CHECK(it != managed.end(),
+                 "[ddp] delay_all_reduce_named_params names '{}', which is not a parameter DDP manages (one that "
+                 "requires a gradient and is not ignored)",
+                 name);
+    delayed.push_back({it->name, it->tensor});
+    managed.erase(it);
+  }
+  Tensor hook_param;
+  if (!options_.param_to_hook_all_reduce.empty()) {
+    const Tensor* found = params.find(options_.param_to_hook_all_reduce);
+    TANDEM_CHECK(found && found->requires_grad() && !ignored(options_.param_to_hook_all_reduce),
+                 "[ddp] param_to_hook_all_reduce '{}' is not a parameter of the module that requires a gradient and "
+                 "is not ignored",
+                 options_.param_to_hook_all_reduce);
+    hook_param = *found;
+  }
   verify_same_model_across_ranks(sig_params);
   broadcast_states(options_.broadcast_buffers);
+  // Optimizer in backward: DDP steps each managed parameter after its reduction (the local hook
+  // no longer does), and applying one after this point is an error.
+  auto take_over = [this](const Tensor& p) {
+    optim::claim_gradient(p, "DistributedDataParallel");
+    claims_.params.push_back(p);
+    auto step = optim::take_over_in_backward_step(p, "DistributedDataParallel");
+    optimizer_in_backward_ = optimizer_in_backward_ || step != nullptr;
+    return step;
+  };
+  if (!delayed.empty()) {
+    std::vector<std::shared_ptr<optim::InBackwardStep>> steps;
+    for (const auto& d : delayed) steps.push_back(take_over(d.tensor));
+    std::vector<int> all(static_cast<size_t>(group_->size()));
+    std::iota(all.begin(), all.end(), 0);
+    delayed_ = std::make_unique<DelayedAllreduce>(std::move(delayed), hook_param, options_.param_to_hook_all_reduce,
+                                                  group_->new_group(all), options_.find_unused_parameters);
+    delayed_->set_in_backward_steps(std::move(steps));
+  }
+  if (managed.empty()) return;  // every parameter is delayed: no buckets at all
 
   ReducerOptions ro;
   ro.find_unused_parameters = options_.find_unused_parameters;
@@ -93,10 +138,20 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
     ro.bucket_bytes = std::max<size_t>(ro.bucket_bytes, 1);
     ro.first_bucket_bytes = ro.bucket_bytes;
   }
+  std::vector<std::shared_ptr<optim::InBackwardStep>> steps;
+  for (const auto& m : managed) steps.push_back(take_over(m.tensor));
   reducer_ = std::make_unique<Reducer>(std::move(managed), group_, ro);
+  if (optimizer_in_backward_) reducer_->set_in_backward_steps(std::move(steps));
 }
 
 DistributedDataParallel::~DistributedDataParallel() = default;
+
+DistributedDataParallel::Claims::~Claims() {
+  for (const Tensor& p : params) {
+    optim::give_back_in_backward_step(p);  // the parameters' own hooks step them again
+    optim::unclaim_gradient(p);
+  }
+}
 
 bool DistributedDataParallel::ignored(const std::string& name) const {
   return std::find(options_.ignored_parameters.begin(), options_.ignored_parameters.end(), name) !=
@@ -165,13 +220,14 @@ void DistributedDataParallel::broadcast_states(bool include_buffers) {
 }
 
 void DistributedDataParallel::before_forward() {
-  TANDEM_CHECK(reducer_->attached(),
+  TANDEM_CHECK(attached_,
                "[ddp] the autograd hooks were removed (remove_autograd_hooks): this DDP can no longer synchronise "
                "gradients; call the module directly to train it locally");
   // A forward under NoGradGuard is no iteration: no collective, no check, no rebuild, so that
   // rank 0 alone may evaluate.
   if (!autograd::grad_mode_enabled()) return;
-  reducer_->prepare_for_forward();
+  if (reducer_) reducer_->prepare_for_forward();
+  if (delayed_) delayed_->check_finalized();
   // PyTorch's rule: rank 0's buffers are broadcast only at the start of an accumulation window,
   // i.e. when the previous forward was synchronised (or there was none). The forwards inside
   // no_sync and the synchronised one that ends the window run on each rank's own buffers.
@@ -184,7 +240,9 @@ void DistributedDataParallel::before_forward() {
 void DistributedDataParallel::after_forward(const TensorList& outputs) {
   if (!autograd::grad_mode_enabled()) return;  // evaluation is not part of any window
   sync_buffers_before_forward_ = require_sync_;
-  if (require_sync_) reducer_->prepare_for_backward(outputs);
+  if (!require_sync_) return;
+  if (reducer_) reducer_->prepare_for_backward(outputs);
+  if (delayed_) delayed_->prepare_for_backward();
 }
 
 Tensor DistributedDataParallel::forward(const Tensor& input) {
@@ -197,13 +255,36 @@ Tensor DistributedDataParallel::forward(const Tensor& input) {
   return out;
 }
 
-void DistributedDataParallel::register_comm_hook(CommHook hook) { reducer_->register_comm_hook(std::move(hook)); }
-void DistributedDataParallel::check_reducer_finalized() const { reducer_->check_finalized(); }
-void DistributedDataParallel::remove_autograd_hooks() { reducer_->remove_autograd_hooks(); }
+void DistributedDataParallel::register_comm_hook(CommHook hook) {
+  TANDEM_CHECK(reducer_ != nullptr, "[ddp] register_comm_hook: every parameter is delayed, so there is no bucket to hook");
+  reducer_->register_comm_hook(std::move(hook));
+}
+
+void DistributedDataParallel::check_reducer_finalized() const {
+  if (reducer_) reducer_->check_finalized();
+  if (delayed_) delayed_->check_finalized();
+}
+
+void DistributedDataParallel::remove_autograd_hooks() {
+  attached_ = false;
+  if (reducer_) reducer_->remove_autograd_hooks();
+  if (delayed_) delayed_->remove_autograd_hooks();
+}
+
+const std::vector<ReducerEvent>& DistributedDataParallel::reducer_events() const {
+  static const std::vector<ReducerEvent> none;
+  return reducer_ ? reducer_->events() : none;
+}
 
 DdpStats DistributedDataParallel::stats() const {
   DdpStats s;
-  static_cast<ReducerStats&>(s) = reducer_->stats();
+  if (reducer_) static_cast<ReducerStats&>(s) = reducer_->stats();
+  s.static_graph = options_.static_graph;
+  s.optimizer_in_backward = optimizer_in_backward_;
+  if (delayed_) {
+    s.delayed_parameters = delayed_->names();
+    s.delayed_allreduces = delayed_->launches();
+  }
   s.forward_ms = forward_ms_;
   s.world_size = group_->size();
   return s;
@@ -215,6 +296,13 @@ std::string DdpStats::str() const {
   for (int64_t b : bucket_bytes) sizes.push_back(mib(b));
   for (int64_t b : rebuilt_bucket_bytes) rebuilt.push_back(mib(b));
   std::string s = fmt::format("DDP over {} ranks, {} iterations\n", world_size, iterations);
+  std::vector<std::string> modes;
+  if (static_graph) modes.push_back("static_graph");
+  if (optimizer_in_backward) modes.push_back("optimizer in backward");
+  if (!delayed_parameters.empty())
+    modes.push_back(fmt::format("delayed allreduce of {} ({} allreduces)", fmt::join(delayed_parameters, ", "),
+                                delayed_allreduces));
+  if (!modes.empty()) s += fmt::format("  modes: {}\n", fmt::join(modes, "; "));
   s += fmt::format("  buckets (MiB, launch order): [{}]\n", fmt::join(sizes, ", "));
   s += fmt::format("  rebuilt buckets (MiB):       [{}]\n", fmt::join(rebuilt, ", "));
   s += fmt::format("  forward {:.3f} ms, backward compute {:.3f} ms, comm {:.3f} ms (waited {:.3f} ms, overlapped {:.3f} ms)\n",

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "dist/comm_hooks.h"
+#include "dist/delayed_allreduce.h"
 #include "dist/reducer.h"
 #include "nn/module.h"
 
@@ -47,6 +48,11 @@ struct DdpOptions {
   // backward records it (one used-map allreduce in the whole run), later ones need no search,
   // and several forwards may run before one backward.
   bool static_graph = false;
+  // Parameters (dotted names) whose gradients are averaged by one allreduce of their own, on a
+  // child group, launched once `param_to_hook_all_reduce`'s gradient and theirs are final (at the
+  // latest at the end of backward): they leave the buckets. Both or neither.
+  std::vector<std::string> delay_all_reduce_named_params;
+  std::string param_to_hook_all_reduce;
 };
 
 namespace detail {
@@ -70,6 +76,10 @@ void collect_tensors(TensorList& out, const std::tuple<T...>& t) {
 struct DdpStats : ReducerStats {
   double forward_ms = 0;
   int64_t world_size = 1;
+  bool static_graph = false;
+  bool optimizer_in_backward = false;
+  std::vector<std::string> delayed_parameters;  // delay_all_reduce_named_params
+  int64_t delayed_allreduces = 0;               // their allreduces so far
   std::string str() const;  // a readable multi-line summary
 };
 
@@ -132,7 +142,10 @@ class DistributedDataParallel {
   void remove_autograd_hooks();
 
   DdpStats stats() const;
-  const std::vector<ReducerEvent>& reducer_events() const { return reducer_->events(); }
+  // The reducer's event log of the current (or last) iteration; empty when every parameter is delayed.
+  const std::vector<ReducerEvent>& reducer_events() const;
+  // The delayed-allreduce parameters' reduction, or nullptr without them.
+  const DelayedAllreduce* delayed_allreduce() const { return delayed_.get(); }
   // The parameters DDP manages, by name, in registration order.
   const std::vector<std::string>& parameter_names() const { return names_; }
 
@@ -148,9 +161,21 @@ class DistributedDataParallel {
   ProcessGroupPtr group_;
   DdpOptions options_;
   std::vector<std::string> names_;
-  std::unique_ptr<Reducer> reducer_;
+  // The parameters whose gradients (and in-backward steps) DDP manages, given back when DDP goes,
+  // also when its constructor throws. Declared before the reducer, so destroyed after it.
+  struct Claims {
+    TensorList params;
+    Claims() = default;
+    Claims(const Claims&) = delete;
+    Claims& operator=(const Claims&) = delete;
+    ~Claims();
+  } claims_;
+  std::unique_ptr<Reducer> reducer_;         // null when every parameter is delayed
+  std::unique_ptr<DelayedAllreduce> delayed_;
+  bool optimizer_in_backward_ = false;
   bool require_sync_ = true;
-  bool sync_buffers_before_forward_ = true;  // the previous grad-mode forward was synchronised
+  bool sync_buffers_before_forward_ = true;
+  bool attached_ = true;  // remove_autograd_hooks not called  // the previous grad-mode forward was synchronised
   double forward_ms_ = 0;
 };
 

@@ -250,6 +250,56 @@ void Reducer::register_comm_hook(CommHook hook) {
   comm_hook_ = std::move(hook);
 }
 
+void Reducer::set_in_backward_steps(std::vector<std::shared_ptr<optim::InBackwardStep>> steps) {
+  TANDEM_CHECK(steps.size() == params_.size(), "[ddp] {} in-backward steps for {} parameters", steps.size(),
+               params_.size());
+  TANDEM_CHECK(!trained_, "[ddp] the optimizer in backward must be set before the first backward");
+  in_backward_ = std::move(steps);
+  stepped_.assign(params_.size(), 0);
+}
+
+void Reducer::write_back(size_t p) {
+  const Tensor& param = params_[p].tensor;
+  Tensor slot = slot_view(p);
+  Tensor grad = param.grad();
+  if (options_.gradient_as_bucket_view) {
+    if (!is_view_of(grad, slot)) param.set_grad(slot);
+  } else if (grad.defined()) {
+    grad.copy_(slot);
+  } else {
+    param.set_grad(slot.clone());
+  }
+}
+
+// The bucket's steps run once its reduction is in: a continuation of its Work, which the end of
+// backward then waits for like any other (so step() never waits on a Work itself).
+void Reducer::chain_in_backward_steps(size_t index) {
+  if (in_backward_.empty() || (options_.find_unused_parameters && !options_.static_graph)) return;
+  Bucket& b = buckets_[index];
+  bool any = false;
+  for (size_t p : b.params) any = any || (in_backward_[p] && !(options_.static_graph && static_unused_anywhere_[p]));
+  if (!any) return;
+  b.work = b.work->then([this, index](Work& w) {
+    NoGradGuard no_grad;
+    Bucket& bucket = buckets_[index];
+    const TensorList& result = w.result();
+    TANDEM_CHECK(!result.empty() && result[0].defined(), "[ddp] the comm hook's Work for bucket {} has no result", index);
+    if (result[0].data_ptr() != bucket.buffer.data_ptr()) {
+      TANDEM_CHECK(result[0].numel() == bucket.buffer.numel(),
+                   "[ddp] the comm hook returned {} elements for bucket {} of {} elements", result[0].numel(), index,
+                   bucket.buffer.numel());
+      bucket.buffer.copy_(result[0].reshape(bucket.buffer.shape()));
+    }
+    for (size_t p : bucket.params) {
+      if (!in_backward_[p] || (options_.static_graph && static_unused_anywhere_[p])) continue;
+      write_back(p);
+      in_backward_[p]->step();
+      stepped_[p] = 1;
+    }
+    return TensorList{bucket.buffer};
+  });
+}
+
 void Reducer::on_backward_start(const autograd::GraphTask& task) {
   // Runs on whichever thread starts a backward, this reducer's or another's: only the state
   // under observe_mutex_ is read until the backward is known to be ours.
@@ -384,6 +434,7 @@ void Reducer::launch_ready_buckets() {
       *last = std::max(*last, Clock::now());
       return TensorList{};
     });
+    chain_in_backward_steps(index);
   }
   // Dynamic find_unused_parameters: after the last bucket, so every rank issues it at the same
   // point of its collective order.
@@ -487,7 +538,6 @@ void Reducer::wait_and_write_back() {
   if (options_.find_unused_parameters && !options_.static_graph && used_map_.defined() && used_work_)
     used_everywhere = used_map_.to(kCPU).to_vector<int32_t>();
   for (size_t p = 0; p < params_.size(); ++p) {
-    const Tensor& param = params_[p].tensor;
     Tensor slot = slot_view(p);
     const bool unused_everywhere = options_.static_graph
                                        ? static_unused_anywhere_[p]
@@ -498,15 +548,11 @@ void Reducer::wait_and_write_back() {
       if (unused_stash_[p].defined()) slot.copy_(unused_stash_[p]);
       continue;
     }
-    Tensor grad = param.grad();
-    if (options_.gradient_as_bucket_view) {
-      if (!is_view_of(grad, slot)) param.set_grad(slot);
-    } else if (grad.defined()) {
-      grad.copy_(slot);
-    } else {
-      param.set_grad(slot.clone());
-    }
+    if (!stepped_.empty() && stepped_[p]) continue;  // written and stepped by its bucket's continuation
+    write_back(p);
+    if (!in_backward_.empty() && in_backward_[p]) in_backward_[p]->step();  // deferred until the used map was known
   }
+  std::fill(stepped_.begin(), stepped_.end(), 0);
   for (Bucket& b : buckets_) b.work.reset();
   used_work_.reset();
   std::fill(local_used_.begin(), local_used_.end(), 0);

@@ -29,6 +29,7 @@
 #include "autograd/hooks.h"
 #include "dist/comm_hooks.h"
 #include "dist/process_group.h"
+#include "nn/optim_in_backward.h"
 
 namespace tandem::dist {
 
@@ -98,6 +99,11 @@ class Reducer {
 
   // Before the first backward only; once.
   void register_comm_hook(CommHook hook);
+  // Optimizer in backward: steps[p] (null for none) steps parameter p as soon as its bucket is
+  // reduced, in a continuation of the bucket's Work (on the communication thread for the CPU
+  // backends), reading the reduced gradient. With a dynamic find_unused_parameters the steps wait
+  // for the used map (globally unused parameters are not stepped) and run at the end of backward.
+  void set_in_backward_steps(std::vector<std::shared_ptr<optim::InBackwardStep>> steps);
   // Detaches the reducer from autograd: no hook of it fires again.
   void remove_autograd_hooks();
   bool attached() const { return attached_; }
@@ -132,6 +138,8 @@ class Reducer {
   void finalize_static_first_iteration();
   void check_static_graph() const;
   void wait_and_write_back();
+  void write_back(size_t param);  // the reduced gradient of `param` into its .grad
+  void chain_in_backward_steps(size_t bucket);
   void reset_iteration();
   void wait_outstanding() noexcept;
   void rebuild_buckets();
@@ -148,6 +156,8 @@ class Reducer {
   std::vector<Bucket> buckets_;
   std::vector<Slot> slots_;
   std::vector<HookHandle> hooks_;
+  std::vector<std::shared_ptr<optim::InBackwardStep>> in_backward_;  // per parameter, may be null
+  std::vector<char> stepped_;  // this iteration, by a bucket's continuation (read after its Work)
   uint64_t observer_ = 0;
   bool attached_ = true;
 

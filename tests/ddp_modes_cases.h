@@ -352,3 +352,261 @@ inline void reducer_rules(ProcessGroupPtr g) {
 }
 
 }  // namespace ddp_cases
+
+namespace ddp_cases {
+
+// An embedding feeding an MLP: the embedding's allreduce is the one worth delaying.
+struct EmbeddingMlp : nn::Module {
+  std::shared_ptr<nn::Embedding> emb;
+  std::shared_ptr<nn::Linear> fc1, fc2;
+  EmbeddingMlp() : Module("EmbeddingMlp") {
+    emb = register_module("emb", std::make_shared<nn::Embedding>(20, 8));
+    fc1 = register_module("fc1", std::make_shared<nn::Linear>(8, 16));
+    fc2 = register_module("fc2", std::make_shared<nn::Linear>(16, 4));
+  }
+  Tensor forward(const Tensor& x) override { return (*fc2)(tanh((*fc1)((*emb)(x)))); }
+};
+
+inline std::shared_ptr<EmbeddingMlp> make_embedding_mlp(uint64_t seed) {
+  manual_seed(seed);
+  auto m = std::make_shared<EmbeddingMlp>();
+  m->to(f64);
+  return m;
+}
+
+inline Tensor token_batch(int step, int micro, int r) {
+  std::vector<int64_t> v;
+  for (int i = 0; i < 5; ++i) v.push_back((step * 7 + micro * 5 + r * 3 + i * 4) % 20);
+  return from_vector(v);
+}
+
+inline Tensor embedding_loss(nn::Module& m, int step, int micro, int r) {
+  int64_t first = ((step * 4 + micro) * 16 + r) * 5;
+  return mse_loss(m(token_batch(step, micro, r)), targets(first, 5, 4, f64));
+}
+
+// The delayed parameters train exactly as one process would: both gradient modes, set_to_none
+// either way, no_sync accumulation, every parameter delayed; one allreduce per iteration, on a
+// group of its own.
+inline void delayed_allreduce_equivalence(ProcessGroupPtr g, std::vector<std::string> delayed, std::string hook,
+                                          bool bucket_view, bool set_to_none, int micro_batches) {
+  const int W = g->size(), R = g->rank();
+  const std::string what = fmt::format("delayed {} hooked to {} bucket_view={} set_to_none={} micro={} rank {}/{}",
+                                       fmt::join(delayed, ","), hook, bucket_view, set_to_none, micro_batches, R, W);
+  auto model = make_embedding_mlp(R == 0 ? 3 : 30 + R);
+  auto reference = make_embedding_mlp(3);
+  DdpOptions o;
+  o.gradient_as_bucket_view = bucket_view;
+  o.delay_all_reduce_named_params = delayed;
+  o.param_to_hook_all_reduce = hook;
+  DistributedDataParallel ddp(model, g, o);
+  expect(ddp.delayed_allreduce() != nullptr, "{}: no delayed allreduce", what);
+  expect(ddp.delayed_allreduce()->group().name() != ddp.process_group().name(),
+         "{}: the delayed allreduce runs on the main group {}", what, ddp.process_group().name());
+  optim::SGD opt(model->parameters(), {.lr = 0.1, .momentum = 0.9});
+  optim::SGD ref_opt(reference->parameters(), {.lr = 0.1, .momentum = 0.9});
+  constexpr int kSteps = 5;
+  for (int step = 0; step < kSteps; ++step) {
+    opt.zero_grad(set_to_none);
+    for (int micro = 0; micro < micro_batches; ++micro) {
+      if (micro + 1 < micro_batches) {
+        auto guard = ddp.no_sync();
+        ddp.call([&] { return embedding_loss(*model, step, micro, R); }).backward();
+      } else {
+        ddp.call([&] { return embedding_loss(*model, step, micro, R); }).backward();
+      }
+    }
+    ddp.check_reducer_finalized();
+    expect(ddp.delayed_allreduce()->launches() == step + 1, "{}: {} delayed allreduces after {} steps", what,
+           ddp.delayed_allreduce()->launches(), step + 1);
+    opt.step();
+    ref_opt.zero_grad();
+    Tensor total;
+    for (int r = 0; r < W; ++r)
+      for (int micro = 0; micro < micro_batches; ++micro) {
+        Tensor l = embedding_loss(*reference, step, micro, r);
+        total = total.defined() ? total + l : l;
+      }
+    (total / static_cast<double>(W)).backward();
+    ref_opt.step();
+  }
+  expect_same_parameters(*model, *reference, 1e-12, what);
+  for (const std::string& name : delayed) {
+    Tensor grad = model->named_parameters().at(name).grad();
+    expect(grad.defined(), "{}: {} has no gradient after backward", what, name);
+  }
+}
+
+inline void delayed_allreduce_all(ProcessGroupPtr g) {
+  for (bool view : {false, true})
+    for (bool none : {true, false}) delayed_allreduce_equivalence(g, {"emb.weight"}, "fc1.weight", view, none, 1);
+  delayed_allreduce_equivalence(g, {"emb.weight"}, "fc2.weight", false, true, 3);  // no_sync accumulation
+  delayed_allreduce_equivalence(g, {"emb.weight", "fc1.bias"}, "emb.weight", true, false, 1);
+  // Every parameter delayed: no buckets at all.
+  delayed_allreduce_equivalence(g, {"emb.weight", "fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"}, "fc1.weight",
+                                false, true, 2);
+  // One option without the other, or a name DDP does not manage.
+  auto model = make_embedding_mlp(3);
+  auto error_of = [&](DdpOptions o) {
+    try {
+      DistributedDataParallel ddp(model, g, std::move(o));
+    } catch (const std::exception& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  DdpOptions only_names;
+  only_names.delay_all_reduce_named_params = {"emb.weight"};
+  std::string e1 = error_of(only_names);
+  expect(e1.find("delay_all_reduce_named_params and param_to_hook_all_reduce go together") != std::string::npos,
+         "names without a hook parameter: '{}'", e1);
+  DdpOptions only_hook;
+  only_hook.param_to_hook_all_reduce = "fc1.weight";
+  std::string e2 = error_of(only_hook);
+  expect(e2.find("go together") != std::string::npos, "a hook parameter without names: '{}'", e2);
+  DdpOptions unknown;
+  unknown.delay_all_reduce_named_params = {"emb.bias"};
+  unknown.param_to_hook_all_reduce = "fc1.weight";
+  std::string e3 = error_of(unknown);
+  expect(e3.find("names 'emb.bias', which is not a parameter DDP manages") != std::string::npos, "unknown name: '{}'", e3);
+}
+
+}  // namespace ddp_cases
+
+namespace ddp_cases {
+
+struct InBackwardCase {
+  optim::OptimizerSpec spec;
+  std::string name;
+  bool keep_grads = false;
+  bool find_unused = false;
+  bool static_graph = false;
+  bool bucket_view = false;
+  int micro_batches = 1;  // the first ones under no_sync
+};
+
+inline std::unique_ptr<optim::Optimizer> plain_optimizer(const optim::OptimizerSpec& spec, const TensorList& params) {
+  if (auto* s = std::get_if<optim::SGDOptions>(&spec)) return std::make_unique<optim::SGD>(params, *s);
+  if (auto* a = std::get_if<optim::AdamOptions>(&spec)) return std::make_unique<optim::Adam>(params, *a);
+  return std::make_unique<optim::AdamW>(params, std::get<optim::AdamWOptions>(spec));
+}
+
+// DDP with the optimizer in backward equals one process taking plain steps on the mean loss,
+// over 8 steps, with a learning-rate change half way; nothing is stepped inside no_sync; the
+// managed .grad are none afterwards (kept with keep_grads); a parameter no rank uses is never
+// stepped (its optimizer state stays empty).
+inline void in_backward_equivalence(ProcessGroupPtr g, const InBackwardCase& c) {
+  const int W = g->size(), R = g->rank();
+  const std::string what = fmt::format("optimizer in backward {} keep_grads={} find_unused={} static={} view={} "
+                                       "micro={} rank {}/{}",
+                                       c.name, c.keep_grads, c.find_unused, c.static_graph, c.bucket_view,
+                                       c.micro_batches, R, W);
+  const bool unused_ok = c.find_unused || c.static_graph;
+  auto uses_extra = [unused_ok](int r) { return !unused_ok || r % 2 == 1; };
+  auto model = make_net(f64, R == 0 ? 7 : 70 + R);
+  model->rank = R;
+  model->use_extra = uses_extra;
+  auto reference = make_net(f64, 7);
+  if (!unused_ok)
+    for (auto* m : {model.get(), reference.get()}) {
+      m->never->weight.requires_grad_(false);
+      m->never->bias.requires_grad_(false);
+    }
+  TensorList trainable;
+  for (const Tensor& p : model->parameters())
+    if (p.requires_grad()) trainable.push_back(p);
+  auto in_backward = optim::apply_optimizer_in_backward(c.spec, trainable, {.keep_grads = c.keep_grads});
+  DdpOptions o;
+  o.find_unused_parameters = c.find_unused;
+  o.static_graph = c.static_graph;
+  o.gradient_as_bucket_view = c.bucket_view;
+  o.bucket_cap_mb = 1e-9;
+  DistributedDataParallel ddp(model, g, o);
+  expect(ddp.stats().optimizer_in_backward, "{}: stats do not show the optimizer in backward", what);
+  auto ref_opt = plain_optimizer(c.spec, reference->parameters());
+  for (int step = 0; step < 8; ++step) {
+    if (step == 4) {
+      in_backward->set_lr(in_backward->lr() / 2);
+      ref_opt->set_lr(ref_opt->lr() / 2);
+    }
+    if (c.keep_grads) model->zero_grad(/*set_to_none=*/!c.bucket_view);
+    for (int micro = 0; micro < c.micro_batches; ++micro) {
+      if (micro + 1 < c.micro_batches) {
+        Tensor before = model->fc1->weight.detach().clone();
+        auto guard = ddp.no_sync();
+        ddp.call([&] { return shard_loss(*model, step, R, f64, micro); }).backward();
+        expect(max_abs_diff(before, model->fc1->weight) == 0, "{}: a parameter was stepped inside no_sync", what);
+      } else {
+        ddp.call([&] { return shard_loss(*model, step, R, f64, micro); }).backward();
+      }
+    }
+    ddp.check_reducer_finalized();
+    for (const auto& name : ddp.parameter_names()) {
+      const bool defined = model->named_parameters().at(name).grad().defined();
+      if (!c.keep_grads)
+        expect(!defined, "{}: {}'s .grad is defined after its step", what, name);
+    }
+    reference_step(*reference, *ref_opt, step, W, c.micro_batches, uses_extra);
+  }
+  expect_same_parameters(*model, *reference, 1e-12, what);
+  if (unused_ok) {
+    const Tensor& never = model->never->weight;
+    expect(in_backward->optimizer_for(never).state(never) == nullptr ||
+               in_backward->optimizer_for(never).state(never)->buffers.empty(),
+           "{}: a parameter no rank uses was stepped", what);
+  }
+}
+
+inline void in_backward_all(ProcessGroupPtr g) {
+  const optim::SGDOptions sgd_m{.lr = 0.1, .momentum = 0.9, .weight_decay = 0.01, .nesterov = true};
+  in_backward_equivalence(g, {sgd_m, "SGD nesterov"});
+  in_backward_equivalence(g, {optim::SGDOptions{.lr = 0.1, .momentum = 0.5, .dampening = 0.1}, "SGD dampening",
+                              /*keep_grads=*/true});
+  in_backward_equivalence(g, {optim::AdamOptions{.lr = 0.01, .weight_decay = 0.01}, "Adam"});
+  in_backward_equivalence(g, {optim::AdamWOptions{.lr = 0.01}, "AdamW", false, /*find_unused=*/true});
+  in_backward_equivalence(g, {sgd_m, "SGD", false, /*find_unused=*/true, false, /*bucket_view=*/true});
+  in_backward_equivalence(g, {sgd_m, "SGD", false, false, /*static_graph=*/true});
+  in_backward_equivalence(g, {optim::AdamWOptions{.lr = 0.01}, "AdamW", false, false, false, false, /*micro=*/3});
+}
+
+// With a comm hook (fp16 compression) the step reads the hook's result: equal to DDP with the
+// same hook and a plain step(). Ignored parameters are stepped locally; applying after DDP fails.
+inline void in_backward_hook_and_errors(ProcessGroupPtr g) {
+  const int R = g->rank();
+  const optim::SGDOptions sgd{.lr = 0.1, .momentum = 0.9};
+  auto a = make_net(f32, 7), b = make_net(f32, 7);
+  for (auto* m : {a.get(), b.get()}) {
+    m->never->weight.requires_grad_(false);
+    m->never->bias.requires_grad_(false);
+  }
+  TensorList trainable;
+  for (const Tensor& p : a->parameters())
+    if (p.requires_grad()) trainable.push_back(p);
+  auto in_backward = optim::apply_optimizer_in_backward(sgd, trainable);
+  DistributedDataParallel ddp_a(a, g, {.ignored_parameters = {"fc2.bias"}});
+  DistributedDataParallel ddp_b(b, g, {.ignored_parameters = {"fc2.bias"}});
+  ddp_a.register_comm_hook(hooks::fp16_compress);
+  ddp_b.register_comm_hook(hooks::fp16_compress);
+  optim::SGD opt_b(b->parameters(), sgd);
+  for (int step = 0; step < 4; ++step) {
+    ddp_a.call([&] { return shard_loss(*a, step, R, f32); }).backward();
+    opt_b.zero_grad();
+    ddp_b.call([&] { return shard_loss(*b, step, R, f32); }).backward();
+    opt_b.step();
+  }
+  expect_same_parameters(*a, *b, 0, fmt::format("in backward with fp16_compress, rank {}", R));
+  expect(!a->fc2->bias.grad().defined(), "the ignored parameter was not stepped locally (its .grad is still there)");
+  auto fresh = make_net(f64);
+  DistributedDataParallel ddp_c(fresh, g, {.find_unused_parameters = true});
+  std::string error;
+  try {
+    optim::apply_optimizer_in_backward(sgd, fresh->parameters());
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  expect(error.find("is managed by DistributedDataParallel: apply the optimizer in backward before wrapping") !=
+             std::string::npos,
+         "applied after DDP: '{}'", error);
+}
+
+}  // namespace ddp_cases

@@ -262,3 +262,18 @@ TEST_CASE("ddp threads: which backward is DDP's, grad mode off, another thread, 
     REQUIRE_NOTHROW(on_threads(n, reducer_rules, 20));
   }
 }
+
+TEST_CASE("ddp threads: delayed-allreduce parameters train as one process, on a group of their own", "[ddp][delayed]") {
+  for (int n : {1, 2, 3}) {
+    INFO(n << " ranks");
+    REQUIRE_NOTHROW(on_threads(n, delayed_allreduce_all));
+  }
+}
+
+TEST_CASE("ddp threads: optimizer in backward equals DDP + step()", "[ddp][in_backward]") {
+  for (int n : {1, 2, 3}) {
+    INFO(n << " ranks");
+    REQUIRE_NOTHROW(on_threads(n, in_backward_all));
+  }
+  REQUIRE_NOTHROW(on_threads(2, in_backward_hook_and_errors));
+}

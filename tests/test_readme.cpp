@@ -198,3 +198,36 @@ TEST_CASE("README optimizer in backward", "[readme]") {
   for (const Tensor& p : model.parameters()) REQUIRE_FALSE(p.grad().defined());
   REQUIRE(nn::mse_loss(model(x), y).item<double>() < first);
 }
+
+TEST_CASE("README DDP modes: static graph, delayed-allreduce parameters", "[readme]") {
+  dist::run_threads(2, [](dist::ProcessGroup& group) {
+    dist::ProcessGroupPtr pg(std::shared_ptr<void>(), &group);
+    manual_seed(0);
+    Tensor x1 = randn({8, 32}), x2 = randn({8, 32}), y1 = randn({8, 10}), y2 = randn({8, 10});
+    {
+      auto model = std::make_shared<nn::Sequential>();
+      model->push_back(std::make_shared<nn::Linear>(32, 10));
+      dist::DistributedDataParallel ddp(model, pg, {.static_graph = true});
+      Tensor a = ddp(x1), b = ddp(x2);                         // two forwards...
+      (nn::mse_loss(a, y1) + nn::mse_loss(b, y2)).backward();  // ...one backward, reduced once
+      ddp.check_reducer_finalized();
+      REQUIRE(ddp.stats().str().find("static_graph") != std::string::npos);
+    }
+    {
+      struct Net : nn::Module {
+        std::shared_ptr<nn::Embedding> emb = register_module("emb", std::make_shared<nn::Embedding>(100, 32));
+        std::shared_ptr<nn::Linear> fc1 = register_module("fc1", std::make_shared<nn::Linear>(32, 10));
+        Net() : Module("Net") {}
+        Tensor forward(const Tensor& tokens) override { return (*fc1)((*emb)(tokens)); }
+      };
+      auto model = std::make_shared<Net>();
+      dist::DdpOptions o;
+      o.delay_all_reduce_named_params = {"emb.weight"};
+      o.param_to_hook_all_reduce = "fc1.weight";
+      dist::DistributedDataParallel ddp(model, pg, o);
+      nn::mse_loss(ddp(randint(0, 100, {8})), y1).backward();
+      REQUIRE(ddp.delayed_allreduce()->launches() == 1);
+      REQUIRE(model->emb->weight.grad().defined());
+    }
+  });
+}
