@@ -294,6 +294,74 @@ Tensor clamp(const Tensor& a, std::optional<double> lo, std::optional<double> hi
   return out;
 }
 
+namespace {
+// A bound is applied when it is given and defined (libtorch passes an undefined optional too).
+const Tensor* bound(const std::optional<Tensor>& t) { return t && t->defined() ? &*t : nullptr; }
+}  // namespace
+
+Tensor clamp(const Tensor& a, const std::optional<Tensor>& lo_in, const std::optional<Tensor>& hi_in) {
+  const Tensor* lo = bound(lo_in);
+  const Tensor* hi = bound(hi_in);
+  TANDEM_CHECK(lo || hi, "[clamp] at least one of min and max must be given");
+  // Validate here so errors name clamp rather than the maximum/minimum it is computed with.
+  Shape shape = a.shape();
+  for (const Tensor* b : {lo, hi}) {
+    if (!b) continue;
+    // A 0-dim CPU bound may join a tensor on another device, as in every binary op.
+    TANDEM_CHECK(b->device() == a.device() || (b->dim() == 0 && b->is_cpu()),
+                 "[clamp] tensors are on different devices: self on {}, {} on {}", a.device(),
+                 b == lo ? "min" : "max", b->device());
+    shape = broadcast_shapes(shape, b->shape(), "clamp");
+  }
+  // One promotion over all three operands (PyTorch's result_type(self, min, max)), then the
+  // forward in that dtype; the comparisons of the backward use the same converted values.
+  Dtype ct = lo && hi ? ew::result_type(a, *lo, *hi) : ew::result_type(a, lo ? *lo : *hi);
+  TANDEM_CHECK(ct != boolean, "[clamp] not supported for bool tensors");
+  Tensor A = ew::cast(a, ct, "clamp");
+  Tensor LO = lo ? ew::cast(*lo, ct, "clamp") : Tensor();
+  Tensor HI = hi ? ew::cast(*hi, ct, "clamp") : Tensor();
+  // maximum/minimum propagate NaN from every operand, as PyTorch's clamp kernel does, and
+  // applying hi last makes lo > hi give hi.
+  Tensor out = A;
+  if (lo) out = ew::binary(Binary::maximum, out, LO);
+  if (hi) out = ew::binary(Binary::minimum, out, HI);
+  const Tensor none;
+  if (autograd::any_requires_grad({&a, lo, hi})) {
+    autograd::record(
+        "ClampBackward", {&a, lo ? lo : &none, hi ? hi : &none}, {&out},
+        [](BackwardContext& ctx) -> TensorList {
+          const Tensor& g = ctx.grads[0];
+          Tensor x = ctx.saved(0), lo = ctx.saved(1), hi = ctx.saved(2);
+          auto cmp = [](Binary op, const Tensor& p, const Tensor& q) { return ew::binary(op, p, q); };
+          auto pass = [&](const Tensor& mask, size_t i) { return input_grad(ew::where_grad(mask, g, true), ctx, i); };
+          TensorList r(3);
+          if (ctx.needs_input_grad[0]) {
+            Tensor in_range;
+            if (lo.defined() && hi.defined()) {
+              in_range = cmp(Binary::logical_and, cmp(Binary::ge, x, lo), cmp(Binary::le, x, hi));
+            } else {
+              in_range = lo.defined() ? cmp(Binary::ge, x, lo) : cmp(Binary::le, x, hi);
+            }
+            r[0] = pass(in_range, 0);
+          }
+          // PyTorch 1.13's clamp_backward_min_max: lo takes the gradient where it clamped and
+          // lo < hi; hi where it clamped or where it overrode lo (hi < lo). Where lo == hi and
+          // x < lo, neither gets it.
+          if (ctx.needs_input_grad[1]) {
+            Tensor below = cmp(Binary::lt, x, lo);
+            r[1] = pass(hi.defined() ? cmp(Binary::logical_and, below, cmp(Binary::lt, lo, hi)) : below, 1);
+          }
+          if (ctx.needs_input_grad[2]) {
+            Tensor above = cmp(Binary::gt, x, hi);
+            r[2] = pass(lo.defined() ? cmp(Binary::logical_or, above, cmp(Binary::lt, hi, lo)) : above, 2);
+          }
+          return r;
+        },
+        {A, LO, HI});
+  }
+  return out;
+}
+
 Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
   Tensor out = ew::where(cond, a, b);
   if (autograd::any_requires_grad({&a, &b})) {
@@ -310,6 +378,22 @@ Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
         {cond});
   }
   return out;
+}
+
+// A Scalar branch joins as a 0-dim tensor of the result dtype: the promotion is the Scalar's
+// (result_type(tensor, scalar)), and the value is converted once, straight to that dtype.
+Tensor where(const Tensor& cond, const Tensor& a, const Scalar& b) {
+  return where(cond, a, scalar_tensor(b, TensorOptions(ew::result_type(a, b), a.device())));
+}
+
+Tensor where(const Tensor& cond, const Scalar& a, const Tensor& b) {
+  return where(cond, scalar_tensor(a, TensorOptions(ew::result_type(b, a), b.device())), b);
+}
+
+Tensor where(const Tensor& cond, const Scalar& a, const Scalar& b) {
+  const Dtype dt = a.integral && b.integral ? i64 : kDefaultFloat;
+  return ew::where(cond, scalar_tensor(a, TensorOptions(dt, cond.device())),
+                   scalar_tensor(b, TensorOptions(dt, cond.device())));
 }
 
 // ---------------------------------------------------------------- not differentiable
@@ -332,6 +416,26 @@ Tensor logical_xor(const Tensor& a, const Tensor& b) { return ew::binary(Binary:
 Tensor logical_not(const Tensor& a) { return ew::unary(Unary::logical_not, a); }
 Tensor isnan(const Tensor& a) { return ew::unary(Unary::isnan, a); }
 Tensor isinf(const Tensor& a) { return ew::unary(Unary::isinf, a); }
+
+namespace {
+Tensor bool_only(Binary op, const Tensor& a, const Tensor& b, const char* name) {
+  TANDEM_CHECK(a.dtype() == boolean && b.dtype() == boolean,
+               "[{}] only bool tensors are supported (got {} of shape {} and {} of shape {}); Tandem has no "
+               "bitwise ops on integers, use logical_and/logical_or/logical_xor for truth values",
+               name, a.dtype(), a.shape(), b.dtype(), b.shape());
+  return ew::binary(op, a, b);
+}
+}  // namespace
+
+Tensor operator&(const Tensor& a, const Tensor& b) { return bool_only(Binary::logical_and, a, b, "bitwise_and"); }
+Tensor operator|(const Tensor& a, const Tensor& b) { return bool_only(Binary::logical_or, a, b, "bitwise_or"); }
+Tensor operator^(const Tensor& a, const Tensor& b) { return bool_only(Binary::logical_xor, a, b, "bitwise_xor"); }
+Tensor operator~(const Tensor& a) {
+  TANDEM_CHECK(a.dtype() == boolean,
+               "[bitwise_not] only bool tensors are supported (got {} of shape {}); use logical_not for truth values",
+               a.dtype(), a.shape());
+  return ew::unary(Unary::logical_not, a);
+}
 
 Tensor to_dtype(const Tensor& a, Dtype dtype) {
   if (a.dtype() == dtype) return a;  // as PyTorch's .to(): no copy when nothing changes
@@ -366,6 +470,13 @@ const Tensor& sub_(const Tensor& self, const Tensor& other, const Scalar& alpha)
   autograd::check_inplace(self, "sub_");
   check_operand(other, "sub_");
   ew::binary_(Binary::sub, self, other, alpha, "sub_");
+  self.bump_version();
+  return self;
+}
+
+const Tensor& sub_(const Tensor& self, const Scalar& other) {
+  autograd::check_inplace(self, "sub_");
+  ew::binary_(Binary::sub, self, other, "sub_");
   self.bump_version();
   return self;
 }

@@ -67,7 +67,22 @@ Tensor relu(const Tensor& a);
 Tensor gelu(const Tensor& a, bool tanh_approximation = false);
 Tensor silu(const Tensor& a);
 Tensor clamp(const Tensor& a, std::optional<double> lo, std::optional<double> hi);
+// Tensor bounds (PyTorch's clamp.Tensor): min(max(a, lo), hi) with a, lo and hi broadcast and
+// promoted together; NaN in any of them gives NaN, and lo > hi gives hi. An absent or undefined
+// bound is not applied. Differentiable in all three, with PyTorch's rule: a gets the gradient
+// where lo <= a <= hi, lo where a < lo < hi, hi where a > hi or hi < lo.
+Tensor clamp(const Tensor& a, const std::optional<Tensor>& lo, const std::optional<Tensor>& hi);
+inline Tensor clamp_min(const Tensor& a, double lo) { return clamp(a, lo, std::nullopt); }
+inline Tensor clamp_max(const Tensor& a, double hi) { return clamp(a, std::nullopt, hi); }
+inline Tensor clamp_min(const Tensor& a, const Tensor& lo) { return clamp(a, lo, std::nullopt); }
+inline Tensor clamp_max(const Tensor& a, const Tensor& hi) { return clamp(a, std::nullopt, hi); }
 Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b);
+// A Scalar branch promotes as a Scalar operand of a binary op does (a float with an integer
+// tensor gives f32; it never widens a floating tensor). With two Scalars the result has cond's
+// shape and is i64 when both are integral, else the default float (f32), as in PyTorch.
+Tensor where(const Tensor& cond, const Tensor& a, const Scalar& b);
+Tensor where(const Tensor& cond, const Scalar& a, const Tensor& b);
+Tensor where(const Tensor& cond, const Scalar& a, const Scalar& b);
 // comparisons and logic give bool tensors (not differentiable)
 Tensor eq(const Tensor& a, const Tensor& b);
 Tensor ne(const Tensor& a, const Tensor& b);
@@ -93,6 +108,7 @@ Tensor to_dtype(const Tensor& a, Dtype dtype);  // == a.to(dtype); differentiabl
 const Tensor& add_(const Tensor& self, const Tensor& other, const Scalar& alpha = 1);
 const Tensor& add_(const Tensor& self, const Scalar& other);
 const Tensor& sub_(const Tensor& self, const Tensor& other, const Scalar& alpha = 1);
+const Tensor& sub_(const Tensor& self, const Scalar& other);
 const Tensor& mul_(const Tensor& self, const Tensor& other);
 const Tensor& mul_(const Tensor& self, const Scalar& other);
 const Tensor& div_(const Tensor& self, const Tensor& other);
@@ -196,6 +212,7 @@ inline const Tensor& operator-=(const Tensor& a, const Tensor& b) { return sub_(
 inline const Tensor& operator*=(const Tensor& a, const Tensor& b) { return mul_(a, b); }
 inline const Tensor& operator/=(const Tensor& a, const Tensor& b) { return div_(a, b); }
 inline const Tensor& operator+=(const Tensor& a, const Scalar& b) { return add_(a, b); }
+inline const Tensor& operator-=(const Tensor& a, const Scalar& b) { return sub_(a, b); }
 inline const Tensor& operator*=(const Tensor& a, const Scalar& b) { return mul_(a, b); }
 inline const Tensor& operator/=(const Tensor& a, const Scalar& b) { return div_(a, b); }
 inline Tensor operator==(const Tensor& a, const Tensor& b) { return eq(a, b); }
@@ -205,10 +222,27 @@ inline Tensor operator<=(const Tensor& a, const Tensor& b) { return le(a, b); }
 inline Tensor operator>(const Tensor& a, const Tensor& b) { return gt(a, b); }
 inline Tensor operator>=(const Tensor& a, const Tensor& b) { return ge(a, b); }
 inline Tensor operator==(const Tensor& a, const Scalar& b) { return eq(a, b); }
+inline Tensor operator!=(const Tensor& a, const Scalar& b) { return ne(a, b); }
 inline Tensor operator<(const Tensor& a, const Scalar& b) { return lt(a, b); }
+inline Tensor operator<=(const Tensor& a, const Scalar& b) { return le(a, b); }
 inline Tensor operator>(const Tensor& a, const Scalar& b) { return gt(a, b); }
+inline Tensor operator>=(const Tensor& a, const Scalar& b) { return ge(a, b); }
+// Scalar first: the comparison mirrored onto the tensor (0.5 < t is t > 0.5). Declared so that
+// C++20 does not try the reversed t == s, whose non-bool result would be ill-formed.
+inline Tensor operator==(const Scalar& a, const Tensor& b) { return eq(b, a); }
+inline Tensor operator!=(const Scalar& a, const Tensor& b) { return ne(b, a); }
+inline Tensor operator<(const Scalar& a, const Tensor& b) { return gt(b, a); }
+inline Tensor operator<=(const Scalar& a, const Tensor& b) { return ge(b, a); }
+inline Tensor operator>(const Scalar& a, const Tensor& b) { return lt(b, a); }
+inline Tensor operator>=(const Scalar& a, const Tensor& b) { return le(b, a); }
 inline Tensor operator&&(const Tensor& a, const Tensor& b) { return logical_and(a, b); }
 inline Tensor operator||(const Tensor& a, const Tensor& b) { return logical_or(a, b); }
 inline Tensor operator!(const Tensor& a) { return logical_not(a); }
+// PyTorch's spelling for combining masks, (x > 0) & (x < 1). Bool tensors only: on integers
+// these would be bitwise operations, which Tandem does not have.
+Tensor operator&(const Tensor& a, const Tensor& b);
+Tensor operator|(const Tensor& a, const Tensor& b);
+Tensor operator^(const Tensor& a, const Tensor& b);
+Tensor operator~(const Tensor& a);
 
 }  // namespace tandem

@@ -109,10 +109,16 @@ Tensor Tensor::contiguous() const { return tandem::contiguous(*this); }
 Tensor Tensor::clone() const { return tandem::clone(*this); }
 Tensor Tensor::to(Dtype d) const { return tandem::to_dtype(*this, d); }
 
-Tensor Tensor::add(const Tensor& o) const { return tandem::add(*this, o); }
-Tensor Tensor::sub(const Tensor& o) const { return tandem::sub(*this, o); }
+Tensor Tensor::add(const Tensor& o, const Scalar& alpha) const { return tandem::add(*this, o, alpha); }
+Tensor Tensor::add(const Scalar& s) const { return tandem::add(*this, s); }
+Tensor Tensor::sub(const Tensor& o, const Scalar& alpha) const { return tandem::sub(*this, o, alpha); }
+Tensor Tensor::sub(const Scalar& s) const { return tandem::sub(*this, s); }
 Tensor Tensor::mul(const Tensor& o) const { return tandem::mul(*this, o); }
+Tensor Tensor::mul(const Scalar& s) const { return tandem::mul(*this, s); }
 Tensor Tensor::div(const Tensor& o) const { return tandem::div(*this, o); }
+Tensor Tensor::div(const Scalar& s) const { return tandem::div(*this, s); }
+Tensor Tensor::maximum(const Tensor& o) const { return tandem::maximum(*this, o); }
+Tensor Tensor::minimum(const Tensor& o) const { return tandem::minimum(*this, o); }
 Tensor Tensor::neg() const { return tandem::neg(*this); }
 Tensor Tensor::abs() const { return tandem::abs(*this); }
 Tensor Tensor::exp() const { return tandem::exp(*this); }
@@ -120,31 +126,96 @@ Tensor Tensor::log() const { return tandem::log(*this); }
 Tensor Tensor::sqrt() const { return tandem::sqrt(*this); }
 Tensor Tensor::rsqrt() const { return tandem::rsqrt(*this); }
 Tensor Tensor::pow(const Scalar& e) const { return tandem::pow(*this, e); }
+Tensor Tensor::pow(const Tensor& e) const { return tandem::pow(*this, e); }
 Tensor Tensor::tanh() const { return tandem::tanh(*this); }
 Tensor Tensor::sigmoid() const { return tandem::sigmoid(*this); }
 Tensor Tensor::relu() const { return tandem::relu(*this); }
+Tensor Tensor::gelu(bool tanh_approximation) const { return tandem::gelu(*this, tanh_approximation); }
 Tensor Tensor::clamp(std::optional<double> lo, std::optional<double> hi) const { return tandem::clamp(*this, lo, hi); }
+Tensor Tensor::clamp(const std::optional<Tensor>& lo, const std::optional<Tensor>& hi) const {
+  return tandem::clamp(*this, lo, hi);
+}
+Tensor Tensor::clamp_min(double lo) const { return tandem::clamp_min(*this, lo); }
+Tensor Tensor::clamp_max(double hi) const { return tandem::clamp_max(*this, hi); }
+Tensor Tensor::where(const Tensor& cond, const Tensor& other) const { return tandem::where(cond, *this, other); }
+Tensor Tensor::where(const Tensor& cond, const Scalar& other) const { return tandem::where(cond, *this, other); }
+Tensor Tensor::masked_fill(const Tensor& mask, const Scalar& v) const { return tandem::masked_fill(*this, mask, v); }
+Tensor Tensor::eq(const Tensor& o) const { return tandem::eq(*this, o); }
+Tensor Tensor::ne(const Tensor& o) const { return tandem::ne(*this, o); }
+Tensor Tensor::lt(const Tensor& o) const { return tandem::lt(*this, o); }
+Tensor Tensor::le(const Tensor& o) const { return tandem::le(*this, o); }
+Tensor Tensor::gt(const Tensor& o) const { return tandem::gt(*this, o); }
+Tensor Tensor::ge(const Tensor& o) const { return tandem::ge(*this, o); }
+Tensor Tensor::eq(const Scalar& s) const { return tandem::eq(*this, s); }
+Tensor Tensor::ne(const Scalar& s) const { return tandem::ne(*this, s); }
+Tensor Tensor::lt(const Scalar& s) const { return tandem::lt(*this, s); }
+Tensor Tensor::le(const Scalar& s) const { return tandem::le(*this, s); }
+Tensor Tensor::gt(const Scalar& s) const { return tandem::gt(*this, s); }
+Tensor Tensor::ge(const Scalar& s) const { return tandem::ge(*this, s); }
+Tensor Tensor::logical_and(const Tensor& o) const { return tandem::logical_and(*this, o); }
+Tensor Tensor::logical_or(const Tensor& o) const { return tandem::logical_or(*this, o); }
+Tensor Tensor::logical_xor(const Tensor& o) const { return tandem::logical_xor(*this, o); }
+Tensor Tensor::logical_not() const { return tandem::logical_not(*this); }
+Tensor Tensor::isnan() const { return tandem::isnan(*this); }
+Tensor Tensor::isinf() const { return tandem::isinf(*this); }
 Tensor Tensor::matmul(const Tensor& o) const { return tandem::matmul(*this, o); }
+Tensor Tensor::mm(const Tensor& o) const { return tandem::mm(*this, o); }
+Tensor Tensor::bmm(const Tensor& o) const { return tandem::bmm(*this, o); }
+
 Tensor Tensor::sum() const { return tandem::sum(*this); }
 Tensor Tensor::sum(const Shape& d, bool k) const { return tandem::sum(*this, d, k); }
 Tensor Tensor::mean() const { return tandem::mean(*this); }
 Tensor Tensor::mean(const Shape& d, bool k) const { return tandem::mean(*this, d, k); }
 Tensor Tensor::max() const { return tandem::max(*this); }
 Tensor Tensor::min() const { return tandem::min(*this); }
+std::pair<Tensor, Tensor> Tensor::max(int64_t d, bool k) const { return tandem::max(*this, d, k); }
+std::pair<Tensor, Tensor> Tensor::min(int64_t d, bool k) const { return tandem::min(*this, d, k); }
+Tensor Tensor::amax(const Shape& d, bool k) const { return tandem::amax(*this, d, k); }
+Tensor Tensor::amin(const Shape& d, bool k) const { return tandem::amin(*this, d, k); }
+Tensor Tensor::argmax() const { return tandem::argmax(*this); }
 Tensor Tensor::argmax(int64_t d, bool k) const { return tandem::argmax(*this, d, k); }
+Tensor Tensor::argmin() const { return tandem::argmin(*this); }
+Tensor Tensor::argmin(int64_t d, bool k) const { return tandem::argmin(*this, d, k); }
+Tensor Tensor::var() const { return tandem::var(*this); }
+Tensor Tensor::var(const Shape& d, int64_t c, bool k) const { return tandem::var(*this, d, c, k); }
+Tensor Tensor::std() const { return tandem::std(*this); }
+Tensor Tensor::std(const Shape& d, int64_t c, bool k) const { return tandem::std(*this, d, c, k); }
+Tensor Tensor::logsumexp(const Shape& d, bool k) const { return tandem::logsumexp(*this, d, k); }
+Tensor Tensor::norm() const { return tandem::norm(*this); }
 Tensor Tensor::softmax(int64_t d) const { return tandem::softmax(*this, d); }
 Tensor Tensor::log_softmax(int64_t d) const { return tandem::log_softmax(*this, d); }
 
+Tensor Tensor::index_select(int64_t d, const Tensor& i) const { return tandem::index_select(*this, d, i); }
+Tensor Tensor::gather(int64_t d, const Tensor& i) const { return tandem::gather(*this, d, i); }
+Tensor Tensor::scatter_add(int64_t d, const Tensor& i, const Tensor& s) const {
+  return tandem::scatter_add(*this, d, i, s);
+}
+TensorList Tensor::split(int64_t size, int64_t d) const { return tandem::split(*this, size, d); }
+TensorList Tensor::split(const std::vector<int64_t>& sizes, int64_t d) const { return tandem::split(*this, sizes, d); }
+TensorList Tensor::chunk(int64_t chunks, int64_t d) const { return tandem::chunk(*this, chunks, d); }
+
 const Tensor& Tensor::add_(const Tensor& o, const Scalar& alpha) const { return tandem::add_(*this, o, alpha); }
 const Tensor& Tensor::add_(const Scalar& s) const { return tandem::add_(*this, s); }
-const Tensor& Tensor::sub_(const Tensor& o) const { return tandem::sub_(*this, o); }
+const Tensor& Tensor::sub_(const Tensor& o, const Scalar& alpha) const { return tandem::sub_(*this, o, alpha); }
+const Tensor& Tensor::sub_(const Scalar& s) const { return tandem::sub_(*this, s); }
 const Tensor& Tensor::mul_(const Tensor& o) const { return tandem::mul_(*this, o); }
 const Tensor& Tensor::mul_(const Scalar& s) const { return tandem::mul_(*this, s); }
+const Tensor& Tensor::div_(const Tensor& o) const { return tandem::div_(*this, o); }
 const Tensor& Tensor::div_(const Scalar& s) const { return tandem::div_(*this, s); }
+const Tensor& Tensor::clamp_(std::optional<double> lo, std::optional<double> hi) const {
+  return tandem::clamp_(*this, lo, hi);
+}
 const Tensor& Tensor::zero_() const { return tandem::zero_(*this); }
 const Tensor& Tensor::fill_(const Scalar& v) const { return tandem::fill_(*this, v); }
 const Tensor& Tensor::copy_(const Tensor& s) const { return tandem::copy_(*this, s); }
 const Tensor& Tensor::uniform_(double lo, double hi) const { return tandem::uniform_(*this, lo, hi); }
 const Tensor& Tensor::normal_(double m, double s) const { return tandem::normal_(*this, m, s); }
+const Tensor& Tensor::addcmul_(const Tensor& a, const Tensor& b, const Scalar& alpha) const {
+  return tandem::addcmul_(*this, a, b, alpha);
+}
+const Tensor& Tensor::addcdiv_(const Tensor& a, const Tensor& b, const Scalar& alpha) const {
+  return tandem::addcdiv_(*this, a, b, alpha);
+}
+const Tensor& Tensor::lerp_(const Tensor& end, const Scalar& w) const { return tandem::lerp_(*this, end, w); }
 
 }  // namespace tandem

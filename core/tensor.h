@@ -11,6 +11,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/device.h"
@@ -145,10 +146,17 @@ class Tensor {
   Tensor to(Device device) const;
 
   // ---- Math (see autograd/ops.h for the full list and semantics) ----
-  Tensor add(const Tensor& o) const;
-  Tensor sub(const Tensor& o) const;
+  // The common free functions as methods, spelled as libtorch's Tensor methods are.
+  Tensor add(const Tensor& o, const Scalar& alpha = 1) const;
+  Tensor add(const Scalar& s) const;
+  Tensor sub(const Tensor& o, const Scalar& alpha = 1) const;
+  Tensor sub(const Scalar& s) const;
   Tensor mul(const Tensor& o) const;
+  Tensor mul(const Scalar& s) const;
   Tensor div(const Tensor& o) const;
+  Tensor div(const Scalar& s) const;
+  Tensor maximum(const Tensor& o) const;
+  Tensor minimum(const Tensor& o) const;
   Tensor neg() const;
   Tensor abs() const;
   Tensor exp() const;
@@ -156,33 +164,93 @@ class Tensor {
   Tensor sqrt() const;
   Tensor rsqrt() const;
   Tensor pow(const Scalar& e) const;
+  Tensor pow(const Tensor& e) const;
   Tensor tanh() const;
   Tensor sigmoid() const;
   Tensor relu() const;
+  Tensor gelu(bool tanh_approximation = false) const;
   Tensor clamp(std::optional<double> lo, std::optional<double> hi) const;
+  Tensor clamp(const std::optional<Tensor>& lo, const std::optional<Tensor>& hi) const;
+  Tensor clamp_min(double lo) const;
+  Tensor clamp_max(double hi) const;
+  // x.where(cond, y) is where(cond, x, y), as in libtorch.
+  Tensor where(const Tensor& cond, const Tensor& other) const;
+  Tensor where(const Tensor& cond, const Scalar& other) const;
+  Tensor masked_fill(const Tensor& mask, const Scalar& value) const;
+  // Comparisons and logic give bool tensors.
+  Tensor eq(const Tensor& o) const;
+  Tensor ne(const Tensor& o) const;
+  Tensor lt(const Tensor& o) const;
+  Tensor le(const Tensor& o) const;
+  Tensor gt(const Tensor& o) const;
+  Tensor ge(const Tensor& o) const;
+  Tensor eq(const Scalar& s) const;
+  Tensor ne(const Scalar& s) const;
+  Tensor lt(const Scalar& s) const;
+  Tensor le(const Scalar& s) const;
+  Tensor gt(const Scalar& s) const;
+  Tensor ge(const Scalar& s) const;
+  Tensor logical_and(const Tensor& o) const;
+  Tensor logical_or(const Tensor& o) const;
+  Tensor logical_xor(const Tensor& o) const;
+  Tensor logical_not() const;
+  Tensor isnan() const;
+  Tensor isinf() const;
   Tensor matmul(const Tensor& o) const;
+  Tensor mm(const Tensor& o) const;
+  Tensor bmm(const Tensor& o) const;
+
+  // ---- Reductions (an empty dims list reduces over every dim) ----
   Tensor sum() const;
   Tensor sum(const Shape& dims, bool keepdim = false) const;
   Tensor mean() const;
   Tensor mean(const Shape& dims, bool keepdim = false) const;
   Tensor max() const;
   Tensor min() const;
+  std::pair<Tensor, Tensor> max(int64_t dim, bool keepdim = false) const;  // values, indices (i64)
+  std::pair<Tensor, Tensor> min(int64_t dim, bool keepdim = false) const;
+  Tensor amax(const Shape& dims = {}, bool keepdim = false) const;
+  Tensor amin(const Shape& dims = {}, bool keepdim = false) const;
+  Tensor argmax() const;  // over the flattened tensor
   Tensor argmax(int64_t dim, bool keepdim = false) const;
+  Tensor argmin() const;
+  Tensor argmin(int64_t dim, bool keepdim = false) const;
+  Tensor var() const;  // every element, Bessel's correction
+  Tensor var(const Shape& dims, int64_t correction = 1, bool keepdim = false) const;
+  Tensor std() const;
+  Tensor std(const Shape& dims, int64_t correction = 1, bool keepdim = false) const;
+  Tensor logsumexp(const Shape& dims, bool keepdim = false) const;
+  Tensor norm() const;  // 2-norm of all elements
   Tensor softmax(int64_t dim) const;
   Tensor log_softmax(int64_t dim) const;
+
+  // ---- Indexing and splitting ----
+  Tensor index_select(int64_t dim, const Tensor& index) const;
+  Tensor gather(int64_t dim, const Tensor& index) const;
+  Tensor scatter_add(int64_t dim, const Tensor& index, const Tensor& src) const;
+  TensorList split(int64_t split_size, int64_t dim = 0) const;
+  TensorList split(const std::vector<int64_t>& sizes, int64_t dim = 0) const;
+  TensorList chunk(int64_t chunks, int64_t dim = 0) const;
 
   // ---- In place (bump the version; an error on a leaf that requires grad in grad mode) ----
   const Tensor& add_(const Tensor& o, const Scalar& alpha = 1) const;
   const Tensor& add_(const Scalar& s) const;
-  const Tensor& sub_(const Tensor& o) const;
+  const Tensor& sub_(const Tensor& o, const Scalar& alpha = 1) const;
+  const Tensor& sub_(const Scalar& s) const;
   const Tensor& mul_(const Tensor& o) const;
   const Tensor& mul_(const Scalar& s) const;
+  const Tensor& div_(const Tensor& o) const;
   const Tensor& div_(const Scalar& s) const;
+  const Tensor& clamp_(std::optional<double> lo, std::optional<double> hi) const;
   const Tensor& zero_() const;
   const Tensor& fill_(const Scalar& value) const;
   const Tensor& copy_(const Tensor& src) const;
   const Tensor& uniform_(double lo = 0, double hi = 1) const;
   const Tensor& normal_(double mean = 0, double std = 1) const;
+  // self += alpha * a * b, self += alpha * a / b, self += weight * (end - self) (optimizers)
+  const Tensor& addcmul_(const Tensor& a, const Tensor& b, const Scalar& alpha = 1) const;
+  const Tensor& addcdiv_(const Tensor& a, const Tensor& b, const Scalar& alpha = 1) const;
+  const Tensor& lerp_(const Tensor& end, const Scalar& weight) const;
 
   bool equal(const Tensor& o) const;
   bool allclose(const Tensor& o, double rtol = 1e-5, double atol = 1e-8) const;

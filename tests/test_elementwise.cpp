@@ -555,6 +555,303 @@ TEST_CASE("error messages name the op, shapes and dtypes", "[elementwise][errors
   REQUIRE_THROWS_WITH(-p, Contains("[neg] not supported for bool tensors"));
   REQUIRE_THROWS_WITH(add(from_vector<int64_t>({1}), from_vector<int64_t>({1}), 0.5),
                       Contains("[add] alpha must be an integral number") && Contains("i64"));
-  REQUIRE_THROWS_WITH(clamp(a, std::nullopt, std::nullopt), Contains("[clamp] at least one of lo and hi"));
+  REQUIRE_THROWS_WITH(clamp(a, std::optional<double>(), std::nullopt), Contains("[clamp] at least one of lo and hi"));
   REQUIRE_THROWS_WITH(a + Tensor(), Contains("undefined"));
+}
+
+// ---------------------------------------------------------------- libtorch spellings
+
+TEST_CASE("Scalar comparisons in both orders give bool, promoting as PyTorch", "[elementwise][scalar]") {
+  using V = std::vector<bool>;
+  auto bools = [](const Tensor& t) {
+    REQUIRE(t.dtype() == boolean);
+    return t.to_vector<bool>();
+  };
+  // An integer tensor against a fractional Scalar compares in f32: truncating -0.5 to 0 would
+  // make 0 <= -0.5 true.
+  Tensor t = from_vector<int64_t>({-1, 0, 1, 2});
+  REQUIRE(bools(t <= -0.5) == V{true, false, false, false});
+  REQUIRE(bools(t == 0.5) == V{false, false, false, false});
+  REQUIRE(bools(t != 0) == V{true, false, true, true});
+  REQUIRE(bools(t < 1) == V{true, true, false, false});
+  REQUIRE(bools(t > 1) == V{false, false, false, true});
+  REQUIRE(bools(t >= 0.5) == V{false, false, true, true});
+  // Scalar first mirrors the comparison.
+  REQUIRE(bools(0.5 < t) == V{false, false, true, true});
+  REQUIRE(bools(0.5 <= t) == V{false, false, true, true});
+  REQUIRE(bools(0.5 > t) == V{true, true, false, false});
+  REQUIRE(bools(-0.5 >= t) == V{true, false, false, false});
+  REQUIRE(bools(1 == t) == V{false, false, true, false});
+  REQUIRE(bools(1 != t) == V{true, true, false, true});
+  // NaN compares unequal to everything.
+  double nan = std::numeric_limits<double>::quiet_NaN();
+  Tensor f = T({nan, 1.5});
+  REQUIRE(bools(f != 1.5) == V{true, false});
+  REQUIRE(bools(f == 1.5) == V{false, true});
+  REQUIRE(bools(f <= 2) == V{false, true});
+  REQUIRE(bools(2 > f) == V{false, true});
+  // Masks combine with & | ^ ~ (bool tensors only).
+  Tensor x = T({-1, 0.25, 0.75, 2});
+  REQUIRE(bools((x > 0) & (x < 1)) == V{false, true, true, false});
+  REQUIRE(bools((x < 0) | (x > 1)) == V{true, false, false, true});
+  REQUIRE(bools((x > 0) ^ (x > 0.5)) == V{false, true, false, false});
+  REQUIRE(bools(~(x > 0)) == V{true, false, false, false});
+  REQUIRE_THROWS_WITH(t & t, Contains("[bitwise_and] only bool tensors are supported (got i64 of shape [4]"));
+  REQUIRE_THROWS_WITH(~t, Contains("[bitwise_not] only bool tensors"));
+  // Comparisons carry no gradient.
+  REQUIRE_FALSE((0.5 < leaf({1, 2}, {2})).requires_grad());
+}
+
+TEST_CASE("compound assignment with Scalars: += -= *= /=", "[elementwise][scalar][inplace]") {
+  Tensor u = T({1, 2, 3});
+  uint64_t v0 = u.version();
+  u -= 1;
+  REQUIRE(vals(u) == std::vector<double>{0, 1, 2});
+  u += 1;
+  REQUIRE(vals(u) == std::vector<double>{1, 2, 3});
+  u *= 2;
+  REQUIRE(vals(u) == std::vector<double>{2, 4, 6});
+  u /= 4;
+  REQUIRE(vals(u) == std::vector<double>{0.5, 1, 1.5});
+  u -= 0.25;
+  REQUIRE(vals(u) == std::vector<double>{0.25, 0.75, 1.25});
+  REQUIRE(u.version() == v0 + 5);
+  REQUIRE(u.sub_(0.25).is_same(u));
+  REQUIRE(vals(u) == std::vector<double>{0, 0.5, 1});
+  // Integers keep their dtype with integral Scalars; a result that needs f32 cannot be stored.
+  Tensor i = from_vector<int64_t>({5, 6});
+  i -= 1;
+  i *= 3;
+  REQUIRE(i.to_vector<int64_t>() == std::vector<int64_t>{12, 15});
+  REQUIRE(i.dtype() == i64);
+  REQUIRE_THROWS_WITH(i -= 1.5, Contains("[sub_] result type f32 can't be cast to the desired output type i64"));
+  REQUIRE_THROWS_WITH(i /= 2, Contains("[div_] result type f32 can't be cast to the desired output type i64"));
+  REQUIRE_THROWS_WITH(from_vector<bool>({true}) -= 1, Contains("[sub_]"));
+  REQUIRE(i.to_vector<int64_t>() == std::vector<int64_t>{12, 15});
+  // A leaf that requires grad is modified only under no_grad.
+  Tensor w = leaf({1, 2}, {2});
+  REQUIRE_THROWS_WITH(w -= 1, Contains("[sub_] a leaf tensor that requires grad"));
+  {
+    NoGradGuard ng;
+    w -= 1;
+  }
+  REQUIRE(vals(w) == std::vector<double>{0, 1});
+}
+
+TEST_CASE("where with Scalar branches promotes as PyTorch 1.13", "[elementwise][scalar]") {
+  Tensor c = from_vector<bool>({true, false});
+  // torch.where(c, torch.tensor([1, 2]), 0.5): float32 [1, 0.5]
+  Tensor w = where(c, from_vector<int64_t>({1, 2}), 0.5);
+  REQUIRE(w.dtype() == f32);
+  REQUIRE(vals(w) == std::vector<double>{1, 0.5});
+  w = where(c, 2.0, from_vector<int64_t>({1, 2}));
+  REQUIRE(w.dtype() == f32);
+  REQUIRE(vals(w) == std::vector<double>{2, 2});
+  REQUIRE(where(c, from_vector<int32_t>({1, 2}), 3).dtype() == i32);
+  REQUIRE(where(c, from_vector<float>({1, 2}).to(f16), 3.5).dtype() == f16);
+  REQUIRE(where(c, scalar_tensor(1.0, f64), 0.5).dtype() == f64);  // a 0-dim tensor outranks a Scalar
+  // The Scalar is converted straight to the result dtype: 0.1 stays exact in f64.
+  REQUIRE(vals(where(c, T({1, 2}), 0.1)) == std::vector<double>{1, 0.1});
+  // Two Scalars: cond's shape; i64 when both are integral, else f32.
+  Tensor c2 = from_vector<bool>({true, false, false, true}, {2, 2});
+  Tensor ss = where(c2, 1.0, 0.0);
+  REQUIRE(ss.dtype() == f32);
+  REQUIRE(ss.shape() == Shape{2, 2});
+  REQUIRE(vals(ss) == std::vector<double>{1, 0, 0, 1});
+  REQUIRE(where(c2, 1, 0).dtype() == i64);
+  REQUIRE(where(c2, 1, 2.5).dtype() == f32);
+  REQUIRE(vals(where(c2, 1, 2.5)) == std::vector<double>{1, 2.5, 2.5, 1});
+  // Broadcasting: cond [2, 1] against a [3] tensor.
+  Tensor b = where(from_vector<bool>({true, false}, {2, 1}), T({1, 2, 3}), -1);
+  REQUIRE(b.shape() == Shape{2, 3});
+  REQUIRE(vals(b) == std::vector<double>{1, 2, 3, -1, -1, -1});
+  // The method form: x.where(cond, y) is where(cond, x, y).
+  REQUIRE(vals(T({1, 2}).where(c, T({7, 8}))) == std::vector<double>{1, 8});
+  REQUIRE(vals(T({1, 2}).where(c, -3)) == std::vector<double>{1, -3});
+  REQUIRE_THROWS_WITH(where(T({1, 0}), 1.0, 0.0), Contains("[where] condition must be a bool tensor"));
+  // The gradient reaches the tensor branch where it was taken.
+  Tensor x = leaf({1, 2}, {2});
+  where(c, x, 0.0).sum().backward();
+  REQUIRE(vals(x.grad()) == std::vector<double>{1, 0});
+  Tensor y = leaf({1, 2}, {2});
+  (where(c, -1.0, y) * 3).sum().backward();
+  REQUIRE(vals(y.grad()) == std::vector<double>{0, 3});
+}
+
+TEST_CASE("clamp with tensor bounds: values, NaN, promotion, broadcasting", "[elementwise][clamp]") {
+  // The probe of torch 1.13 also used for the gradients below.
+  Tensor x = T({-2, 0, 1, 2, 3, 5, 1, 1, 0.5, 4});
+  Tensor lo = T({0, 0, 1, 0, 3, 6, 2, 1, 1, 3});
+  Tensor hi = T({1, 1, 1, 2, 4, 4, 2, 0, 1, 3});
+  REQUIRE(vals(clamp(x, lo, hi)) == std::vector<double>{0, 0, 1, 2, 3, 4, 2, 0, 1, 3});
+  REQUIRE(vals(x.clamp(lo, hi)) == std::vector<double>{0, 0, 1, 2, 3, 4, 2, 0, 1, 3});
+  REQUIRE(vals(clamp(x, lo, std::nullopt)) == std::vector<double>{0, 0, 1, 2, 3, 6, 2, 1, 1, 4});
+  REQUIRE(vals(clamp(x, std::nullopt, hi)) == std::vector<double>{-2, 0, 1, 2, 3, 4, 1, 0, 0.5, 3});
+  REQUIRE(vals(clamp(x, Tensor(), hi)) == vals(clamp(x, std::nullopt, hi)));  // undefined: not applied
+  REQUIRE(vals(clamp_min(x, lo)) == vals(clamp(x, lo, std::nullopt)));
+  REQUIRE(vals(clamp_max(x, hi)) == vals(clamp(x, std::nullopt, hi)));
+  REQUIRE(vals(clamp_min(x, 1.0)) == std::vector<double>{1, 1, 1, 2, 3, 5, 1, 1, 1, 4});
+  REQUIRE(vals(x.clamp_max(1)) == std::vector<double>{-2, 0, 1, 1, 1, 1, 1, 1, 0.5, 1});
+  REQUIRE(vals(x.clamp_min(2)) == std::vector<double>{2, 2, 2, 2, 3, 5, 2, 2, 2, 4});
+  // NaN in the input or in a bound gives NaN (torch: clamp([1, nan], [nan, 0], [2, 2]) = [nan, nan]).
+  double nan = std::numeric_limits<double>::quiet_NaN();
+  std::vector<double> n = vals(clamp(T({1, nan}), T({nan, 0}), T({2, 2})));
+  REQUIRE((std::isnan(n[0]) && std::isnan(n[1])));
+  // One promotion over the three: int, int, f32 -> f32; f32 with f64 bounds (one 0-dim) -> f64.
+  Tensor pi = clamp(from_vector<int64_t>({1, 5, 9}), from_vector<int64_t>({2}), from_vector<float>({7.5}));
+  REQUIRE(pi.dtype() == f32);
+  REQUIRE(vals(pi) == std::vector<double>{2, 5, 7.5});
+  REQUIRE(clamp(from_vector<float>({1, 5, 9}), scalar_tensor(2.0, f64), T({7.5})).dtype() == f64);
+  REQUIRE(clamp(from_vector<float>({1, 5, 9}), scalar_tensor(2.0, f64), std::nullopt).dtype() == f32);
+  REQUIRE(clamp(from_vector<int64_t>({1, 5, 9}), from_vector<int64_t>({2}), std::nullopt).dtype() == i64);
+  // The result broadcasts over all three.
+  Tensor bc = clamp(T({0, 5, 10}), T({1, 6}, {2, 1}), T({8}));
+  REQUIRE(bc.shape() == Shape{2, 3});
+  REQUIRE(vals(bc) == std::vector<double>{1, 5, 8, 6, 6, 8});
+  // Errors name clamp.
+  REQUIRE_THROWS_WITH(clamp(x, Tensor(), std::nullopt), Contains("[clamp] at least one of min and max must be given"));
+  REQUIRE_THROWS_WITH(clamp(x, T({1, 2}), hi), Contains("[clamp]") && Contains("[10]") && Contains("[2]"));
+  Tensor p = from_vector<bool>({true, false});
+  REQUIRE_THROWS_WITH(clamp(p, p, p), Contains("[clamp] not supported for bool tensors"));
+}
+
+TEST_CASE("clamp with tensor bounds: gradients follow PyTorch 1.13", "[elementwise][clamp][gradcheck]") {
+  // torch 1.13: y = torch.clamp(x, lo, hi); y.backward(torch.arange(1., 11.)). The input takes
+  // the gradient where lo <= x <= hi; lo where x < lo < hi; hi where x > hi or hi < lo (element
+  // 5); where lo == hi and x < lo (elements 6 and 8) nobody does.
+  Tensor x = leaf({-2, 0, 1, 2, 3, 5, 1, 1, 0.5, 4}, {10});
+  Tensor lo = leaf({0, 0, 1, 0, 3, 6, 2, 1, 1, 3}, {10});
+  Tensor hi = leaf({1, 1, 1, 2, 4, 4, 2, 0, 1, 3}, {10});
+  clamp(x, lo, hi).backward(arange(1, 11).to(f64));
+  REQUIRE(vals(x.grad()) == std::vector<double>{0, 2, 3, 4, 5, 0, 0, 0, 0, 0});
+  REQUIRE(vals(lo.grad()) == std::vector<double>{1, 0, 0, 0, 0, 0, 0, 0, 0, 0});
+  REQUIRE(vals(hi.grad()) == std::vector<double>{0, 0, 0, 0, 0, 6, 0, 8, 0, 10});
+  // One bound: the input where it is not clamped (x == lo counts as inside), the bound elsewhere.
+  for (Tensor* t : {&x, &lo, &hi}) t->set_grad(Tensor());
+  clamp(x, lo, std::nullopt).sum().backward();
+  REQUIRE(vals(x.grad()) == std::vector<double>{0, 1, 1, 1, 1, 0, 0, 1, 0, 1});
+  REQUIRE(vals(lo.grad()) == std::vector<double>{1, 0, 0, 0, 0, 1, 1, 0, 1, 0});
+  REQUIRE_FALSE(hi.grad().defined());
+  for (Tensor* t : {&x, &lo, &hi}) t->set_grad(Tensor());
+  clamp(x, std::nullopt, hi).sum().backward();
+  REQUIRE(vals(x.grad()) == std::vector<double>{1, 1, 1, 1, 1, 0, 1, 0, 1, 0});
+  REQUIRE(vals(hi.grad()) == std::vector<double>{0, 0, 0, 0, 0, 1, 0, 1, 0, 1});
+  // Broadcast bounds get their gradient summed back to their shape, in their dtype.
+  Tensor xb = leaf({0, 5, 10, -1, 7, 3}, {2, 3});
+  Tensor lob = test_util::leaf(from_vector<float>({1, 4}, {2, 1}));
+  Tensor hib = leaf({8}, {1});
+  Tensor yb = clamp(xb, lob, hib);
+  REQUIRE(yb.dtype() == f64);
+  yb.sum().backward();
+  REQUIRE(lob.grad().dtype() == f32);
+  REQUIRE(vals(lob.grad()) == std::vector<double>{1, 2});  // 0 < 1; -1 < 4 and 3 < 4
+  REQUIRE(vals(hib.grad()) == std::vector<double>{1});       // 10 > 8
+  REQUIRE(vals(xb.grad()) == std::vector<double>{0, 1, 0, 0, 1, 0});
+}
+
+TEST_CASE("gradcheck: clamp with tensor bounds, pow(Tensor) method", "[elementwise][clamp][gradcheck]") {
+  // Values a finite difference of 1e-6 cannot push across a kink; element 4 has lo > hi.
+  Tensor x = leaf({-0.9, -0.3, 0.1, 0.45, 0.0, 0.8}, {6});
+  Tensor lo = leaf({-0.5, -0.4, -0.2, 0.5, 0.3, 0.1}, {6});
+  Tensor hi = leaf({0.5, 0.6, 0.3, 0.7, -0.2, 0.6}, {6});
+  check_grad([](const TensorList& in) { return clamp(in[0], in[1], in[2]); }, {x, lo, hi});
+  check_grad([](const TensorList& in) { return in[0].clamp(in[1], std::nullopt); }, {x, lo});
+  check_grad([](const TensorList& in) { return in[0].clamp(std::nullopt, in[1]); }, {x, hi});
+  manual_seed(31);
+  Tensor xb = rnd({3, 4}, -1, 1), lob = rnd({3, 1}, -0.6, -0.1), hib = rnd({4}, 0.1, 0.6);
+  check_grad([](const TensorList& in) { return clamp(in[0], in[1], in[2]) * in[0]; }, {xb, lob, hib});
+  Tensor base = rnd({2, 3}, 0.5, 2), e = rnd({3}, -1.5, 1.5);
+  check_grad([](const TensorList& in) { return in[0].pow(in[1]); }, {base, e});
+}
+
+TEST_CASE("Tensor methods give what the free functions give", "[elementwise][methods]") {
+  manual_seed(32);
+  Tensor a = rand({3, 4}, f64) * 2 - 1, b = rand({3, 4}, f64) * 2 - 1, pos = rand({3, 4}, f64) + 0.5;
+  auto same = [](const Tensor& got, const Tensor& want) {
+    REQUIRE(got.dtype() == want.dtype());
+    REQUIRE(got.shape() == want.shape());
+    REQUIRE(got.equal(want));
+  };
+  same(a.add(b, 2), add(a, b, 2));
+  same(a.add(3), a + 3);
+  same(a.sub(b, 0.5), sub(a, b, 0.5));
+  same(a.sub(3), a - 3);
+  same(a.mul(3), a * 3);
+  same(a.div(4), a / 4);
+  same(a.maximum(b), maximum(a, b));
+  same(a.minimum(b), minimum(a, b));
+  same(pos.pow(b), pow(pos, b));
+  same(a.gelu(), gelu(a));
+  same(a.gelu(true), gelu(a, true));
+  same(a.masked_fill(a > 0, 9), masked_fill(a, a > 0, 9));
+  same(a.eq(b), eq(a, b));
+  same(a.ne(0.5), ne(a, 0.5));
+  same(a.lt(b), lt(a, b));
+  same(a.le(0), le(a, 0));
+  same(a.gt(b), gt(a, b));
+  same(a.ge(0), ge(a, 0));
+  same((a > 0).logical_and(b > 0), logical_and(a > 0, b > 0));
+  same((a > 0).logical_or(b > 0), logical_or(a > 0, b > 0));
+  same((a > 0).logical_xor(b > 0), logical_xor(a > 0, b > 0));
+  same((a > 0).logical_not(), logical_not(a > 0));
+  same(a.isnan(), isnan(a));
+  same(a.isinf(), isinf(a));
+  same(a.mm(b.t()), mm(a, b.t()));
+  same(a.view({1, 3, 4}).bmm(b.view({1, 4, 3})), bmm(a.view({1, 3, 4}), b.view({1, 4, 3})));
+  // reductions
+  auto [values, indices] = a.max(1);
+  auto [fv, fi] = max(a, 1);
+  same(values, fv);
+  same(indices, fi);
+  REQUIRE(indices.dtype() == i64);
+  auto [mv, mi] = a.min(0, true);
+  REQUIRE(mv.shape() == Shape{1, 4});
+  same(mi, min(a, 0, true).second);
+  same(a.amax(), amax(a, {}));
+  same(a.amax({1}, true), amax(a, {1}, true));
+  same(a.amin({0}), amin(a, {0}));
+  same(a.argmax(), argmax(a));
+  same(a.argmin(), argmin(a));
+  same(a.argmin(1, true), argmin(a, 1, true));
+  same(a.var(), var(a));
+  same(a.var({1}, 0, true), var(a, {1}, 0, true));
+  same(a.std(), tandem::std(a));
+  same(a.std({0}, 2), tandem::std(a, {0}, 2));
+  same(a.logsumexp({1}), logsumexp(a, {1}));
+  same(a.norm(), norm(a));
+  // indexing and splitting
+  Tensor idx = from_vector<int64_t>({2, 0});
+  same(a.index_select(1, idx), index_select(a, 1, idx));
+  Tensor gidx = from_vector<int64_t>({3, 0, 1}, {3, 1});
+  same(a.gather(1, gidx), gather(a, 1, gidx));
+  same(a.scatter_add(1, gidx, ones({3, 1}, f64)), scatter_add(a, 1, gidx, ones({3, 1}, f64)));
+  REQUIRE(a.split(3, 1).size() == 2);
+  same(a.split(3, 1)[1], split(a, 3, 1)[1]);
+  same(a.split(std::vector<int64_t>{1, 2}, 0)[1], split(a, std::vector<int64_t>{1, 2}, 0)[1]);
+  same(a.chunk(2, 1)[0], chunk(a, 2, 1)[0]);
+  // in place
+  Tensor s = a.clone();
+  s.div_(b.abs() + 1);
+  same(s, a / (b.abs() + 1));
+  s = a.clone();
+  s.clamp_(-0.25, 0.25);
+  same(s, clamp(a, -0.25, 0.25));
+  // (close, not equal: a kernel may fuse the multiply-add)
+  s = a.clone();
+  s.sub_(b, 2);
+  require_close(vals(s), vals(a - b * 2));
+  s = a.clone();
+  s.addcmul_(a, b, 0.5);
+  require_close(vals(s), vals(a + a * b * 0.5));
+  s = a.clone();
+  s.addcdiv_(a, pos, 2);
+  require_close(vals(s), vals(a + a / pos * 2));
+  s = a.clone();
+  s.lerp_(b, 0.25);
+  require_close(vals(s), vals(a + (b - a) * 0.25));
+  // The methods record the same backward as the free functions.
+  Tensor x = leaf({0.5, 1.5}, {2}), e = leaf({2, 3}, {2});
+  x.pow(e).sum().backward();
+  require_close(vals(x.grad()), {2 * 0.5, 3 * 1.5 * 1.5});
+  require_close(vals(e.grad()), {0.25 * std::log(0.5), std::pow(1.5, 3) * std::log(1.5)});
 }
