@@ -3,9 +3,12 @@
 // the same distribution as its PyTorch twin.
 #pragma once
 
+#include <concepts>
 #include <memory>
 #include <optional>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "nn/module.h"
@@ -121,13 +124,41 @@ class Sigmoid : public Module {
   Tensor forward(const Tensor& input) override;
 };
 
+namespace detail {
+template <class T>
+struct is_module_ptr : std::false_type {};
+template <class M>
+struct is_module_ptr<std::shared_ptr<M>> : std::bool_constant<std::is_base_of_v<Module, M>> {};
+
+// A module value Sequential can take ownership of: an rvalue (a temporary or std::move(m)),
+// moved into a new shared_ptr. A module lvalue is refused: Sequential can neither share an
+// object it does not own nor copy a module (see Module's copy constructor); pass std::move(m)
+// or a std::shared_ptr.
+template <class T>
+concept MovableModuleValue = std::derived_from<std::remove_cvref_t<T>, Module> && !std::is_lvalue_reference_v<T> &&
+                             !std::is_const_v<std::remove_reference_t<T>> &&
+                             std::move_constructible<std::remove_cvref_t<T>>;
+
+// What Sequential's constructor and push_back take: a shared_ptr to a module (shared with the
+// caller) or a movable module value.
+template <class T>
+concept SequentialItem = is_module_ptr<std::remove_cvref_t<T>>::value || MovableModuleValue<T>;
+}  // namespace detail
+
 // Chains its children: forward(x) = child_n(...child_1(child_0(x))). Children are named
 // "0", "1", ... in order; each call goes through operator(), so the children's hooks run.
+//   nn::Sequential seq(nn::Linear(784, 256), nn::ReLU(), fc);   // fc: a shared_ptr, shared
 class Sequential : public Module {
  public:
   Sequential() : Module("Sequential") {}
   Sequential(std::initializer_list<std::shared_ptr<Module>> modules);
   explicit Sequential(const std::vector<std::shared_ptr<Module>>& modules);
+  // Module values are moved into new shared_ptrs; shared_ptrs are shared.
+  template <detail::SequentialItem... Ms>
+    requires(sizeof...(Ms) > 0)
+  explicit Sequential(Ms&&... modules) : Sequential() {
+    (push_back(std::forward<Ms>(modules)), ...);
+  }
 
   template <class M>
   std::shared_ptr<M> push_back(std::shared_ptr<M> module) {
@@ -135,6 +166,11 @@ class Sequential : public Module {
     register_module(std::to_string(layers_.size()), module);
     layers_.push_back(module);
     return module;
+  }
+  // Moves the module value into a new shared_ptr, which it returns.
+  template <detail::MovableModuleValue M>
+  std::shared_ptr<std::remove_cvref_t<M>> push_back(M&& module) {
+    return push_back(std::make_shared<std::remove_cvref_t<M>>(std::move(module)));
   }
 
   Tensor forward(const Tensor& input) override;

@@ -48,6 +48,21 @@ void replace_data(const Tensor& slot, const Tensor& fresh) {
 
 Module::Module(std::string type_name) : type_name_(std::move(type_name)) {}
 
+// enable_shared_from_this is value-initialised, not moved: the new object starts unowned.
+Module::Module(Module&& other)
+    : std::enable_shared_from_this<Module>(),
+      type_name_(other.type_name_),
+      training_(other.training_),
+      parameters_(std::move(other.parameters_)),
+      buffers_(std::move(other.buffers_)),
+      children_(std::move(other.children_)),
+      pre_hooks_(std::move(other.pre_hooks_)) {
+  // A moved-from container is only "valid but unspecified": make the old object plainly empty.
+  other.parameters_.clear();
+  other.buffers_.clear();
+  other.children_.clear();
+}
+
 Tensor Module::forward(const Tensor&) {
   fail("[{}] this module does not implement forward(const Tensor&)", type_name_);
 }

@@ -109,8 +109,12 @@ class Module : public std::enable_shared_from_this<Module> {
  public:
   explicit Module(std::string type_name = "Module");
   virtual ~Module() = default;
+  // Not copyable: a copy would share every parameter's TensorImpl with the original while
+  // looking independent. Moving is allowed (protected, so only whole derived objects move, see
+  // below); assignment is not.
   Module(const Module&) = delete;
   Module& operator=(const Module&) = delete;
+  Module& operator=(Module&&) = delete;
 
   // The class name ("Linear", "Sequential", ...), used in errors and printing.
   const std::string& type_name() const { return type_name_; }
@@ -194,6 +198,15 @@ class Module : public std::enable_shared_from_this<Module> {
   virtual std::string extra_repr() const { return ""; }
 
  protected:
+  // Hands the registry (parameters, buffers, children, pre-forward hooks, mode) over to the new
+  // object. The tensors and child modules are the same objects, so a derived class's members
+  // (Linear::weight, a shared_ptr to a child), which its implicit move constructor moves
+  // alongside, keep naming exactly what is registered; optimizers and tensor hooks built on
+  // the parameters keep working. The new object is not owned by any shared_ptr yet. `other` is
+  // left empty (no parameters, buffers, children or hooks). Sequential uses this to take module
+  // values: Sequential(Linear(4, 8), ReLU()).
+  Module(Module&& other);
+
   // Throws "[<type>] ..." style errors with the module type.
   void add_child(std::string name, std::shared_ptr<Module> module);
   // The module's own slots, for layers that must look their buffers up by name.

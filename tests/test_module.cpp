@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <functional>
+#include <type_traits>
 
 #include "nn/nn.h"
 #include "tandem.h"
@@ -430,6 +431,108 @@ TEST_CASE("Sequential: order, names, indexing", "[nn][layers]") {
   REQUIRE(seq(x).allclose(manual));
   seq.push_back(std::make_shared<nn::ReLU>());
   REQUIRE(seq.named_children().keys().back() == "3");
+}
+
+// What Sequential takes: module values by move, shared_ptrs by sharing; never a module lvalue,
+// which it could neither own nor copy (the compile-time half of the tests below).
+static_assert(std::is_constructible_v<nn::Sequential, nn::Linear, nn::ReLU>);
+static_assert(std::is_constructible_v<nn::Sequential, nn::Linear&&, std::shared_ptr<nn::Tanh>&>);
+static_assert(std::is_constructible_v<nn::Sequential, std::shared_ptr<nn::Linear>>);
+static_assert(!std::is_constructible_v<nn::Sequential, nn::Linear&>);
+static_assert(!std::is_constructible_v<nn::Sequential, const nn::Linear&&>);
+static_assert(!std::is_constructible_v<nn::Sequential, nn::Linear, int>);
+static_assert(!std::is_copy_constructible_v<nn::Linear>);
+static_assert(std::is_move_constructible_v<nn::Linear> && std::is_move_constructible_v<nn::BatchNorm1d>);
+static_assert(!std::is_constructible_v<nn::Module, nn::Module&&>);  // no slicing into a bare Module
+static_assert(!std::is_convertible_v<nn::Linear, nn::Sequential>);  // the variadic constructor is explicit
+
+TEST_CASE("Sequential: module values are moved in, shared_ptrs are shared", "[nn][layers]") {
+  manual_seed(11);
+  nn::Linear first(3, 4);
+  const TensorImpl* w = first.weight.impl();
+  const TensorImpl* b = first.bias.impl();
+  auto act = std::make_shared<nn::Tanh>();
+  nn::Sequential seq(std::move(first), act, nn::Linear(4, 2), nn::ReLU());
+  REQUIRE(seq.size() == 4);
+  REQUIRE(seq.named_children().keys() == std::vector<std::string>{"0", "1", "2", "3"});
+  REQUIRE(seq.named_parameters().keys() == std::vector<std::string>{"0.weight", "0.bias", "2.weight", "2.bias"});
+  // The moved module keeps its tensors: member, registry and the tensors made before all agree.
+  auto lin = seq.at<nn::Linear>(0);
+  REQUIRE(lin->weight.impl() == w);
+  REQUIRE(lin->bias.impl() == b);
+  REQUIRE(seq.parameter("0.weight").is_same(lin->weight));
+  REQUIRE(seq.parameters()[0].impl() == w);
+  REQUIRE(lin->weight.requires_grad());
+  // The moved-from module is empty, not a second owner of the same tensors.
+  REQUIRE(first.named_parameters().empty());
+  REQUIRE_FALSE(first.weight.defined());
+  // A shared_ptr is shared, not copied; the new object is owned by Sequential's shared_ptr.
+  REQUIRE(seq[1].get() == act.get());
+  REQUIRE(lin->weak_from_this().lock() == seq[0]);
+  REQUIRE(seq.named_modules()["2"].get() == seq[2].get());
+  Tensor x = randn({5, 3});
+  Tensor manual = relu((*seq[2])(tanh(linear(x, lin->weight, lin->bias))));
+  REQUIRE(seq(x).allclose(manual));
+  // Training through the Sequential updates the tensors the moved module's members name.
+  optim::SGD opt(seq.parameters(), {.lr = 0.5});
+  Tensor before = lin->weight.detach().clone();
+  seq(x).sum().backward();
+  REQUIRE(lin->weight.grad().defined());
+  opt.step();
+  REQUIRE_FALSE(lin->weight.equal(before));
+  // push_back takes both forms and returns the typed pointer.
+  std::shared_ptr<nn::Linear> added = seq.push_back(nn::Linear(2, 3));
+  REQUIRE(added->out_features == 3);
+  REQUIRE(seq[-1].get() == added.get());
+  auto shared = std::make_shared<nn::GELU>();
+  REQUIRE(seq.push_back(shared).get() == shared.get());
+  REQUIRE(seq.named_children().keys().back() == "5");
+  // The existing forms still work.
+  nn::Sequential listed{std::make_shared<nn::Linear>(2, 2), std::make_shared<nn::ReLU>()};
+  nn::Sequential from_vec(std::vector<std::shared_ptr<nn::Module>>{std::make_shared<nn::Tanh>()});
+  REQUIRE((listed.size() == 2 && from_vec.size() == 1));
+}
+
+TEST_CASE("Sequential: nested and custom modules moved in keep their names and state", "[nn][layers]") {
+  manual_seed(12);
+  Net net;
+  const TensorImpl* fc1_weight = net.fc1->weight.impl();
+  const nn::Linear* fc1 = net.fc1.get();
+  net.bn->eval();
+  nn::Sequential seq(std::move(net), nn::Sequential(nn::Linear(2, 2), nn::Sigmoid()));
+  REQUIRE(seq.named_parameters().keys() ==
+          std::vector<std::string>{"0.fc1.weight", "0.fc1.bias", "0.bn.weight", "0.bn.bias", "0.seq.0.weight",
+                                   "0.seq.0.bias", "1.0.weight", "1.0.bias"});
+  REQUIRE(seq.named_buffers().keys() ==
+          std::vector<std::string>{"0.bn.running_mean", "0.bn.running_var", "0.bn.num_batches_tracked"});
+  // Children are the same objects (shared_ptrs moved), so the derived class's members still
+  // point at what is registered.
+  auto moved = seq.at<Net>(0);
+  REQUIRE(moved->fc1.get() == fc1);
+  REQUIRE(moved->submodule("fc1").get() == fc1);
+  REQUIRE(seq.parameter("0.fc1.weight").impl() == fc1_weight);
+  REQUIRE_FALSE(seq.submodule("0.bn")->is_training());  // the mode travels with the module
+  REQUIRE(net.named_children().empty());
+  REQUIRE(net.fc1 == nullptr);
+  // Buffers read by name at forward time are the ones the Sequential lists.
+  moved->bn->train();
+  seq(randn({6, 4}));
+  REQUIRE(seq.buffer("0.bn.num_batches_tracked").item<int64_t>() == 1);
+  REQUIRE(seq.buffer("0.bn.running_mean").is_same(moved->bn->running_mean()));
+}
+
+TEST_CASE("module: moving hands over the pre-forward hooks", "[nn][module][hooks]") {
+  nn::Linear lin(2, 2);
+  int calls = 0;
+  HookHandle h = lin.register_forward_pre_hook([&](nn::Module&) { ++calls; });
+  nn::Sequential seq(std::move(lin));
+  seq(zeros({1, 2}));
+  REQUIRE(calls == 1);
+  lin.run_pre_forward_hooks(zeros({1, 2}));  // the moved-from module has none left
+  REQUIRE(calls == 1);
+  h.remove();  // the handle now removes the hook from the moved module
+  seq(zeros({1, 2}));
+  REQUIRE(calls == 1);
 }
 
 // ---- losses ----
