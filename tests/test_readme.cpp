@@ -10,24 +10,158 @@ using namespace tandem;
 
 TEST_CASE("README quick start trains and saves", "[readme]") {
   manual_seed(0);
-  auto model = std::make_shared<nn::Sequential>(std::initializer_list<std::shared_ptr<nn::Module>>{
-      std::make_shared<nn::Linear>(32, 64), std::make_shared<nn::ReLU>(), std::make_shared<nn::Linear>(64, 10)});
-  optim::SGD opt(model->parameters(), {.lr = 0.05, .momentum = 0.9});
+  nn::Sequential model(nn::Linear(32, 64), nn::ReLU(), nn::Linear(64, 10));
+  optim::SGD opt(model.parameters(), {.lr = 0.05, .momentum = 0.9});
   Tensor x = randn({128, 32});
   Tensor y = randint(0, 10, {128});
   double first = 0, last = 0;
   for (int step = 0; step < 100; ++step) {
     opt.zero_grad();
-    Tensor loss = nn::cross_entropy((*model)(x), y);
+    Tensor loss = nn::cross_entropy(model(x), y);
     loss.backward();
     opt.step();
     (step == 0 ? first : last) = loss.item<double>();
   }
   REQUIRE(last < first * 0.2);  // memorises the batch
   std::string path = "readme_model.safetensors";
-  nn::save_model(*model, path);
+  nn::save_model(model, path);
   REQUIRE(nn::load_safetensors(path).size() == 4);
   std::remove(path.c_str());
+}
+
+// Every Tandem cell of the "From PyTorch" table, in order, with its values checked.
+TEST_CASE("README from PyTorch table", "[readme]") {
+  using V = std::vector<double>;
+  auto v = [](const Tensor& t) { return t.to_vector<double>(); };
+  // create, random, ranges, from data
+  REQUIRE(v(zeros({2, 3})) == V(6, 0.0));
+  Tensor a = from_vector<double>({-1.5, 0.25, 0.75, 2.0});
+  REQUIRE(v(ones_like(a)) == V(4, 1.0));
+  manual_seed(0);
+  Tensor r = randn({2, 3}, f64);
+  manual_seed(0);
+  REQUIRE(r.dtype() == f64);
+  REQUIRE(randn({2, 3}, f64).equal(r));
+  REQUIRE(arange(6).to_vector<int64_t>() == std::vector<int64_t>{0, 1, 2, 3, 4, 5});
+  REQUIRE(v(full({2}, 7.0)) == V{7, 7});
+  REQUIRE(v(from_vector<double>({1.0, 2.0})) == V{1, 2});
+  // arithmetic, in place, compare
+  Tensor b = from_vector<double>({1, 2, 3, 4});
+  REQUIRE(v(a + b) == V{-0.5, 2.25, 3.75, 6});
+  REQUIRE(v(2 * a) == V{-3, 0.5, 1.5, 4});
+  REQUIRE(v(1 - a) == V{2.5, 0.75, 0.25, -1});
+  REQUIRE(v(a / 4) == V{-0.375, 0.0625, 0.1875, 0.5});
+  {
+    Tensor c = a.clone();
+    c += 1;
+    c -= 1;
+    c *= 2;
+    c.add_(b, 0.5);
+    REQUIRE(v(c) == V{-2.5, 1.5, 3, 6});
+  }
+  REQUIRE((a <= 0.5).to_vector<bool>() == std::vector<bool>{true, true, false, false});
+  REQUIRE((0.5 < a).to_vector<bool>() == std::vector<bool>{false, false, true, true});
+  REQUIRE(((a > 0) & (a < 1)).to_vector<bool>() == std::vector<bool>{false, true, true, false});
+  // math, select, clamp
+  REQUIRE(v(a.pow(2)) == V{2.25, 0.0625, 0.5625, 4});
+  REQUIRE(v(b.pow(b)) == V{1, 4, 27, 256});
+  REQUIRE(a.exp().allclose(exp(a)));
+  REQUIRE(gelu(a).to_vector<double>()[3] == Approx(1.9544997361036416));  // 2 Phi(2)
+  REQUIRE(v(where(a > 0, a, 0.0)) == V{0, 0.25, 0.75, 2});
+  REQUIRE(v(a.clamp(-1, 1)) == V{-1, 0.25, 0.75, 1});
+  Tensor lo = full({4}, 0.5, f64), hi = full({4}, 1.0, f64);
+  REQUIRE(v(clamp(a, lo, hi)) == V{0.5, 0.5, 0.75, 1});
+  // products, sums, extremes, statistics
+  Tensor m = from_vector<double>({1, 5, 3, 4, 2, 6}, {2, 3});
+  REQUIRE(v(matmul(m, m.t())) == V{35, 32, 32, 56});
+  REQUIRE(v(m.mm(m.t())) == V{35, 32, 32, 56});
+  REQUIRE(m.sum().item<double>() == 21);
+  REQUIRE(m.sum({1}, true).shape() == Shape{2, 1});
+  REQUIRE(m.mean().item<double>() == 3.5);
+  auto [vals, idx] = m.max(1);
+  REQUIRE(v(vals) == V{5, 6});
+  REQUIRE(idx.to_vector<int64_t>() == std::vector<int64_t>{1, 2});
+  REQUIRE(m.argmax(1).to_vector<int64_t>() == std::vector<int64_t>{1, 2});
+  REQUIRE(v(m.amax({1})) == V{5, 6});
+  REQUIRE(m.std().item<double>() == Approx(std::sqrt(3.5)));  // Bessel: 17.5 / 5
+  REQUIRE(m.logsumexp({1}).allclose(log(exp(m).sum({1}))));
+  REQUIRE(m.norm().item<double>() == Approx(std::sqrt(91.0)));
+  // indexing, masks, views, shape, join and split
+  Tensor ix = from_vector<int64_t>({1, 0});
+  REQUIRE(v(m[0]) == V{1, 5, 3});
+  REQUIRE(v(m.select(1, 0)) == V{1, 4});
+  REQUIRE(v(m.index_select(0, ix)) == V{4, 2, 6, 1, 5, 3});
+  REQUIRE(v(m.gather(1, from_vector<int64_t>({2, 0}, {2, 1}))) == V{3, 4});
+  REQUIRE(v(a.masked_fill(a < 0, 0)) == V{0, 0.25, 0.75, 2});
+  REQUIRE(m.view({-1, 2}).shape() == Shape{3, 2});
+  REQUIRE(m.reshape({3, 2}).shape() == Shape{3, 2});
+  REQUIRE(m.permute({1, 0}).equal(m.transpose(0, 1)));
+  REQUIRE(m.unsqueeze(0).shape() == Shape{1, 2, 3});
+  REQUIRE(m.unsqueeze(0).squeeze().shape() == Shape{2, 3});
+  REQUIRE(m.flatten().shape() == Shape{6});
+  REQUIRE(v(m.narrow(0, 0, 1)) == V{1, 5, 3});
+  REQUIRE(cat({a, b}, 0).shape() == Shape{8});
+  REQUIRE(stack({a, b}).shape() == Shape{2, 4});
+  REQUIRE(m.chunk(2, 1).size() == 2);
+  // dtypes, softmax
+  REQUIRE(a.to(bf16).dtype() == bf16);
+  REQUIRE(m[0][1].to(f32).item<float>() == 5.0f);
+  REQUIRE(softmax(m, 1).sum({1}).allclose(ones({2}, f64)));
+  REQUIRE(log_softmax(m, 1).exp().allclose(softmax(m, 1)));
+  // a layer, Sequential, grow and call, submodules
+  nn::Linear fc(3, 4);
+  REQUIRE(fc.weight.shape() == Shape{4, 3});
+  nn::Sequential seq(nn::Linear(3, 4), nn::ReLU());
+  seq.push_back(nn::Linear(4, 2));
+  Tensor x = randn({5, 3});
+  Tensor logits = seq(x);
+  REQUIRE(logits.shape() == Shape{5, 2});
+  struct Holder : nn::Module {
+    std::shared_ptr<nn::Linear> fc;
+    Holder() : Module("Holder") { fc = register_module("fc", std::make_shared<nn::Linear>(4, 8)); }
+  } holder;
+  REQUIRE(holder.named_parameters().keys() == std::vector<std::string>{"fc.weight", "fc.bias"});
+  // losses, SGD, AdamW, a step
+  Tensor y = from_vector<int64_t>({0, 1, 1, 0, 1});
+  REQUIRE(nn::mse_loss(a, b).item<double>() == Approx((6.25 + 3.0625 + 5.0625 + 4) / 4));
+  optim::SGD opt(seq.parameters(), {.lr = 0.1, .momentum = 0.9});
+  optim::AdamW adamw(seq.parameters(), {.lr = 1e-3});
+  Tensor first_loss = nn::cross_entropy(seq(x), y);
+  for (int step = 0; step < 20; ++step) {
+    Tensor loss = nn::cross_entropy(seq(x), y);
+    opt.zero_grad();
+    loss.backward();
+    opt.step();
+  }
+  REQUIRE(nn::cross_entropy(seq(x), y).item<float>() < first_loss.item<float>());
+  // autograd
+  Tensor w = from_vector<double>({1, 2});
+  w.requires_grad_();
+  (w * w).sum().backward();
+  REQUIRE(v(w.grad()) == V{2, 4});
+  REQUIRE_FALSE(w.detach().requires_grad());
+  {
+    NoGradGuard no_grad;
+    REQUIRE_FALSE((w * 2).requires_grad());
+  }
+  // save, load
+  nn::save_model(seq, "readme_table.safetensors");
+  nn::Sequential other(nn::Linear(3, 4), nn::ReLU(), nn::Linear(4, 2));
+  nn::load_model(other, "readme_table.safetensors");
+  REQUIRE(other(x).equal(seq(x)));
+  std::remove("readme_table.safetensors");
+  // collectives and DDP (a world of one without a launcher)
+  auto pg = dist::init();
+  Tensor t = full({2}, 3.0);
+  pg->allreduce(t)->wait();
+  REQUIRE(v(t) == V{3, 3});
+  auto model = std::make_shared<nn::Sequential>(nn::Linear(3, 2));
+  dist::DistributedDataParallel ddp(model, pg, {.bucket_cap_mb = 4});
+  {
+    auto no_sync = ddp.no_sync();
+    ddp(x).sum().backward();
+  }
+  REQUIRE(model->at<nn::Linear>(0)->weight.grad().defined());
 }
 
 TEST_CASE("README tensors", "[readme]") {
