@@ -107,6 +107,29 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
                  options_.param_to_hook_all_reduce);
     hook_param = *found;
   }
+  std::optional<Dtype> reduce_dtype;
+  if (options_.mixed_precision) {
+    const MixedPrecision& mp = *options_.mixed_precision;
+    auto low = [](std::optional<Dtype> d) { return d && (*d == f16 || *d == bf16); };
+    TANDEM_CHECK(low(mp.param_dtype), "[ddp] mixed_precision.param_dtype must be f16 or bf16, got {}",
+                 mp.param_dtype ? fmt::format("{}", *mp.param_dtype) : std::string("none"));
+    TANDEM_CHECK(!mp.reduce_dtype || low(mp.reduce_dtype) || *mp.reduce_dtype == f32,
+                 "[ddp] mixed_precision.reduce_dtype must be f16, bf16 or f32, got {}", *mp.reduce_dtype);
+    TANDEM_CHECK(!mp.buffer_dtype || is_floating(*mp.buffer_dtype),
+                 "[ddp] mixed_precision.buffer_dtype must be a floating dtype, got {}", *mp.buffer_dtype);
+    reduce_dtype = mp.reduce_dtype.value_or(*mp.param_dtype);
+    for (const auto& m : managed) {
+      TANDEM_CHECK(m.tensor.dtype() == f32 || m.tensor.dtype() == f64,
+                   "[ddp] mixed_precision keeps f32 (or f64) masters, but parameter '{}' is {}", m.name,
+                   m.tensor.dtype());
+      TANDEM_CHECK(!options_.gradient_as_bucket_view || *reduce_dtype == m.tensor.dtype(),
+                   "[ddp] gradient_as_bucket_view needs buckets in the masters' dtype ({}), but mixed_precision "
+                   "reduces in {}: set reduce_dtype to {} or turn gradient_as_bucket_view off",
+                   m.tensor.dtype(), *reduce_dtype, m.tensor.dtype());
+    }
+    TANDEM_CHECK(delayed.empty(),
+                 "[ddp] mixed_precision together with delay_all_reduce_named_params is not supported yet");
+  }
   verify_same_model_across_ranks(sig_params);
   broadcast_states(options_.broadcast_buffers);
   // Optimizer in backward: DDP steps each managed parameter after its reduction (the local hook
@@ -140,8 +163,26 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
   }
   std::vector<std::shared_ptr<optim::InBackwardStep>> steps;
   for (const auto& m : managed) steps.push_back(take_over(m.tensor));
+  TANDEM_CHECK(!(optimizer_in_backward_ && options_.mixed_precision),
+               "[ddp] mixed_precision together with an optimizer in backward is not supported yet");
+  ro.reduce_dtype = reduce_dtype;
+  TensorList shadowed;
+  for (const auto& m : managed) shadowed.push_back(m.tensor);  // the reducer's order: index i is parameter i
   reducer_ = std::make_unique<Reducer>(std::move(managed), group_, ro);
   if (optimizer_in_backward_) reducer_->set_in_backward_steps(std::move(steps));
+  if (options_.mixed_precision) {
+    const MixedPrecision& mp = *options_.mixed_precision;
+    for (const auto& [name, t] : sig_params)
+      if (!t.requires_grad() && is_floating(t.dtype())) shadowed.push_back(t);  // frozen: cast and restored
+    shadows_ = std::make_unique<ParamShadows>(std::move(shadowed), *mp.param_dtype,
+                                              options_.gradient_as_bucket_view);
+    ParamShadows* s = shadows_.get();
+    reducer_->set_gradient_transforms({[s](size_t i, const Tensor& g) { return s->gradient_to_reduce(i, g); },
+                                       [s](size_t i, const Tensor& reduced) { s->set_reduced(i, reduced); }});
+    if (mp.buffer_dtype)
+      for (const Tensor& b : synced_buffers())
+        if (is_floating(b.dtype())) cast_in_place(b, *mp.buffer_dtype);
+  }
 }
 
 DistributedDataParallel::~DistributedDataParallel() = default;
@@ -224,8 +265,14 @@ void DistributedDataParallel::before_forward() {
                "[ddp] the autograd hooks were removed (remove_autograd_hooks): this DDP can no longer synchronise "
                "gradients; call the module directly to train it locally");
   // A forward under NoGradGuard is no iteration: no collective, no check, no rebuild, so that
-  // rank 0 alone may evaluate.
-  if (!autograd::grad_mode_enabled()) return;
+  // rank 0 alone may evaluate. With mixed precision it runs on the shadows, restored right after.
+  if (!autograd::grad_mode_enabled()) {
+    if (shadows_ && !shadows_->active()) {
+      shadows_->cast_in();
+      eval_cast_ = true;
+    }
+    return;
+  }
   if (reducer_) reducer_->prepare_for_forward();
   if (delayed_) delayed_->check_finalized();
   // PyTorch's rule: rank 0's buffers are broadcast only at the start of an accumulation window,
@@ -235,10 +282,15 @@ void DistributedDataParallel::before_forward() {
   if (autograd::grad_mode_enabled() && sync_buffers_before_forward_ && options_.broadcast_buffers &&
       group_->size() > 1)
     broadcast_from_rank0(*group_, synced_buffers());
+  if (shadows_) shadows_->cast_in();  // synchronised and no_sync forwards alike
 }
 
 void DistributedDataParallel::after_forward(const TensorList& outputs) {
-  if (!autograd::grad_mode_enabled()) return;  // evaluation is not part of any window
+  if (!autograd::grad_mode_enabled()) {  // evaluation is not part of any window
+    if (eval_cast_) shadows_->cast_out();
+    eval_cast_ = false;
+    return;
+  }
   sync_buffers_before_forward_ = require_sync_;
   if (!require_sync_) return;
   if (reducer_) reducer_->prepare_for_backward(outputs);
@@ -248,7 +300,9 @@ void DistributedDataParallel::after_forward(const TensorList& outputs) {
 Tensor DistributedDataParallel::forward(const Tensor& input) {
   before_forward();
   const auto start = std::chrono::steady_clock::now();
-  Tensor out = (*module_)(input);
+  // With mixed precision a floating input is cast to param_dtype, as PyTorch's cast_forward_inputs.
+  const bool cast_input = shadows_ && input.defined() && is_floating(input.dtype());
+  Tensor out = (*module_)(cast_input ? input.to(*options_.mixed_precision->param_dtype) : input);
   const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   after_forward({out});
   if (require_sync_) forward_ms_ = ms;
@@ -281,6 +335,12 @@ DdpStats DistributedDataParallel::stats() const {
   if (reducer_) static_cast<ReducerStats&>(s) = reducer_->stats();
   s.static_graph = options_.static_graph;
   s.optimizer_in_backward = optimizer_in_backward_;
+  if (options_.mixed_precision) {
+    const MixedPrecision& mp = *options_.mixed_precision;
+    s.mixed_precision = fmt::format("param {}, reduce {}, buffers {}", *mp.param_dtype,
+                                    mp.reduce_dtype.value_or(*mp.param_dtype),
+                                    mp.buffer_dtype ? fmt::format("{}", *mp.buffer_dtype) : std::string("as they are"));
+  }
   if (delayed_) {
     s.delayed_parameters = delayed_->names();
     s.delayed_allreduces = delayed_->launches();
@@ -299,6 +359,7 @@ std::string DdpStats::str() const {
   std::vector<std::string> modes;
   if (static_graph) modes.push_back("static_graph");
   if (optimizer_in_backward) modes.push_back("optimizer in backward");
+  if (!mixed_precision.empty()) modes.push_back("mixed precision (" + mixed_precision + ")");
   if (!delayed_parameters.empty())
     modes.push_back(fmt::format("delayed allreduce of {} ({} allreduces)", fmt::join(delayed_parameters, ", "),
                                 delayed_allreduces));

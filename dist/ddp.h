@@ -26,6 +26,7 @@
 
 #include "dist/comm_hooks.h"
 #include "dist/delayed_allreduce.h"
+#include "dist/mixed_precision.h"
 #include "dist/reducer.h"
 #include "nn/module.h"
 
@@ -53,6 +54,9 @@ struct DdpOptions {
   // latest at the end of backward): they leave the buckets. Both or neither.
   std::vector<std::string> delay_all_reduce_named_params;
   std::string param_to_hook_all_reduce;
+  // Native mixed precision: forward and backward on param_dtype shadows of the f32 masters,
+  // buckets reduced in reduce_dtype, gradients upcast into the masters' .grad.
+  std::optional<MixedPrecision> mixed_precision;
 };
 
 namespace detail {
@@ -78,6 +82,7 @@ struct DdpStats : ReducerStats {
   int64_t world_size = 1;
   bool static_graph = false;
   bool optimizer_in_backward = false;
+  std::string mixed_precision;  // "param bf16, reduce bf16, buffers f32" when on
   std::vector<std::string> delayed_parameters;  // delay_all_reduce_named_params
   int64_t delayed_allreduces = 0;               // their allreduces so far
   std::string str() const;  // a readable multi-line summary
@@ -172,6 +177,8 @@ class DistributedDataParallel {
   } claims_;
   std::unique_ptr<Reducer> reducer_;         // null when every parameter is delayed
   std::unique_ptr<DelayedAllreduce> delayed_;
+  std::unique_ptr<ParamShadows> shadows_;  // mixed precision; declared after the reducer: destroyed first
+  bool eval_cast_ = false;                 // a NoGradGuard forward runs on the shadows
   bool optimizer_in_backward_ = false;
   bool require_sync_ = true;
   bool sync_buffers_before_forward_ = true;

@@ -121,7 +121,8 @@ void Reducer::build_buckets(const std::vector<std::vector<size_t>>& layout) {
       total += params_[p].tensor.numel();
     }
     const Tensor& first = params_[layout[b].front()].tensor;
-    bucket.buffer = zeros({total}, TensorOptions(first.dtype(), first.device()));
+    const Dtype dtype = options_.reduce_dtype && is_floating(first.dtype()) ? *options_.reduce_dtype : first.dtype();
+    bucket.buffer = zeros({total}, TensorOptions(dtype, first.device()));
     for (size_t s = 0; s < bucket.params.size(); ++s) slots[bucket.params[s]] = Slot{b, s};
     buckets.push_back(std::move(bucket));
   }
@@ -258,9 +259,18 @@ void Reducer::set_in_backward_steps(std::vector<std::shared_ptr<optim::InBackwar
   stepped_.assign(params_.size(), 0);
 }
 
+void Reducer::set_gradient_transforms(GradientTransforms transforms) {
+  TANDEM_CHECK(!trained_, "[ddp] gradient transforms must be set before the first backward");
+  transforms_ = std::move(transforms);
+}
+
 void Reducer::write_back(size_t p) {
   const Tensor& param = params_[p].tensor;
   Tensor slot = slot_view(p);
+  if (transforms_.sink) {
+    transforms_.sink(p, slot);
+    return;
+  }
   Tensor grad = param.grad();
   if (options_.gradient_as_bucket_view) {
     if (!is_view_of(grad, slot)) param.set_grad(slot);
@@ -388,13 +398,13 @@ void Reducer::mark_ready(size_t param, bool used_here) {
   NoGradGuard no_grad;
   const Tensor& p = params_[param].tensor;
   Tensor slot = slot_view(param);
-  Tensor grad = p.grad();
+  Tensor grad = transforms_.source ? transforms_.source(param, p.grad()) : p.grad();
   if (grad.defined()) {
     // A locally unused parameter still contributes the gradient it holds (e.g. accumulated under
     // no_sync); if no rank used it, finalize leaves .grad as it was.
     if (!is_view_of(grad, slot)) {
       slot.copy_(grad);
-      if (options_.gradient_as_bucket_view && used_here) p.set_grad(slot);
+      if (options_.gradient_as_bucket_view && used_here && !transforms_.sink) p.set_grad(slot);
     } else if (!used_here) {
       unused_stash_[param] = grad.clone();  // the view itself is about to be reduced
     }

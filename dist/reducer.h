@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -50,6 +51,16 @@ struct ReducerOptions {
   bool find_unused_parameters = false;
   bool gradient_as_bucket_view = false;
   bool static_graph = false;
+  std::optional<Dtype> reduce_dtype;  // buckets of floating gradients in this dtype (mixed precision)
+};
+
+// How a reducer reads and writes gradients when they are not simply the parameters' .grad
+// (mixed precision: low-precision gradients on shadows, f32 masters).
+struct GradientTransforms {
+  // What goes into parameter i's slot, given its .grad (possibly undefined).
+  std::function<Tensor(size_t param, const Tensor& grad)> source;
+  // Receives parameter i's averaged slot instead of writing it into .grad.
+  std::function<void(size_t param, const Tensor& reduced)> sink;
 };
 
 // What the reducer did, in order, in the current (or last) iteration: the overlap test reads it.
@@ -104,6 +115,8 @@ class Reducer {
   // backends), reading the reduced gradient. With a dynamic find_unused_parameters the steps wait
   // for the used map (globally unused parameters are not stepped) and run at the end of backward.
   void set_in_backward_steps(std::vector<std::shared_ptr<optim::InBackwardStep>> steps);
+  // Before the first backward only.
+  void set_gradient_transforms(GradientTransforms transforms);
   // Detaches the reducer from autograd: no hook of it fires again.
   void remove_autograd_hooks();
   bool attached() const { return attached_; }
@@ -158,6 +171,7 @@ class Reducer {
   std::vector<HookHandle> hooks_;
   std::vector<std::shared_ptr<optim::InBackwardStep>> in_backward_;  // per parameter, may be null
   std::vector<char> stepped_;  // this iteration, by a bucket's continuation (read after its Work)
+  GradientTransforms transforms_;
   uint64_t observer_ = 0;
   bool attached_ = true;
 

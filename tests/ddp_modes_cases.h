@@ -610,3 +610,148 @@ inline void in_backward_hook_and_errors(ProcessGroupPtr g) {
 }
 
 }  // namespace ddp_cases
+
+namespace ddp_cases {
+
+enum class MpMode { plain, no_sync, static_two_forwards };
+
+// Native mixed precision against f32 training of one process: inside forward the parameters
+// (frozen ones too, ignored ones not) are low precision and the output is; after backward every
+// parameter and gradient is f32 and bitwise equal across ranks; NoGradGuard evaluation and
+// state_dict see f32; 20 steps stay within the dtype's tolerance of the f32 run.
+inline void mixed_precision_case(ProcessGroupPtr g, Dtype low, bool set_to_none, bool fp16_hook, MpMode mode) {
+  const int W = g->size(), R = g->rank();
+  const std::string what = fmt::format("mixed precision {} set_to_none={} fp16_hook={} mode={} rank {}/{}", low,
+                                       set_to_none, fp16_hook, static_cast<int>(mode), R, W);
+  auto model = make_net(f32, 7);  // the same start everywhere: the ignored never.bias is not broadcast
+  auto reference = make_net(f32, 7);
+  for (auto* m : {model.get(), reference.get()}) {
+    m->never->weight.requires_grad_(false);  // frozen: cast and restored
+    m->never->bias.requires_grad_(false);
+  }
+  DdpOptions o;
+  o.mixed_precision = MixedPrecision{.param_dtype = low};
+  o.static_graph = mode == MpMode::static_two_forwards;
+  o.ignored_parameters = {"never.bias"};  // ignored: never touched
+  DistributedDataParallel ddp(model, g, o);
+  if (fp16_hook) ddp.register_comm_hook(hooks::fp16_compress);
+  std::string inside;
+  auto hook = model->register_forward_pre_hook([&](nn::Module&) {
+    if (model->fc1->weight.dtype() != low || model->never->weight.dtype() != low || model->never->bias.dtype() != f32)
+      inside = fmt::format("inside forward: fc1.weight {}, never.weight {}, never.bias {}", model->fc1->weight.dtype(),
+                           model->never->weight.dtype(), model->never->bias.dtype());
+  });
+  optim::SGD opt(model->parameters(), {.lr = 0.05, .momentum = 0.9});
+  optim::SGD ref_opt(reference->parameters(), {.lr = 0.05, .momentum = 0.9});
+  const int forwards = mode == MpMode::static_two_forwards ? 2 : 1;
+  const int micro_batches = mode == MpMode::no_sync ? 3 : 1;
+  auto loss_of = [&](int step, int micro, int k) {
+    int64_t first = ((step * 4 + micro + k) * 16 + R) * kRowsPerRank;
+    Tensor out = ddp(inputs(first, kRowsPerRank, 8, f32));
+    expect(out.dtype() == low, "{}: the output is {}, not {}", what, out.dtype(), low);
+    return mse_loss(out.to(f32), targets(first, kRowsPerRank, 4, f32));
+  };
+  for (int step = 0; step < 20; ++step) {
+    opt.zero_grad(set_to_none);
+    for (int micro = 0; micro < micro_batches; ++micro) {
+      auto run = [&] {
+        Tensor total;
+        for (int k = 0; k < forwards; ++k) {
+          Tensor l = loss_of(step, micro, k);
+          total = total.defined() ? total + l : l;
+        }
+        total.backward();
+      };
+      if (micro + 1 < micro_batches) {
+        auto guard = ddp.no_sync();
+        run();
+      } else {
+        run();
+      }
+    }
+    ddp.check_reducer_finalized();
+    expect(inside.empty(), "{}: {}", what, inside);
+    for (const auto& [name, p] : model->named_parameters()) {
+      expect(p.dtype() == f32, "{}: after backward {} is {}", what, name, p.dtype());
+      if (p.grad().defined()) expect(p.grad().dtype() == f32, "{}: {}'s gradient is {}", what, name, p.grad().dtype());
+    }
+    opt.step();
+    // The reference: every rank's micro-batches and forwards, in f32.
+    ref_opt.zero_grad();
+    Tensor total;
+    for (int r = 0; r < W; ++r)
+      for (int micro = 0; micro < micro_batches; ++micro)
+        for (int k = 0; k < forwards; ++k) {
+          int64_t first = ((step * 4 + micro + k) * 16 + r) * kRowsPerRank;
+          Tensor l = mse_loss((*reference)(inputs(first, kRowsPerRank, 8, f32)), targets(first, kRowsPerRank, 4, f32));
+          total = total.defined() ? total + l : l;
+        }
+    (total / static_cast<double>(W)).backward();
+    ref_opt.step();
+  }
+  // Bitwise equal across ranks (never.bias is ignored: not even broadcast at construction).
+  for (const auto& [name, p] : model->named_parameters()) {
+    if (name == "never.bias") continue;
+    Tensor mine = p.detach().clone();
+    Tensor root = mine.clone();
+    g->broadcast(root, 0)->wait();
+    expect(max_abs_diff(mine, root) == 0, "{}: {} differs from rank 0's", what, name);
+  }
+  // bf16 keeps 8 significant bits (f16 11): each step's gradient is off by ~2^-8 (2^-11) relative,
+  // and 20 momentum steps of lr 0.05 on O(1) gradients move a parameter by at most ~1 in total.
+  const double tol = low == bf16 ? 3e-2 : 5e-3;
+  expect_same_parameters(*model, *reference, tol, what);
+  {
+    NoGradGuard ng;
+    Tensor out = ddp(inputs(0, 4, 8, f32));
+    expect(out.dtype() == low, "{}: NoGradGuard evaluation ran in {}", what, out.dtype());
+  }
+  expect(model->fc1->weight.dtype() == f32, "{}: after a NoGradGuard forward fc1.weight is {}", what,
+         model->fc1->weight.dtype());
+  for (const auto& [name, t] : model->state_dict())
+    if (is_floating(t.dtype())) expect(t.dtype() == f32, "{}: state_dict has {} as {}", what, name, t.dtype());
+}
+
+inline void mixed_precision_all(ProcessGroupPtr g) {
+  for (Dtype low : {bf16, f16})
+    for (bool none : {true, false})
+      for (bool hook : {false, true})
+        for (MpMode mode : {MpMode::plain, MpMode::no_sync, MpMode::static_two_forwards})
+          mixed_precision_case(g, low, none, hook, mode);
+}
+
+// Buffers live in buffer_dtype; gradient_as_bucket_view with a reduce dtype other than the
+// masters' is a construction error.
+inline void mixed_precision_buffers_and_errors(ProcessGroupPtr g) {
+  manual_seed(5);
+  auto m = std::make_shared<nn::Sequential>();
+  m->push_back(std::make_shared<nn::Linear>(8, 6));
+  m->push_back(std::make_shared<nn::BatchNorm1d>(6));
+  m->push_back(std::make_shared<nn::Linear>(6, 4));
+  DdpOptions o;
+  o.mixed_precision = MixedPrecision{.param_dtype = bf16, .buffer_dtype = bf16};
+  DistributedDataParallel ddp(m, g, o);
+  std::string inside;
+  auto hook = m->register_forward_pre_hook([&](nn::Module& mod) {
+    Tensor rm = mod.buffer("1.running_mean");
+    if (rm.dtype() != bf16) inside = fmt::format("running_mean is {}", rm.dtype());
+  });
+  mse_loss(ddp(inputs(g->rank() * 5, 5, 8, f32)).to(f32), targets(0, 5, 4, f32)).backward();
+  ddp.check_reducer_finalized();
+  expect(inside.empty(), "buffer_dtype: {}", inside);
+  auto m2 = make_net(f32);
+  DdpOptions bad;
+  bad.mixed_precision = MixedPrecision{.param_dtype = bf16};
+  bad.gradient_as_bucket_view = true;
+  bad.find_unused_parameters = true;
+  std::string error;
+  try {
+    DistributedDataParallel d(m2, g, bad);
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  expect(error.find("gradient_as_bucket_view needs buckets in the masters' dtype") != std::string::npos,
+         "bucket view with bf16 buckets: '{}'", error);
+}
+
+}  // namespace ddp_cases

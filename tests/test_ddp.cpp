@@ -277,3 +277,11 @@ TEST_CASE("ddp threads: optimizer in backward equals DDP + step()", "[ddp][in_ba
   }
   REQUIRE_NOTHROW(on_threads(2, in_backward_hook_and_errors));
 }
+
+TEST_CASE("ddp threads: mixed precision (bf16, f16) tracks f32 training", "[ddp][mixed_precision]") {
+  for (int n : {1, 2}) {
+    INFO(n << " ranks");
+    REQUIRE_NOTHROW(on_threads(n, mixed_precision_all));
+    REQUIRE_NOTHROW(on_threads(n, mixed_precision_buffers_and_errors));
+  }
+}

@@ -58,3 +58,7 @@ TEST_CASE("ddp mpi: optimizer in backward", "[ddp_mpi]") {
   run_case(in_backward_all);
   run_case(in_backward_hook_and_errors);
 }
+TEST_CASE("ddp mpi: mixed precision", "[ddp_mpi]") {
+  run_case(mixed_precision_all);
+  run_case(mixed_precision_buffers_and_errors);
+}

@@ -1,0 +1,116 @@
+#include "dist/mixed_precision.h"
+
+#include "autograd/engine.h"
+#include "autograd/grad_mode.h"
+#include "autograd/ops.h"
+
+namespace tandem::dist {
+
+ParamShadows::ParamShadows(TensorList params, Dtype dtype, bool keep_bucket_views)
+    : dtype_(dtype), keep_bucket_views_(keep_bucket_views) {
+  TANDEM_CHECK(dtype == f16 || dtype == bf16, "[ddp] mixed precision computes in f16 or bf16, not {}", dtype);
+  for (Tensor& p : params) {
+    TANDEM_CHECK(is_floating(p.dtype()), "[ddp] mixed precision: parameter of shape {} is {}, not floating point",
+                 p.shape(), p.dtype());
+    Entry e;
+    e.master = p.detach();  // its own impl: keeps pointing at the master's storage during the swap
+    e.shadow = empty(p.shape(), TensorOptions(dtype, p.device()));
+    e.param = std::move(p);
+    entries_.push_back(std::move(e));
+  }
+  for (const Entry& e : entries_) {
+    if (!e.param.requires_grad()) continue;
+    // The first gradient of a backward that ran on the shadows queues the way back.
+    hooks_.push_back(register_post_accumulate_grad_hook(e.param, [this](const Tensor&) {
+      if (!active_ || finish_queued_) return;
+      finish_queued_ = true;
+      autograd::queue_callback([this] { finish_backward(); });
+    }));
+  }
+}
+
+ParamShadows::~ParamShadows() {
+  hooks_.clear();
+  if (active_) cast_out();  // never leave the user's parameters pointing at our shadows
+}
+
+void ParamShadows::point_at(const Tensor& param, const Tensor& data) {
+  TensorImpl* p = param.impl();
+  const TensorImpl* d = data.impl();
+  p->storage = d->storage;
+  p->offset = d->offset;
+  p->strides = d->strides;
+  p->dtype = d->dtype;
+  p->refresh_contiguity();
+}
+
+void cast_in_place(const Tensor& t, Dtype dtype) {
+  NoGradGuard no_grad;
+  Tensor copy = t.to(dtype).contiguous();
+  TensorImpl* p = t.impl();
+  p->storage = copy.impl()->storage;
+  p->offset = copy.impl()->offset;
+  p->strides = copy.impl()->strides;
+  p->dtype = copy.dtype();
+  p->refresh_contiguity();
+}
+
+void ParamShadows::cast_in() {
+  // Several forwards before one backward (static_graph) share the shadows: the masters cannot
+  // have changed in between, and a refresh would bump the version the first forward saved.
+  if (active_) return;
+  NoGradGuard no_grad;
+  for (Entry& e : entries_) {
+    e.stashed = e.param.grad();
+    if (e.stashed.defined()) e.param.set_grad(Tensor());
+    e.reduced = Tensor();
+    e.shadow.copy_(e.master);
+    point_at(e.param, e.shadow);
+  }
+  active_ = true;
+}
+
+void ParamShadows::cast_out() {
+  if (!active_) return;
+  NoGradGuard no_grad;
+  for (Entry& e : entries_) {
+    Tensor low = e.param.grad();  // this backward's, in the shadow's dtype (or none)
+    point_at(e.param, e.master);
+    Tensor grad;
+    if (e.reduced.defined()) {
+      if (keep_bucket_views_ && e.reduced.dtype() == e.master.dtype()) {
+        grad = e.reduced;  // gradient_as_bucket_view: .grad is the bucket slot
+      } else if (e.stashed.defined() && e.stashed.data_ptr() != e.reduced.data_ptr()) {
+        e.stashed.copy_(e.reduced);  // the master's .grad keeps its identity
+        grad = e.stashed;
+      } else {
+        grad = e.reduced.to(e.master.dtype());
+        if (grad.data_ptr() == e.reduced.data_ptr()) grad = grad.clone();  // never alias a bucket
+      }
+    } else if (low.defined()) {
+      grad = e.stashed.defined() ? e.stashed.add_(low) : low.to(e.master.dtype());
+    } else {
+      grad = e.stashed;
+    }
+    e.param.set_grad(grad);
+    e.stashed = Tensor();
+    e.reduced = Tensor();
+  }
+  active_ = false;
+}
+
+Tensor ParamShadows::gradient_to_reduce(size_t i, const Tensor& low_precision_grad) const {
+  const Entry& e = entries_.at(i);
+  if (!e.stashed.defined()) return low_precision_grad;
+  NoGradGuard no_grad;
+  return low_precision_grad.defined() ? e.stashed + low_precision_grad : e.stashed;
+}
+
+void ParamShadows::set_reduced(size_t i, const Tensor& reduced) { entries_.at(i).reduced = reduced; }
+
+void ParamShadows::finish_backward() {
+  finish_queued_ = false;
+  cast_out();
+}
+
+}  // namespace tandem::dist

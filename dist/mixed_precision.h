@@ -1,0 +1,80 @@
+// DDP's native mixed precision: every managed parameter keeps its f32 master; before each forward
+// in grad mode a low-precision shadow is filled from it and the parameter handle is pointed at
+// the shadow (the layers keep their Tensor members and compute in param_dtype); at the end of
+// the backward the handle points at the master again and the gradient lands, in the master's
+// dtype, in the master's .grad. Outside a forward-backward pair parameters read as masters.
+//
+// The swap changes the storage, strides and dtype inside the parameter's TensorImpl, which every
+// handle to it shares; autograd metadata (hooks, .grad) stays with the impl. The master's
+// gradient is set aside during the pair (the low-precision backward accumulates into a .grad of
+// the shadow's dtype) and comes back with this backward's contribution added: reduced across
+// ranks after a synchronised backward, accumulated locally after a no_sync one.
+#pragma once
+
+#include <functional>
+#include <optional>
+#include <vector>
+
+#include "autograd/hooks.h"
+#include "core/tensor.h"
+
+namespace tandem::dist {
+
+struct MixedPrecision {
+  std::optional<Dtype> param_dtype;   // f16 or bf16: forward and backward compute in it
+  std::optional<Dtype> reduce_dtype;  // buckets are reduced in it; unset: param_dtype
+  std::optional<Dtype> buffer_dtype;  // buffers are cast to it once, at construction; unset: left alone
+};
+
+// Points t's impl (shared by every handle to it) at a copy of its data in `dtype`: how buffers
+// come to live in buffer_dtype.
+void cast_in_place(const Tensor& t, Dtype dtype);
+
+class ParamShadows {
+ public:
+  // `params`: the parameters to cast (managed ones first, in the reducer's order, then frozen
+  // ones, which are cast and restored too but get no gradient).
+  // With keep_bucket_views (gradient_as_bucket_view and a reduce dtype equal to the masters'),
+  // the master's .grad becomes the reduced bucket slot itself; otherwise a copy.
+  ParamShadows(TensorList params, Dtype dtype, bool keep_bucket_views);
+  ~ParamShadows();
+  ParamShadows(const ParamShadows&) = delete;
+  ParamShadows& operator=(const ParamShadows&) = delete;
+
+  // Before a forward: shadows filled from the masters, parameters pointed at them, masters'
+  // gradients set aside. Called again while active (several forwards before one backward) it
+  // does nothing.
+  void cast_in();
+  // After a forward under NoGradGuard, or when a forward was never backwarded: back to the
+  // masters, their gradients as they were (plus whatever a backward left, see finish_backward).
+  void cast_out();
+  bool active() const { return active_; }
+
+  // What the reducer copies into parameter i's bucket slot: the set-aside master gradient plus
+  // this backward's low-precision one (gradient accumulation across no_sync happens in f32).
+  Tensor gradient_to_reduce(size_t i, const Tensor& low_precision_grad) const;
+  // The reducer's averaged gradient for parameter i (in reduce_dtype): it replaces the master's.
+  void set_reduced(size_t i, const Tensor& reduced);
+  // Queued once per backward by the parameters' hooks: back to the masters; each master's .grad
+  // is the reduced gradient (synchronised backward) or the set-aside one plus this backward's.
+  void finish_backward();
+
+ private:
+  struct Entry {
+    Tensor param;    // the user's handle (its impl is swapped)
+    Tensor master;   // a second impl aliasing the master's storage
+    Tensor shadow;   // in the low-precision dtype
+    Tensor stashed;  // the master's .grad during the pair
+    Tensor reduced;  // set by the reducer after a synchronised backward
+  };
+  static void point_at(const Tensor& param, const Tensor& data);
+
+  std::vector<Entry> entries_;
+  Dtype dtype_;
+  bool keep_bucket_views_ = false;
+  bool active_ = false;
+  bool finish_queued_ = false;
+  std::vector<HookHandle> hooks_;
+};
+
+}  // namespace tandem::dist
