@@ -436,6 +436,22 @@ void copy(const Tensor& self, const Tensor& src_in, const char* name) {
   });
 }
 
+void copy_divided(const Tensor& self, const Tensor& src_in, double divisor, const char* name) {
+  TANDEM_CHECK(self.defined() && src_in.defined(), "[{}] undefined tensor", name);
+  TANDEM_CHECK(is_floating(self.dtype()), "[{}] the destination must be floating point, got {}", name, self.dtype());
+  TANDEM_CHECK(self.shape() == src_in.shape(), "[{}] shapes differ: destination {}, source {}", name, self.shape(),
+               src_in.shape());
+  check_writable(self, name);
+  Tensor src = src_in.device() == self.device() ? src_in : raw::to_device(src_in, self.device());
+  if (src.dtype() != self.dtype()) src = cast(src, self.dtype(), name);
+  src = unaliased(self, src, name);
+  if (!self.is_cpu()) [[unlikely]] {
+    if (self.numel() > 0) device_table(self, name).binary_scalar(Binary::div, self, src, Scalar(divisor), false);
+    return;
+  }
+  run_binary_scalar(Binary::div, self, src, Scalar(divisor), /*scalar_first=*/false);
+}
+
 void fill(const Tensor& self, const Scalar& value, const char* name) {
   TANDEM_CHECK(self.defined(), "[{}] undefined tensor", name);
   check_writable(self, name);

@@ -418,6 +418,9 @@ void binary_(Binary op, const Tensor& self, const Tensor& other, const Scalar& a
 void binary_(Binary op, const Tensor& self, const Scalar& other, const char* name);
 void fill(const Tensor& self, const Scalar& value, const char* name = "fill_");
 void copy(const Tensor& self, const Tensor& src, const char* name = "copy_");
+// self = src / divisor in one pass (src cast to self's floating dtype first if it differs): how
+// DDP's reducer folds the division by the world size into the copy into a bucket.
+void copy_divided(const Tensor& self, const Tensor& src, double divisor, const char* name = "copy_divided");
 void clamp_(const Tensor& self, std::optional<double> lo, std::optional<double> hi);
 void addcmul_(const Tensor& self, const Tensor& a, const Tensor& b, const Scalar& alpha);
 void addcdiv_(const Tensor& self, const Tensor& a, const Tensor& b, const Scalar& alpha);

@@ -10,6 +10,7 @@
 
 #include "autograd/grad_mode.h"
 #include "autograd/ops.h"
+#include "core/elementwise.h"
 
 namespace tandem::dist {
 
@@ -399,14 +400,23 @@ void Reducer::mark_ready(size_t param, bool used_here) {
   const Tensor& p = params_[param].tensor;
   Tensor slot = slot_view(param);
   Tensor grad = transforms_.source ? transforms_.source(param, p.grad()) : p.grad();
+  // The default reduction averages: the division by the world size happens here, in the copy
+  // into the slot (divide then sum, so low precision does not overflow), not as a pass of its own.
+  const bool divide = folds_division();
+  const double world = static_cast<double>(group_->size());
   if (grad.defined()) {
     // A locally unused parameter still contributes the gradient it holds (e.g. accumulated under
     // no_sync); if no rank used it, finalize leaves .grad as it was.
     if (!is_view_of(grad, slot)) {
-      slot.copy_(grad);
+      if (divide) {
+        ew::copy_divided(slot, grad, world);
+      } else {
+        slot.copy_(grad);
+      }
       if (options_.gradient_as_bucket_view && used_here && !transforms_.sink) p.set_grad(slot);
-    } else if (!used_here) {
-      unused_stash_[param] = grad.clone();  // the view itself is about to be reduced
+    } else {
+      if (!used_here) unused_stash_[param] = grad.clone();  // the view itself is about to be reduced
+      if (divide) slot.div_(world);  // the gradient already lives in the slot
     }
   } else {
     slot.zero_();
@@ -435,7 +445,12 @@ void Reducer::launch_ready_buckets() {
     gb.lengths = b.lengths;
     gb.group = group_.get();
     if (index == 0) first_launch_ = Clock::now();
-    b.work = comm_hook_ ? comm_hook_(gb) : hooks::allreduce(gb);
+    // Without a hook the slots were divided on the way in: a plain sum averages.
+    if (comm_hook_) {
+      b.work = comm_hook_(gb);
+    } else {
+      b.work = folds_division() ? group_->allreduce(b.buffer, ReduceOp::sum) : hooks::allreduce(gb);
+    }
     TANDEM_CHECK(b.work != nullptr, "[ddp] the comm hook returned no Work for bucket {}", index);
     events_.push_back({ReducerEvent::bucket_launched, static_cast<int64_t>(index)});
     // The completion time, for the statistics (runs on whichever thread completes the work).

@@ -158,6 +158,7 @@ class Reducer {
   void rebuild_buckets();
   [[noreturn]] void throw_unfinished() const;
   bool static_first_iteration() const { return options_.static_graph && !static_recorded_; }
+  bool folds_division() const { return !comm_hook_ && group_->size() > 1; }
 
   std::vector<Param> params_;
   ProcessGroupPtr group_;

@@ -1,6 +1,8 @@
 // The README's examples, compiled and run, so the documentation cannot drift from the code.
 #include <catch2/catch.hpp>
 
+#include <atomic>
+
 #include <cstdio>
 #include <sstream>
 
@@ -261,11 +263,13 @@ TEST_CASE("README dist", "[readme]") {
   dist::WorkPtr work = pg->allreduce(t, dist::ReduceOp::avg);
   work->wait();
   REQUIRE(t.to_vector<float>() == std::vector<float>(4, 1.0f));
-  dist::run_threads(4, [](dist::ProcessGroup& g) {
+  std::vector<std::vector<float>> reduced(4);  // Catch2 v2 asserts are not thread-safe: checked below
+  dist::run_threads(4, [&](dist::ProcessGroup& g) {
     Tensor x = full({2}, g.rank());
     g.allreduce(x)->wait();
-    REQUIRE(x.to_vector<float>() == std::vector<float>{6, 6});
+    reduced[g.rank()] = x.to_vector<float>();
   });
+  for (const auto& r : reduced) REQUIRE(r == std::vector<float>{6, 6});
   Tensor small = ones({8});
   {
     dist::AsyncIssueGuard async;
@@ -334,8 +338,10 @@ TEST_CASE("README optimizer in backward", "[readme]") {
 }
 
 TEST_CASE("README DDP modes: static graph, delayed-allreduce parameters", "[readme]") {
-  dist::run_threads(2, [](dist::ProcessGroup& group) {
+  std::vector<std::vector<bool>> checks(2);  // per rank, asserted on this thread (Catch2 v2 is not thread-safe)
+  dist::run_threads(2, [&](dist::ProcessGroup& group) {
     dist::ProcessGroupPtr pg(std::shared_ptr<void>(), &group);
+    std::vector<bool>& ok = checks[group.rank()];
     manual_seed(0);
     Tensor x1 = randn({8, 32}), x2 = randn({8, 32}), y1 = randn({8, 10}), y2 = randn({8, 10});
     {
@@ -345,7 +351,7 @@ TEST_CASE("README DDP modes: static graph, delayed-allreduce parameters", "[read
       Tensor a = ddp(x1), b = ddp(x2);                         // two forwards...
       (nn::mse_loss(a, y1) + nn::mse_loss(b, y2)).backward();  // ...one backward, reduced once
       ddp.check_reducer_finalized();
-      REQUIRE(ddp.stats().str().find("static_graph") != std::string::npos);
+      ok.push_back(ddp.stats().str().find("static_graph") != std::string::npos);
     }
     {
       struct Net : nn::Module {
@@ -360,8 +366,37 @@ TEST_CASE("README DDP modes: static graph, delayed-allreduce parameters", "[read
       o.param_to_hook_all_reduce = "fc1.weight";
       dist::DistributedDataParallel ddp(model, pg, o);
       nn::mse_loss(ddp(randint(0, 100, {8})), y1).backward();
-      REQUIRE(ddp.delayed_allreduce()->launches() == 1);
-      REQUIRE(model->emb->weight.grad().defined());
+      ok.push_back(ddp.delayed_allreduce()->launches() == 1);
+      ok.push_back(model->emb->weight.grad().defined());
     }
   });
+  for (const auto& ok : checks) REQUIRE(ok == std::vector<bool>{true, true, true});
+}
+
+TEST_CASE("README DDP modes: mixed precision, optimizer in backward", "[readme]") {
+  std::atomic<int> failed{0};  // Catch2 assertions are for the main thread: workers count
+  dist::run_threads(2, [&](dist::ProcessGroup& group) {
+    dist::ProcessGroupPtr pg(std::shared_ptr<void>(), &group);
+    manual_seed(0);
+    Tensor x = randn({8, 32}), y = randn({8, 10});
+    {
+      auto model = std::make_shared<nn::Sequential>(nn::Linear(32, 10));
+      dist::DdpOptions o;
+      o.mixed_precision = dist::MixedPrecision{.param_dtype = bf16};
+      dist::DistributedDataParallel ddp(model, pg, o);
+      nn::mse_loss(ddp(x).to(f32), y).backward();  // bf16 forward/backward, bf16 buckets, f32 .grad
+      failed += (model->at<nn::Linear>(0)->weight.grad().dtype() == f32) ? 0 : 1;
+    }
+    {
+      auto model = std::make_shared<nn::Sequential>(nn::Linear(32, 10));
+      auto in_backward = optim::apply_optimizer_in_backward(optim::SGDOptions{.lr = 0.1, .momentum = 0.9},
+                                                            model->parameters());
+      dist::DistributedDataParallel ddp(model, pg, {});
+      Tensor before = model->at<nn::Linear>(0)->weight.detach().clone();
+      nn::mse_loss(ddp(x), y).backward();  // each parameter stepped once its bucket is reduced
+      failed += (model->at<nn::Linear>(0)->weight.equal(before)) ? 1 : 0;
+      failed += (model->at<nn::Linear>(0)->weight.grad().defined()) ? 1 : 0;
+    }
+  });
+  REQUIRE(failed == 0);
 }
