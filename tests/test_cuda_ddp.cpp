@@ -64,7 +64,77 @@ void cuda_equivalence(ProcessGroupPtr g, bool bucket_view, bool find_unused) {
   if (find_unused) CHECK_FALSE(model->never->weight.grad().defined());
 }
 
+// Mixed precision (bf16 shadows of f32 masters) and the optimizer in backward on CUDA tensors,
+// against f32 training of one process on the CPU.
+void cuda_modes(ProcessGroupPtr g) {
+  const int W = g->size(), R = g->rank();
+  const Device dev = Device::cuda(cuda::current_device());
+  for (bool mixed : {true, false}) {
+    auto model = make_net(f32, 7);
+    auto reference = make_net(f32, 7);
+    for (auto* m : {model.get(), reference.get()}) {
+      m->never->weight.requires_grad_(false);
+      m->never->bias.requires_grad_(false);
+    }
+    model->to(dev);
+    std::shared_ptr<optim::InBackwardOptimizers> in_backward;
+    if (!mixed) {
+      TensorList trainable;
+      for (const Tensor& p : model->parameters())
+        if (p.requires_grad()) trainable.push_back(p);
+      in_backward = optim::apply_optimizer_in_backward(optim::SGDOptions{.lr = 0.1, .momentum = 0.9}, trainable);
+    }
+    DdpOptions o;
+    o.bucket_cap_mb = 0.0005;
+    if (mixed) o.mixed_precision = MixedPrecision{.param_dtype = bf16};
+    DistributedDataParallel ddp(model, g, o);
+    optim::SGD opt(model->parameters(), {.lr = 0.1, .momentum = 0.9});
+    optim::SGD ref_opt(reference->parameters(), {.lr = 0.1, .momentum = 0.9});
+    for (int step = 0; step < 5; ++step) {
+      if (mixed) opt.zero_grad();
+      int64_t first = ((step * 4) * 16 + R) * kRowsPerRank;
+      Tensor out = ddp(inputs(first, kRowsPerRank, 8, f32).to(dev));
+      if (mixed) CHECK(out.dtype() == bf16);
+      mse_loss(out.to(f32), targets(first, kRowsPerRank, 4, f32).to(dev)).backward();
+      ddp.check_reducer_finalized();
+      if (mixed) {
+        CHECK(model->fc1->weight.dtype() == f32);
+        opt.step();
+      } else {
+        CHECK_FALSE(model->fc1->weight.grad().defined());
+      }
+      ref_opt.zero_grad();
+      Tensor total;
+      for (int r = 0; r < W; ++r) {
+        Tensor l = shard_loss(*reference, step, r, f32);
+        total = total.defined() ? total + l : l;
+      }
+      (total / static_cast<double>(W)).backward();
+      ref_opt.step();
+    }
+    auto got = model->named_parameters();
+    for (const auto& [name, want] : reference->named_parameters()) {
+      INFO(name << (mixed ? " (bf16 mixed precision)" : " (SGD in backward)") << ", rank " << R);
+      CHECK(max_abs_diff(got.at(name).to(kCPU), want) < (mixed ? 3e-2 : 1e-4));
+      CHECK(got.at(name).device() == dev);
+    }
+  }
+}
+
+// dist::init runs once per process: both mpi cases share its world.
+ProcessGroupPtr staged_mpi_world() {
+  static ProcessGroupPtr world = init(InitOptions{"mpi", std::chrono::seconds(60), {}});
+  return world;
+}
+
 }  // namespace
+
+TEST_CASE("ddp cuda: mixed precision and optimizer in backward over nccl, a world of one", "[cuda]") {
+  TANDEM_REQUIRE_CUDA_OR_SKIP();
+  InitOptions io;
+  io.timeout = std::chrono::seconds(60);
+  cuda_modes(make_nccl_world(io));
+}
 
 TEST_CASE("ddp cuda: over nccl, a world of one, equals CPU training", "[cuda]") {
   TANDEM_REQUIRE_CUDA_OR_SKIP();
@@ -77,7 +147,13 @@ TEST_CASE("ddp cuda: over nccl, a world of one, equals CPU training", "[cuda]") 
 
 TEST_CASE("ddp cuda: over mpi with CUDA tensors staged through the host", "[cuda][cuda_mpi]") {
   TANDEM_REQUIRE_CUDA_OR_SKIP();
-  static ProcessGroupPtr world = init(InitOptions{"mpi", std::chrono::seconds(60), {}});
+  ProcessGroupPtr world = staged_mpi_world();
   for (bool view : {false, true})
     for (bool unused : {false, true}) cuda_equivalence(world, view, unused);
+}
+
+TEST_CASE("ddp cuda: mixed precision and optimizer in backward over mpi with staged CUDA tensors",
+          "[cuda][cuda_mpi]") {
+  TANDEM_REQUIRE_CUDA_OR_SKIP();
+  cuda_modes(staged_mpi_world());
 }
