@@ -163,8 +163,6 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
   }
   std::vector<std::shared_ptr<optim::InBackwardStep>> steps;
   for (const auto& m : managed) steps.push_back(take_over(m.tensor));
-  TANDEM_CHECK(!(optimizer_in_backward_ && options_.mixed_precision),
-               "[ddp] mixed_precision together with an optimizer in backward is not supported yet");
   ro.reduce_dtype = reduce_dtype;
   TensorList shadowed;
   for (const auto& m : managed) shadowed.push_back(m.tensor);  // the reducer's order: index i is parameter i
@@ -178,7 +176,8 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
                                               options_.gradient_as_bucket_view);
     ParamShadows* s = shadows_.get();
     reducer_->set_gradient_transforms({[s](size_t i, const Tensor& g) { return s->gradient_to_reduce(i, g); },
-                                       [s](size_t i, const Tensor& reduced) { s->set_reduced(i, reduced); }});
+                                       [s](size_t i, const Tensor& reduced) { s->set_reduced(i, reduced); },
+                                       [s](size_t i, const Tensor& reduced) { s->finish_param(i, reduced); }});
     if (mp.buffer_dtype)
       for (const Tensor& b : synced_buffers())
         if (is_floating(b.dtype())) cast_in_place(b, *mp.buffer_dtype);

@@ -74,19 +74,15 @@ void ParamShadows::cast_out() {
   if (!active_) return;
   NoGradGuard no_grad;
   for (Entry& e : entries_) {
+    if (e.finished) {  // already back, with its reduced gradient (and stepped)
+      e.finished = false;
+      continue;
+    }
     Tensor low = e.param.grad();  // this backward's, in the shadow's dtype (or none)
     point_at(e.param, e.master);
     Tensor grad;
     if (e.reduced.defined()) {
-      if (keep_bucket_views_ && e.reduced.dtype() == e.master.dtype()) {
-        grad = e.reduced;  // gradient_as_bucket_view: .grad is the bucket slot
-      } else if (e.stashed.defined() && e.stashed.data_ptr() != e.reduced.data_ptr()) {
-        e.stashed.copy_(e.reduced);  // the master's .grad keeps its identity
-        grad = e.stashed;
-      } else {
-        grad = e.reduced.to(e.master.dtype());
-        if (grad.data_ptr() == e.reduced.data_ptr()) grad = grad.clone();  // never alias a bucket
-      }
+      grad = master_grad(e, e.reduced);
     } else if (low.defined()) {
       grad = e.stashed.defined() ? e.stashed.add_(low) : low.to(e.master.dtype());
     } else {
@@ -97,6 +93,27 @@ void ParamShadows::cast_out() {
     e.reduced = Tensor();
   }
   active_ = false;
+}
+
+// The master's new .grad from an averaged slot.
+Tensor ParamShadows::master_grad(Entry& e, const Tensor& reduced) const {
+  if (keep_bucket_views_ && reduced.dtype() == e.master.dtype()) return reduced;  // .grad is the slot
+  if (e.stashed.defined() && e.stashed.data_ptr() != reduced.data_ptr()) {
+    e.stashed.copy_(reduced);  // the master's .grad keeps its identity
+    return e.stashed;
+  }
+  Tensor grad = reduced.to(e.master.dtype());
+  return grad.data_ptr() == reduced.data_ptr() ? grad.clone() : grad;  // never alias a bucket
+}
+
+void ParamShadows::finish_param(size_t i, const Tensor& reduced) {
+  NoGradGuard no_grad;
+  Entry& e = entries_.at(i);
+  point_at(e.param, e.master);
+  e.param.set_grad(master_grad(e, reduced));
+  e.stashed = Tensor();
+  e.reduced = Tensor();
+  e.finished = true;
 }
 
 Tensor ParamShadows::gradient_to_reduce(size_t i, const Tensor& low_precision_grad) const {

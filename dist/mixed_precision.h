@@ -55,6 +55,10 @@ class ParamShadows {
   Tensor gradient_to_reduce(size_t i, const Tensor& low_precision_grad) const;
   // The reducer's averaged gradient for parameter i (in reduce_dtype): it replaces the master's.
   void set_reduced(size_t i, const Tensor& reduced);
+  // Parameter i alone back to its master, its .grad the upcast `reduced`: what an optimizer in
+  // backward needs before it steps i. Runs on the communication thread while backward goes on;
+  // the parameter's gradient is final, so no node reads it any more.
+  void finish_param(size_t i, const Tensor& reduced);
   // Queued once per backward by the parameters' hooks: back to the masters; each master's .grad
   // is the reduced gradient (synchronised backward) or the set-aside one plus this backward's.
   void finish_backward();
@@ -66,7 +70,9 @@ class ParamShadows {
     Tensor shadow;   // in the low-precision dtype
     Tensor stashed;  // the master's .grad during the pair
     Tensor reduced;  // set by the reducer after a synchronised backward
+    bool finished = false;  // finish_param ran this iteration (read after the reducer's wait)
   };
+  Tensor master_grad(Entry& e, const Tensor& reduced) const;
   static void point_at(const Tensor& param, const Tensor& data);
 
   std::vector<Entry> entries_;

@@ -303,7 +303,11 @@ void Reducer::chain_in_backward_steps(size_t index) {
     }
     for (size_t p : bucket.params) {
       if (!in_backward_[p] || (options_.static_graph && static_unused_anywhere_[p])) continue;
-      write_back(p);
+      if (transforms_.finish) {
+        transforms_.finish(p, slot_view(p));
+      } else {
+        write_back(p);
+      }
       in_backward_[p]->step();
       stepped_[p] = 1;
     }
@@ -574,8 +578,13 @@ void Reducer::wait_and_write_back() {
       continue;
     }
     if (!stepped_.empty() && stepped_[p]) continue;  // written and stepped by its bucket's continuation
-    write_back(p);
-    if (!in_backward_.empty() && in_backward_[p]) in_backward_[p]->step();  // deferred until the used map was known
+    const bool step = !in_backward_.empty() && in_backward_[p];  // deferred until the used map was known
+    if (step && transforms_.finish) {
+      transforms_.finish(p, slot);
+    } else {
+      write_back(p);
+    }
+    if (step) in_backward_[p]->step();
   }
   std::fill(stepped_.begin(), stepped_.end(), 0);
   for (Bucket& b : buckets_) b.work.reset();

@@ -61,6 +61,9 @@ struct GradientTransforms {
   std::function<Tensor(size_t param, const Tensor& grad)> source;
   // Receives parameter i's averaged slot instead of writing it into .grad.
   std::function<void(size_t param, const Tensor& reduced)> sink;
+  // Makes parameter i's .grad final from its averaged slot right away, before an optimizer in
+  // backward steps it (may run on the communication thread).
+  std::function<void(size_t param, const Tensor& reduced)> finish;
 };
 
 // What the reducer did, in order, in the current (or last) iteration: the overlap test reads it.

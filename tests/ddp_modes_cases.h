@@ -755,3 +755,54 @@ inline void mixed_precision_buffers_and_errors(ProcessGroupPtr g) {
 }
 
 }  // namespace ddp_cases
+
+namespace ddp_cases {
+
+// The optimizer in backward under mixed precision steps the f32 masters with the upcast averaged
+// gradient: the same parameters as mixed-precision DDP + step(), bitwise.
+inline void in_backward_mixed_precision(ProcessGroupPtr g, Dtype low, bool find_unused) {
+  const int R = g->rank();
+  const std::string what = fmt::format("in backward with {} mixed precision, find_unused={}, rank {}", low,
+                                       find_unused, R);
+  const optim::AdamWOptions adamw{.lr = 0.01};
+  auto a = make_net(f32, 7), b = make_net(f32, 7);
+  for (auto* m : {a.get(), b.get()}) {
+    m->rank = R;
+    m->use_extra = [find_unused](int r) { return !find_unused || r % 2 == 1; };
+    if (!find_unused) {
+      m->never->weight.requires_grad_(false);
+      m->never->bias.requires_grad_(false);
+    }
+  }
+  TensorList trainable;
+  for (const Tensor& p : a->parameters())
+    if (p.requires_grad()) trainable.push_back(p);
+  auto in_backward = optim::apply_optimizer_in_backward(adamw, trainable);
+  DdpOptions o;
+  o.mixed_precision = MixedPrecision{.param_dtype = low};
+  o.find_unused_parameters = find_unused;
+  o.bucket_cap_mb = 1e-9;
+  DistributedDataParallel ddp_a(a, g, o);
+  DistributedDataParallel ddp_b(b, g, o);
+  optim::AdamW opt_b(b->parameters(), adamw);
+  for (int step = 0; step < 5; ++step) {
+    int64_t first = ((step * 4) * 16 + R) * kRowsPerRank;
+    mse_loss(ddp_a(inputs(first, kRowsPerRank, 8, f32)).to(f32), targets(first, kRowsPerRank, 4, f32)).backward();
+    ddp_a.check_reducer_finalized();
+    for (const auto& [name, p] : a->named_parameters()) {
+      expect(p.dtype() == f32, "{}: {} is {} after backward", what, name, p.dtype());
+      expect(!p.grad().defined(), "{}: {} kept its gradient after its step", what, name);
+    }
+    opt_b.zero_grad();
+    mse_loss(ddp_b(inputs(first, kRowsPerRank, 8, f32)).to(f32), targets(first, kRowsPerRank, 4, f32)).backward();
+    opt_b.step();
+  }
+  expect_same_parameters(*a, *b, 0, what);
+}
+
+inline void in_backward_mixed_precision_all(ProcessGroupPtr g) {
+  for (Dtype low : {bf16, f16})
+    for (bool find_unused : {false, true}) in_backward_mixed_precision(g, low, find_unused);
+}
+
+}  // namespace ddp_cases

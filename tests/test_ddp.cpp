@@ -283,5 +283,6 @@ TEST_CASE("ddp threads: mixed precision (bf16, f16) tracks f32 training", "[ddp]
     INFO(n << " ranks");
     REQUIRE_NOTHROW(on_threads(n, mixed_precision_all));
     REQUIRE_NOTHROW(on_threads(n, mixed_precision_buffers_and_errors));
+    REQUIRE_NOTHROW(on_threads(n, in_backward_mixed_precision_all));
   }
 }

@@ -61,4 +61,5 @@ TEST_CASE("ddp mpi: optimizer in backward", "[ddp_mpi]") {
 TEST_CASE("ddp mpi: mixed precision", "[ddp_mpi]") {
   run_case(mixed_precision_all);
   run_case(mixed_precision_buffers_and_errors);
+  run_case(in_backward_mixed_precision_all);
 }
