@@ -231,6 +231,27 @@ TensorList loss_op(const TensorList& xs, const Json& p, bool cross) {
   return {nn::nll_loss(arg(xs, 0, op), arg(xs, 1, op), o)};
 }
 
+TensorList clamp_tensors_op(const TensorList& xs, const Json& p) {
+  size_t next = 1;
+  std::optional<Tensor> lo, hi;
+  if (p.at("has_lo").get<bool>()) lo = arg(xs, next++, "clamp_t");
+  if (p.at("has_hi").get<bool>()) hi = arg(xs, next++, "clamp_t");
+  return {clamp(arg(xs, 0, "clamp_t"), lo, hi)};
+}
+
+// where with a Scalar branch or two; "a"/"b" are null where the branch is a tensor input.
+TensorList where_scalar_op(const TensorList& xs, const Json& p) {
+  auto scalar = [&](const char* key, const char* integral) {
+    return p.at(integral).get<bool>() ? Scalar(p.at(key).get<int64_t>()) : Scalar(p.at(key).get<double>());
+  };
+  const Tensor& cond = arg(xs, 0, "where_s");
+  const bool a_is_tensor = p.at("a").is_null(), b_is_tensor = p.at("b").is_null();
+  if (a_is_tensor && !b_is_tensor) return {where(cond, arg(xs, 1, "where_s"), scalar("b", "b_integral"))};
+  if (!a_is_tensor && b_is_tensor) return {where(cond, scalar("a", "a_integral"), arg(xs, 1, "where_s"))};
+  TANDEM_CHECK(!a_is_tensor && !b_is_tensor, "[parity] where_s needs at least one Scalar branch");
+  return {where(cond, scalar("a", "a_integral"), scalar("b", "b_integral"))};
+}
+
 TensorList split_op(const TensorList& xs, const Json& p) {
   const int64_t dim = p.at("dim").get<int64_t>();
   if (p.contains("sizes")) return split(arg(xs, 0, "split"), p.at("sizes").get<std::vector<int64_t>>(), dim);
@@ -310,6 +331,8 @@ const std::map<std::string, OpFn>& op_table() {
       PARITY_OP("silu", silu(x(0))),
       PARITY_OP("clamp", clamp(x(0), optional_double(q, "lo"), optional_double(q, "hi"))),
       PARITY_OP("where", where(x(0), x(1), x(2))),
+      {"where_s", where_scalar_op},
+      {"clamp_t", clamp_tensors_op},
       PARITY_OP("masked_fill", masked_fill(x(0), x(1), scalar_arg(q, "value"))),
       PARITY_OP("to_dtype", to_dtype(x(0), dtype_arg(q.at("dtype").get<std::string>()))),
       PARITY_OP("eq", eq(x(0), x(1))),

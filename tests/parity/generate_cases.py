@@ -136,6 +136,21 @@ def _batch_norm(xs, p):
     return [y]
 
 
+def _clamp_tensors(xs, p):
+    rest = list(xs[1:])
+    lo = opt_input(rest, p, "has_lo")
+    hi = opt_input(rest, p, "has_hi")
+    return torch.clamp(xs[0], min=lo, max=hi)
+
+
+def _where_scalar(xs, p):
+    """where with a Scalar for either branch (or both): p["a"] / p["b"] hold them, null for a tensor."""
+    rest = list(xs[1:])
+    a = rest.pop(0) if p["a"] is None else (int(p["a"]) if p["a_integral"] else float(p["a"]))
+    b = rest.pop(0) if p["b"] is None else (int(p["b"]) if p["b_integral"] else float(p["b"]))
+    return torch.where(xs[0], a, b)
+
+
 def _cross_entropy(xs, p):
     w = xs[2] if p.get("has_weight", False) else None
     return F.cross_entropy(xs[0], xs[1], weight=w, ignore_index=p["ignore_index"], reduction=p["reduction"],
@@ -194,6 +209,8 @@ OPS = {
     "silu": lambda xs, p: F.silu(xs[0]),
     "clamp": lambda xs, p: torch.clamp(xs[0], min=p["lo"], max=p["hi"]),
     "where": lambda xs, p: torch.where(xs[0], xs[1], xs[2]),
+    "where_s": _where_scalar,
+    "clamp_t": _clamp_tensors,
     "masked_fill": lambda xs, p: xs[0].masked_fill(xs[1], scalar_value(p, "value")),
     "to_dtype": lambda xs, p: xs[0].to(DTYPES[p["dtype"]]),
     "eq": lambda xs, p: torch.eq(xs[0], xs[1]),
@@ -299,6 +316,20 @@ def _kink_clamp(xs, p):
     return d
 
 
+def _kink_clamp_tensors(xs, p):
+    """Distances of a to each bound, and between the bounds (where they cross, hi wins)."""
+    rest = list(xs[1:])
+    lo = opt_input(rest, p, "has_lo")
+    hi = opt_input(rest, p, "has_hi")
+    d = math.inf
+    for bound in (lo, hi):
+        if bound is not None:
+            d = min(d, _min_abs(xs[0] - bound))
+    if lo is not None and hi is not None:
+        d = min(d, _min_abs(lo - hi))
+    return d
+
+
 def _kink_pow_s(xs, p):
     e = p["value"]
     if float(e).is_integer():
@@ -335,6 +366,7 @@ KINKS = {
     "abs": lambda xs, p: _min_abs(xs[0]),
     "relu": lambda xs, p: _min_abs(xs[0]),
     "clamp": _kink_clamp,
+    "clamp_t": _kink_clamp_tensors,
     "maximum": lambda xs, p: _min_abs(xs[0].detach() - xs[1].detach()),
     "minimum": lambda xs, p: _min_abs(xs[0].detach() - xs[1].detach()),
     "max_all": lambda xs, p: _gap_top2(xs[0], _all_dims(xs[0])),
@@ -828,14 +860,44 @@ def t_where(c):
             # A condition computed from loaded values: exact in both libraries.
             p, q = c.input(sc, "int", requires_grad=False, lo=-2, hi=3), c.input(sc, "int", requires_grad=False, lo=-2, hi=3)
             cond = c.op(c.rng.choice(COMPARE), [p, q])
-        a = c.input(sa)
-        b = c.input(sb, requires_grad=c.rng.random() < 0.7)
-        c.output(c.op("where", [cond, a, b]))
+        r = c.rng.random()
+        if r < 0.7:
+            a = c.input(sa)
+            b = c.input(sb, requires_grad=c.rng.random() < 0.7)
+            c.output(c.op("where", [cond, a, b]))
+        else:
+            # A Scalar branch (or two): the result takes cond's shape when both are Scalars.
+            scalars = [c.rng.choice([1, -2, 0.5, 2.25]) for _ in range(2)]
+            which = c.rng.choice(["a", "b", "both"])
+            p = {"a": scalars[0] if which in ("a", "both") else None,
+                 "b": scalars[1] if which in ("b", "both") else None}
+            p["a_integral"] = isinstance(p["a"], int)
+            p["b_integral"] = isinstance(p["b"], int)
+            ins = [cond]
+            if p["a"] is None:
+                ins.append(c.input(sa, dtype=c.rng.choice([None, None, "i64"])))
+            if p["b"] is None:
+                ins.append(c.input(sb, dtype=c.rng.choice([None, None, "i64"])))
+            c.output(c.op("where_s", ins, **p))
     else:
         a = c.input(out)
         mask = c.input(broadcast_shapes(c.rng, out, 1, p_drop=0.3)[0], "bool", dtype="bool")
         v = c.rng.choice([0.0, -1.5, 2])
         c.output(c.op("masked_fill", [a, mask], value=v, integral=isinstance(v, int)))
+
+
+def t_clamp_tensor(c):
+    """clamp with tensor bounds, broadcast together; bounds sometimes crossed (hi wins there)."""
+    out = rand_shape(c.rng, 0, 3)
+    sa, sl, sh = broadcast_shapes(c.rng, out, 3)
+    which = c.rng.choice(["lo", "hi", "both", "both"])
+    flags = {"has_lo": which in ("lo", "both"), "has_hi": which in ("hi", "both")}
+    ins = [c.input(sa)]
+    if flags["has_lo"]:
+        ins.append(c.input(sl, "uniform", lo=-1.0, hi=0.3, requires_grad=c.rng.random() < 0.7))
+    if flags["has_hi"]:
+        ins.append(c.input(sh, "uniform", lo=-0.3, hi=1.0, requires_grad=c.rng.random() < 0.7))
+    c.output(c.op("clamp_t", ins, **flags))
 
 
 def rand_dims(rng, ndim, allow_empty=False):
@@ -1268,6 +1330,21 @@ def t_promotion(c):
         else:
             params = {"alpha": 1, "integral": True} if op in ("add", "sub") else {}
             c.output(c.op(op, [operand(sa, da), operand(sb, db)], **params))
+    elif r < 0.7:
+        # Joining and clamping across dtypes.
+        op = c.rng.choice(["cat", "stack", "clamp_t"])
+        dts = [c.rng.choice(PROMOTE_DTYPES) for _ in range(c.rng.randint(2, 3))]
+        if c.fdt == torch.float32:
+            dts = ["f32" if d == "f64" else d for d in dts]
+        def operand(dt):
+            if dt == "bool":
+                return c.input(out, "bool", dtype="bool")
+            return c.input(out, "normal" if dt in ("f32", "f64") else "int", dtype=dt, lo=-3, hi=4)
+        if op == "clamp_t":
+            ins = [operand(dts[0]), operand(dts[1])] + ([operand(dts[2])] if len(dts) > 2 else [])
+            c.output(c.op("clamp_t", ins, has_lo=True, has_hi=len(dts) > 2))
+        else:
+            c.output(c.op(op, [operand(d) for d in dts], dim=0))
     elif r < 0.8:
         dt = c.rng.choice(["i32", "i64", "bool"])
         op = c.rng.choice(["add_s", "mul_s", "sub_s", "div_s"])
@@ -1310,7 +1387,7 @@ def t_nan(c):
 
 
 TEMPLATES = [
-    (t_unary, 14), (t_binary, 12), (t_scalar, 5), (t_compare, 6), (t_where, 5), (t_reduce, 16), (t_zero_spread, 2),
+    (t_unary, 14), (t_binary, 12), (t_scalar, 5), (t_compare, 6), (t_where, 6), (t_clamp_tensor, 4), (t_reduce, 16), (t_zero_spread, 2),
     (t_matmul, 20), (t_softmax, 4), (t_layer_norm, 5), (t_dropout_embedding, 3), (t_batch_norm, 3), (t_index, 10),
     (t_loss, 10), (t_views, 8), (t_chain, 14), (t_promotion, 6), (t_nan, 3),
 ]
