@@ -40,13 +40,16 @@ inline double median_seconds(const std::function<void()>& fn, int iters, int run
 
 // As median_seconds for several functions timed in interleaved batches (a, b, c, a, b, c, ...),
 // so that a shared machine's drift over the run falls on all alike: the median of each, in order.
+// `before_batch` (untimed) runs before each batch, e.g. a barrier that lines ranks up.
 inline std::vector<double> median_seconds_interleaved(const std::vector<std::function<void()>>& fns, int iters,
-                                                      int runs, int warmup) {
+                                                      int runs, int warmup,
+                                                      const std::function<void()>& before_batch = {}) {
   for (const auto& fn : fns)
     for (int i = 0; i < warmup; ++i) fn();
   std::vector<std::vector<double>> samples(fns.size());
   for (int r = 0; r < runs; ++r) {
     for (size_t f = 0; f < fns.size(); ++f) {
+      if (before_batch) before_batch();
       double t0 = now_s();
       for (int i = 0; i < iters; ++i) fns[f]();
       samples[f].push_back((now_s() - t0) / iters);
@@ -117,13 +120,15 @@ inline void print_rows(const std::vector<Row>& rows, bool json) {
     }
     return;
   }
-  fmt::print("| {:<18} | {:>10} | {:>10} | {:<8} | {:>7} | {:<12} | {}\n", "row", "ours", "peer", "unit", "ratio", "goal",
-             "note");
-  fmt::print("|{:-<20}|{:-<12}|{:-<12}|{:-<10}|{:-<9}|{:-<14}|------\n", "", "", "", "", "", "");
+  size_t w = 18;  // the name column fits the longest name
+  for (const auto& r : rows) w = std::max(w, r.name.size());
+  fmt::print("| {:<{}} | {:>10} | {:>10} | {:<8} | {:>7} | {:<12} | {}\n", "row", w, "ours", "peer", "unit", "ratio",
+             "goal", "note");
+  fmt::print("|{:-<{}}|{:-<12}|{:-<12}|{:-<10}|{:-<9}|{:-<14}|------\n", "", w + 2, "", "", "", "", "");
   for (const auto& r : rows) {
     std::string peer = r.peer ? fmt::format("{:.4g}", *r.peer) : "-";
     std::string ratio = r.peer ? fmt::format("{:.3f}", r.ratio()) : "-";
-    fmt::print("| {:<18} | {:>10.4g} | {:>10} | {:<8} | {:>7} | {:<12} | {}\n", r.name, r.ours, peer, r.unit, ratio,
+    fmt::print("| {:<{}} | {:>10.4g} | {:>10} | {:<8} | {:>7} | {:<12} | {}\n", r.name, w, r.ours, peer, r.unit, ratio,
                r.goal, r.note);
   }
 }
