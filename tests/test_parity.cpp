@@ -493,8 +493,13 @@ const Tensor& tensor_at(const nn::TensorDict& data, const std::string& key) {
   return *t;
 }
 
+// What the replays compared, so the summary (and a check) can show that they compare anything.
+struct Counts {
+  size_t outputs = 0, gradients = 0, elements = 0;
+};
+
 // Replays `c` and returns what disagrees (empty: the case passes).
-std::vector<std::string> replay(const Json& c, const nn::TensorDict& data) {
+std::vector<std::string> replay(const Json& c, const nn::TensorDict& data, Counts* counts = nullptr) {
   std::vector<std::string> problems;
   const double case_tol = tolerance_for(dtype_arg(c.at("precision").get<std::string>()));
   std::map<std::string, Tensor> env;
@@ -534,6 +539,7 @@ std::vector<std::string> replay(const Json& c, const nn::TensorDict& data) {
       std::string diff =
           compare(got, tensor_at(data, out.at("expected").get<std::string>()), case_tol, out.value("noise", 0.0), 0.0);
       if (!diff.empty()) problems.push_back("output " + name + ": " + diff);
+      if (counts) ++counts->outputs, counts->elements += static_cast<size_t>(got.numel());
       if (out.contains("upstream")) {
         const Json& up = out.at("upstream");
         if (!got.requires_grad()) {
@@ -555,6 +561,7 @@ std::vector<std::string> replay(const Json& c, const nn::TensorDict& data) {
       std::string diff =
           compare(g, tensor_at(data, leaf.grad_key.get<std::string>()), case_tol, leaf.noise, leaf.term_scale);
       if (!diff.empty()) problems.push_back("gradient of " + leaf.name + ": " + diff);
+      if (counts) ++counts->gradients, counts->elements += static_cast<size_t>(leaf.base.numel());
     }
   } catch (const std::exception& e) {
     problems.push_back(std::string("threw: ") + e.what());
@@ -585,10 +592,11 @@ TEST_CASE("parity: every op, view and chain agrees with PyTorch", "[parity]") {
   std::map<std::string, int> failed_by_family, ran_by_family;
   std::vector<std::string> reports;
   size_t failed = 0;
+  Counts counts;
   for (const Json& c : cases) {
     const std::string family = c.at("family").get<std::string>();
     ++ran_by_family[family];
-    auto problems = replay(c, gen.tensors);
+    auto problems = replay(c, gen.tensors, &counts);
     if (problems.empty()) continue;
     ++failed;
     ++failed_by_family[family];
@@ -601,9 +609,13 @@ TEST_CASE("parity: every op, view and chain agrees with PyTorch", "[parity]") {
   for (const auto& [family, n] : ran_by_family)
     summary += fmt::format(" {}={}{}", family, n,
                            failed_by_family.count(family) ? fmt::format(" ({} failed)", failed_by_family[family]) : "");
-  std::cout << fmt::format("parity: {} cases from seed {} (PyTorch {}): generated in {:.1f} s, replayed in {:.1f} s;{}\n",
-                           cases.size(), gen.manifest.at("seed").get<int64_t>(),
-                           gen.manifest.at("torch").get<std::string>(), gen.seconds, replay_seconds, summary);
+  std::cout << fmt::format(
+      "parity: {} cases from seed {} (PyTorch {}): generated in {:.1f} s, replayed in {:.1f} s; compared {} outputs "
+      "and {} gradients ({} elements);{}\n",
+      cases.size(), gen.manifest.at("seed").get<int64_t>(), gen.manifest.at("torch").get<std::string>(), gen.seconds,
+      replay_seconds, counts.outputs, counts.gradients, counts.elements, summary);
+  // Most cases differentiate something: a replay that stopped comparing gradients must fail.
+  CHECK(counts.gradients >= cases.size() / 2);
   const std::string report_path = env_or("TANDEM_PARITY_REPORT", "");
   if (!report_path.empty()) {
     std::ofstream out(report_path);

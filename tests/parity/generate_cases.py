@@ -488,6 +488,9 @@ def view_recipe(rng, shape, depth=None, allow_expand=True):
             start = rng.randint(0, extra)
             pre = list(cur)
             pre[d] += extra
+            # A negative start counts from the end, as in PyTorch.
+            if rng.random() < 0.2:
+                start -= pre[d]
             step = {"op": "narrow", "dim": neg_dim(rng, d, n), "start": start, "length": cur[d]}
         elif kind == "slice":
             d = rng.choice(nonempty)
@@ -496,12 +499,21 @@ def view_recipe(rng, shape, depth=None, allow_expand=True):
             end = start + (cur[d] - 1) * st + 1 + rng.randint(0, st - 1)
             pre = list(cur)
             pre[d] = end + rng.randint(0, 2)
+            # Python's slice rules: negative bounds count from the end, an end past it is clamped.
+            r = rng.random()
+            if r < 0.15:
+                start -= pre[d]
+            elif r < 0.3 and end < pre[d]:
+                end -= pre[d]
+            elif r < 0.4 and end == pre[d]:
+                end += rng.randint(1, 5)
             step = {"op": "slice", "dim": neg_dim(rng, d, n), "start": start, "end": end, "step": st}
         elif kind == "select":
             d = rng.randint(0, n)
             k = rng.randint(1, 3)
             pre = cur[:d] + [k] + cur[d:]
-            step = {"op": "select", "dim": neg_dim(rng, d, n + 1), "index": rng.randint(0, k - 1)}
+            index = rng.randint(0, k - 1)
+            step = {"op": "select", "dim": neg_dim(rng, d, n + 1), "index": index - k if rng.random() < 0.3 else index}
         elif kind == "squeeze":
             d = rng.randint(0, n)
             pre = cur[:d] + [1] + cur[d:]
@@ -1188,6 +1200,7 @@ def t_views(c):
                 v = c.op("reshape", [v], shape=dims)
         elif op == "flatten":
             if n == 0:
+                v = c.op(op, [v], start=0, end=-1)  # a 0-dim tensor flattens to [1]
                 continue
             s = c.rng.randrange(n)
             e = c.rng.randint(s, n - 1)
@@ -1198,8 +1211,8 @@ def t_views(c):
             v = c.op(op, [v], dim=neg_dim(c.rng, c.rng.randint(0, n), n + 1))
         elif op in ("contiguous", "clone"):
             v = c.op(op, [v])
-        elif op == "transpose" and n >= 2:
-            i, j = c.rng.sample(range(n), 2)
+        elif op == "transpose" and n >= 1:
+            i, j = c.rng.randrange(n), c.rng.randrange(n)  # i == j: the identity
             v = c.op(op, [v], d0=i, d1=j)
         elif op == "permute" and n >= 1:
             perm = list(range(n))
@@ -1303,6 +1316,79 @@ def t_chain(c):
     c.output(v)
 
 
+def big_shape(rng, max_numel=4096):
+    """Longer dims than the other templates draw: runs past the kernels' blocks of 8, tails,
+    pairwise-summation blocks and the GEMM paths that small sizes never reach."""
+    while True:
+        shape = [rng.choice([1, 3, 7, 8, 9, 16, 17, 31, 33, 64, 65, 130]) for _ in range(rng.randint(1, 3))]
+        if math.prod(shape) <= max_numel:
+            return shape
+
+
+def t_big(c):
+    op = c.rng.choice(["unary", "binary", "sum", "mean", "var", "std", "logsumexp", "amax", "softmax",
+                       "log_softmax", "layer_norm", "matmul", "linear", "cross_entropy", "gather", "cat"])
+    shape = big_shape(c.rng)
+    n = len(shape)
+    if op == "unary":
+        name = c.rng.choice(["exp", "tanh", "sigmoid", "gelu", "silu", "log", "sqrt", "abs", "relu"])
+        kind = {"log": "positive", "sqrt": "positive", "abs": "away0", "relu": "away0"}.get(name, "normal")
+        x = c.input(shape, kind)
+        c.output(c.op(name, [x], **({"tanh": c.rng.random() < 0.5} if name == "gelu" else {})))
+    elif op == "binary":
+        sa, sb = broadcast_shapes(c.rng, shape, 2)
+        name = c.rng.choice(["add", "sub", "mul", "div", "maximum"])
+        a = c.input(sa)
+        b = c.input(sb, "away0" if name == "div" else "normal")
+        c.output(c.op(name, [a, b], **({"alpha": 1, "integral": True} if name in ("add", "sub") else {})))
+    elif op in ("sum", "mean", "logsumexp", "amax"):
+        x = c.input(shape, allow_expand=op != "amax")
+        c.output(c.op(op, [x], dims=rand_dims(c.rng, n), keepdim=c.rng.random() < 0.5))
+    elif op in ("var", "std"):
+        x = c.input(shape)
+        dims = rand_dims(c.rng, n)
+        if math.prod(shape[d] for d in dims) < 3:
+            raise Reject()
+        c.output(c.op(op, [x], dims=dims, correction=c.rng.choice([0, 1]), keepdim=c.rng.random() < 0.5))
+    elif op in ("softmax", "log_softmax"):
+        x = c.input(shape, scale=2.0)
+        c.output(c.op(op, [x], dim=neg_dim(c.rng, c.rng.randrange(n), n)))
+    elif op == "layer_norm":
+        k = c.rng.randint(1, n)
+        ns = shape[n - k:]
+        x = c.input(shape)
+        c.output(c.op("layer_norm", [x, c.input(ns), c.input(ns)], normalized_shape=ns, eps=1e-5, has_weight=True,
+                      has_bias=True))
+    elif op in ("matmul", "linear"):
+        m, k, nn = (c.rng.choice([1, 7, 16, 33, 64]) for _ in range(3))
+        batch = [c.rng.choice([1, 2, 3])] if c.rng.random() < 0.5 else []
+        a = c.input(batch + [m, k], scale=0.5)
+        if op == "matmul":
+            c.output(c.op("matmul", [a, c.input([k, nn], scale=0.5)]))
+        else:
+            c.output(c.op("linear", [a, c.input([nn, k], scale=0.5), c.input([nn])]))
+    elif op == "cross_entropy":
+        rows, classes = c.rng.choice([1, 17, 64, 200]), c.rng.choice([2, 9, 33, 100])
+        logits = c.input([rows, classes], scale=2.0)
+        t = torch.randint(0, classes, [rows], generator=c.gen, dtype=torch.int64)
+        target = c.input([rows], "given", value=t, dtype="i64", requires_grad=False)
+        c.output(c.op("cross_entropy", [logits, target], reduction=c.rng.choice(["mean", "sum", "none"]),
+                      ignore_index=c.rng.choice([-100, 0]), label_smoothing=c.rng.choice([0.0, 0.1])))
+    elif op == "gather":
+        x = c.input(shape)
+        d = c.rng.randrange(n)
+        idx = c.index([c.rng.randint(1, 2 * shape[k]) if k == d else shape[k] for k in range(n)], shape[d])
+        c.output(c.op("gather", [x, idx], dim=d))
+    else:
+        d = c.rng.randrange(n)
+        parts = []
+        for _ in range(c.rng.randint(2, 3)):
+            s2 = list(shape)
+            s2[d] = c.rng.choice([1, 8, 17])
+            parts.append(c.input(s2))
+        c.output(c.op("cat", parts, dim=d))
+
+
 PROMOTE_DTYPES = ["f32", "f64", "i32", "i64", "bool"]
 
 
@@ -1389,7 +1475,7 @@ def t_nan(c):
 TEMPLATES = [
     (t_unary, 14), (t_binary, 12), (t_scalar, 5), (t_compare, 6), (t_where, 6), (t_clamp_tensor, 4), (t_reduce, 16), (t_zero_spread, 2),
     (t_matmul, 20), (t_softmax, 4), (t_layer_norm, 5), (t_dropout_embedding, 3), (t_batch_norm, 3), (t_index, 10),
-    (t_loss, 10), (t_views, 8), (t_chain, 14), (t_promotion, 6), (t_nan, 3),
+    (t_loss, 10), (t_views, 8), (t_chain, 14), (t_promotion, 6), (t_nan, 3), (t_big, 5),
 ]
 
 
