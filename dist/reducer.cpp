@@ -265,6 +265,14 @@ void Reducer::set_gradient_transforms(GradientTransforms transforms) {
   transforms_ = std::move(transforms);
 }
 
+bool Reducer::drops_grad_after_copy(size_t p) const {
+  // Only where the bucket's continuation steps it (so the gradient is needed from the slot only),
+  // and the user did not ask to keep .grad.
+  return !in_backward_.empty() && in_backward_[p] && !in_backward_[p]->keep_grads() && !transforms_.sink &&
+         !options_.gradient_as_bucket_view && !(options_.find_unused_parameters && !options_.static_graph) &&
+         !(options_.static_graph && static_recorded_ && static_unused_anywhere_[p]);
+}
+
 void Reducer::write_back(size_t p) {
   const Tensor& param = params_[p].tensor;
   Tensor slot = slot_view(p);
@@ -305,6 +313,8 @@ void Reducer::chain_in_backward_steps(size_t index) {
       if (!in_backward_[p] || (options_.static_graph && static_unused_anywhere_[p])) continue;
       if (transforms_.finish) {
         transforms_.finish(p, slot_view(p));
+      } else if (!in_backward_[p]->keep_grads() && !options_.gradient_as_bucket_view) {
+        params_[p].tensor.set_grad(slot_view(p));  // stepped from the slot itself, dropped right after
       } else {
         write_back(p);
       }
@@ -418,6 +428,9 @@ void Reducer::mark_ready(size_t param, bool used_here) {
         slot.copy_(grad);
       }
       if (options_.gradient_as_bucket_view && used_here && !transforms_.sink) p.set_grad(slot);
+      // An optimizer in backward reads the gradient from the slot once reduced: autograd's
+      // .grad can go now instead of living until the step (the peak memory of in-backward).
+      if (drops_grad_after_copy(param)) p.set_grad(Tensor());
     } else {
       if (!used_here) unused_stash_[param] = grad.clone();  // the view itself is about to be reduced
       if (divide) slot.div_(world);  // the gradient already lives in the slot

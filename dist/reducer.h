@@ -155,6 +155,7 @@ class Reducer {
   void check_static_graph() const;
   void wait_and_write_back();
   void write_back(size_t param);  // the reduced gradient of `param` into its .grad
+  bool drops_grad_after_copy(size_t param) const;
   void chain_in_backward_steps(size_t bucket);
   void reset_iteration();
   void wait_outstanding() noexcept;
