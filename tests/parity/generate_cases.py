@@ -610,6 +610,8 @@ class Case:
         self.leaves = []  # (manifest entry, base tensor, the input after its views)
         self.counter = 0
         self.allow_nonfinite = False
+        self.at_kinks = False  # t_ties puts inputs on kinks on purpose
+        self.error = None  # t_errors: PyTorch's message for the step it refuses
         self.lines = []
 
     # Data: always drawn in f64 (the same draws for the f64 and the f32 twin), then cast.
@@ -688,7 +690,7 @@ class Case:
     def op(self, name, ins, n_out=None, **params):
         xs = [v.t for v in ins]
         # Kinks are measured in f64 (bool and integer operands included).
-        if name in KINKS and KINKS[name]([x.detach().to(torch.float64) for x in xs], params) < MARGIN:
+        if not self.at_kinks and name in KINKS and KINKS[name]([x.detach().to(torch.float64) for x in xs], params) < MARGIN:
             raise Reject()
         try:
             res = OPS[name](xs, params)
@@ -707,13 +709,27 @@ class Case:
                           + "".join(f"  [{v.name}: {geometry(v.t)}]" for v in outs))
         return outs if many else outs[0]
 
+    def op_error(self, name, ins, **params):
+        """A step PyTorch refuses: recorded with its message; the replay expects a tandem::Error."""
+        try:
+            OPS[name]([v.t for v in ins], params)
+        except (RuntimeError, IndexError, ValueError, TypeError) as e:
+            self.error = str(e).splitlines()[0][:200]
+        else:
+            raise Reject()  # accepted after all: not an error case
+        step = {"op": name, "in": [v.name for v in ins], "out": ["t_err"]}
+        step.update(params)
+        self.steps.append(step)
+        self.lines.append(f"{name}({', '.join(step['in'])}" + "".join(f", {k}={v}" for k, v in params.items())
+                          + f") -> PyTorch: {self.error}")
+
     def output(self, var, upstream=True):
         self.outputs.append(var)
         var.want_upstream = upstream and var.t.dtype.is_floating_point and var.t.requires_grad
 
     def finish(self):
         """Runs backward, checks magnitudes and returns the manifest entry (tensors in self.tensors)."""
-        if not self.outputs:
+        if not self.outputs and self.error is None:
             raise ValueError("a case without outputs")
         roots, grads = [], []
         out_entries = []
@@ -774,6 +790,7 @@ class Case:
             "inputs": self.inputs,
             "steps": self.steps,
             "outputs": out_entries,
+            "error": self.error,
         }
 
 
@@ -1451,6 +1468,139 @@ def t_promotion(c):
             c.output(c.op("to_dtype", [x], dtype=dst))
 
 
+def t_ties(c):
+    """Inputs exactly on kinks (small integers: ties are exact in both libraries), where the
+    gradient is a convention: PyTorch's, unless listed as Tandem's deliberate choice."""
+    c.at_kinks = True
+    shape = rand_shape(c.rng, 1, 3, max_size=4)
+    n = len(shape)
+    op = c.rng.choice(["relu", "abs", "clamp", "maximum", "minimum", "max_all", "min_all", "amax", "amin",
+                       "max_dim", "min_dim", "argmax", "argmin", "clamp_t"])
+    x = c.input(shape, "int", lo=-1, hi=2, allow_expand=True)
+    if op == "clamp":
+        c.output(c.op(op, [x], lo=0.0, hi=1.0))
+    elif op in ("maximum", "minimum"):
+        c.output(c.op(op, [x, c.input(broadcast_shapes(c.rng, shape, 1)[0], "int", lo=-1, hi=2)]))
+    elif op == "clamp_t":
+        lo = c.input(broadcast_shapes(c.rng, shape, 1)[0], "int", lo=-1, hi=1)
+        hi = c.input(broadcast_shapes(c.rng, shape, 1)[0], "int", lo=0, hi=2)
+        c.output(c.op(op, [x, lo, hi], has_lo=True, has_hi=True))
+    elif op in ("amax", "amin"):
+        c.output(c.op(op, [x], dims=rand_dims(c.rng, n), keepdim=c.rng.random() < 0.5))
+    elif op in ("max_dim", "min_dim"):
+        for o in c.op(op, [x], dim=neg_dim(c.rng, c.rng.randrange(n), n), keepdim=c.rng.random() < 0.5):
+            c.output(o)
+    elif op in ("argmax", "argmin"):
+        c.output(c.op(op, [x], dim=c.rng.randrange(n), keepdim=False) if c.rng.random() < 0.6 else c.op(op, [x], dim=None))
+    else:
+        c.output(c.op(op, [x]))
+
+
+def t_errors(c):
+    """Arguments PyTorch refuses: Tandem must throw (a tandem::Error, not a crash or a result)."""
+    kind = c.rng.choice(["broadcast", "matmul", "mm", "bmm", "linear", "gather", "index_select", "embedding",
+                         "scatter_add", "cross_entropy", "nll_loss", "narrow", "select", "transpose", "permute",
+                         "expand", "view", "reshape", "squeeze", "unsqueeze", "amax_empty", "max_dim_empty",
+                         "argmax_empty", "cat", "stack", "softmax", "layer_norm", "where", "masked_fill",
+                         "softmax_int", "matmul_int"])
+    shape = rand_shape(c.rng, 2, 3, p1=0.0)
+    n = len(shape)
+    r = c.rng.randrange
+    if kind == "broadcast":
+        bad = list(shape)
+        bad[r(n)] += 1
+        c.op_error(c.rng.choice(["add", "mul", "maximum"]), [c.input(shape), c.input(bad)],
+                   **{"alpha": 1, "integral": True})
+    elif kind == "matmul":
+        c.op_error("matmul", [c.input([2, 3]), c.input([4, 2])])
+    elif kind == "mm":
+        c.op_error("mm", [c.input([2, 2, 3]), c.input([3, 2])])
+    elif kind == "bmm":
+        c.op_error("bmm", [c.input([2, 2, 3]), c.input([3, 3, 2])])
+    elif kind == "linear":
+        c.op_error("linear", [c.input([2, 3]), c.input([4, 2])])
+    elif kind in ("gather", "index_select", "scatter_add", "embedding"):
+        d = r(n)
+        bad = shape[d] + r(3) if c.rng.random() < 0.7 else -shape[d] - 1 - r(3)
+        if kind == "embedding":
+            w = c.input([shape[0], 2])
+            idx = c.input([3], "given", value=torch.tensor([0, bad % 1000 if bad > 0 else bad, 0]), dtype="i64",
+                          requires_grad=False)
+            c.op_error("embedding", [w, idx])
+            return
+        a = c.input(shape)
+        ishape = [1] * n if kind != "index_select" else [3]
+        value = torch.zeros(ishape, dtype=torch.int64)
+        value.view(-1)[0] = bad
+        idx = c.input(ishape, "given", value=value, dtype="i64", requires_grad=False)
+        if kind == "scatter_add":
+            c.op_error(kind, [a, idx, c.input(ishape)], dim=d)
+        else:
+            c.op_error(kind, [a, idx], dim=d)
+    elif kind in ("cross_entropy", "nll_loss"):
+        classes = c.rng.randint(2, 4)
+        t = torch.tensor([0, classes + r(3) if c.rng.random() < 0.7 else -1 - r(3)])
+        target = c.input([2], "given", value=t, dtype="i64", requires_grad=False)
+        p = {"reduction": "mean", "ignore_index": -100}
+        if kind == "cross_entropy":
+            p["label_smoothing"] = 0.0
+        c.op_error(kind, [c.input([2, classes]), target], **p)
+    elif kind == "narrow":
+        d = r(n)
+        c.op_error("narrow", [c.input(shape)], dim=d, start=r(shape[d]), length=shape[d] + 1)
+    elif kind == "select":
+        d = r(n)
+        c.op_error("select", [c.input(shape)], dim=d, index=shape[d] + r(2) if c.rng.random() < 0.5 else -shape[d] - 1)
+    elif kind == "transpose":
+        c.op_error("transpose", [c.input(shape)], d0=0, d1=n + r(2))
+    elif kind == "permute":
+        c.op_error("permute", [c.input(shape)], dims=[0] * n)
+    elif kind == "expand":
+        bad = list(shape)
+        bad[r(n)] += 1
+        c.op_error("expand", [c.input(shape, views=False)], shape=bad)
+    elif kind == "view":
+        # A transposed tensor cannot be viewed flat.
+        x = c.input(shape, views=False)
+        c.op_error("view", [c.op("transpose", [x], d0=0, d1=n - 1)], shape=[-1])
+    elif kind == "reshape":
+        c.op_error("reshape", [c.input(shape)], shape=[math.prod(shape) + 1])
+    elif kind == "squeeze":
+        c.op_error("squeeze", [c.input(shape)], dim=n + r(2))
+    elif kind == "unsqueeze":
+        c.op_error("unsqueeze", [c.input(shape)], dim=n + 1 + r(2))
+    elif kind in ("amax_empty", "max_dim_empty", "argmax_empty"):
+        empty = list(shape)
+        empty[0] = 0
+        x = c.input(empty)
+        if kind == "amax_empty":
+            c.op_error("amax", [x], dims=[0], keepdim=False)
+        elif kind == "max_dim_empty":
+            c.op_error("max_dim", [x], dim=0, keepdim=False)
+        else:
+            c.op_error("argmax", [x], dim=None)
+    elif kind in ("cat", "stack"):
+        other = list(shape)
+        other[r(n - 1) + 1 if kind == "cat" else r(n)] += 1
+        c.op_error(kind, [c.input(shape), c.input(other)], dim=0)
+    elif kind == "softmax":
+        c.op_error("softmax", [c.input(shape)], dim=n + r(2))
+    elif kind == "layer_norm":
+        ns = [shape[-1] + 1]
+        c.op_error("layer_norm", [c.input(shape)], normalized_shape=ns, eps=1e-5, has_weight=False, has_bias=False)
+    elif kind == "where":
+        # The condition must be bool.
+        c.op_error("where", [c.input(shape, requires_grad=False), c.input(shape), c.input(shape)])
+    elif kind == "masked_fill":
+        c.op_error("masked_fill", [c.input(shape), c.input(shape, "int", dtype="i64", lo=0, hi=2)], value=1.0,
+                   integral=False)
+    elif kind == "softmax_int":
+        c.op_error(c.rng.choice(["softmax", "log_softmax"]), [c.input(shape, "int", dtype="i64", lo=-2, hi=3)],
+                   dim=-1)
+    else:  # matmul_int: PyTorch does not promote matrix products
+        c.op_error("matmul", [c.input([2, 3]), c.input([3, 2], "int", dtype="i64", lo=-2, hi=3)])
+
+
 def t_nan(c):
     """Forward only: how NaN and infinities propagate through kinked ops and reductions."""
     c.allow_nonfinite = True
@@ -1475,7 +1625,7 @@ def t_nan(c):
 TEMPLATES = [
     (t_unary, 14), (t_binary, 12), (t_scalar, 5), (t_compare, 6), (t_where, 6), (t_clamp_tensor, 4), (t_reduce, 16), (t_zero_spread, 2),
     (t_matmul, 20), (t_softmax, 4), (t_layer_norm, 5), (t_dropout_embedding, 3), (t_batch_norm, 3), (t_index, 10),
-    (t_loss, 10), (t_views, 8), (t_chain, 14), (t_promotion, 6), (t_nan, 3), (t_big, 5),
+    (t_loss, 10), (t_views, 8), (t_chain, 14), (t_promotion, 6), (t_nan, 3), (t_big, 5), (t_ties, 5), (t_errors, 6),
 ]
 
 
