@@ -30,9 +30,20 @@ inline auto combine(acc_t<T> a, acc_t<T> b, ReduceOp op) -> acc_t<T> {
 // acc[i] = op(acc[i], src[i]). One switch outside the loop so each loop vectorises; built twice,
 // for AVX2 and for the baseline, and picked at load time by the CPU (GCC's target_clones): this
 // loop is the ring allreduce's arithmetic, and the baseline's SSE2 version made it about a tenth
-// slower than Open MPI's own AVX reduction.
+// slower than Open MPI's own AVX reduction. Not under ThreadSanitizer: the clones' ifunc resolver,
+// run while the program is loaded, crashes there (issue 16), so a TSan build keeps the baseline.
+#if defined(__SANITIZE_THREAD__)
+#define TANDEM_REDUCE_CLONES
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define TANDEM_REDUCE_CLONES
+#endif
+#endif
+#ifndef TANDEM_REDUCE_CLONES
+#define TANDEM_REDUCE_CLONES __attribute__((target_clones("avx2", "default")))
+#endif
 template <class T>
-__attribute__((target_clones("avx2", "default"))) void reduce_into(T* acc, const T* src, int64_t n, ReduceOp op) {
+TANDEM_REDUCE_CLONES void reduce_into(T* acc, const T* src, int64_t n, ReduceOp op) {
   using A = acc_t<T>;
   auto loop = [&](auto f) {
     for (int64_t i = 0; i < n; ++i) acc[i] = static_cast<T>(f(static_cast<A>(acc[i]), static_cast<A>(src[i])));
