@@ -25,8 +25,11 @@
 //   f32: tol 1e-4. Epsilon is 1.2e-7; PyTorch's vectorised f32 kernels and ours differ by a few
 //        ulps per op, and the generator keeps magnitudes <= 1e3 and inputs away from kinks and
 //        poles, so differences stay near 1e-6.
-// Integer and bool tensors, and every dtype, must match exactly. A NaN expected needs a NaN;
-// an infinity needs the same infinity.
+//   f16, bf16: one unit in the last place (2^-10, 2^-7): both libraries compute in f32 and round.
+// Integer and bool tensors, and every dtype, must match exactly, as must results the generator
+// marks exact (conversions, and half-precision add/sub/mul/div/maximum/minimum: one correct
+// rounding of exact operands, where any difference is a rounding bug). A NaN expected needs a
+// NaN; an infinity needs the same infinity.
 //
 // Knobs (environment): TANDEM_PARITY_SEED, TANDEM_PARITY_COUNT (case templates, each an f64 and
 // an f32 case), TANDEM_PARITY_ONLY (families, comma separated), TANDEM_PARITY_DIR (keep the
@@ -78,6 +81,9 @@ std::string shell_quote(const std::string& s) {
   return out + "'";
 }
 
+// Case templates by default: 8000 cases, ~10 s of generation and replay on two cores.
+constexpr const char* kDefaultCount = "4000";
+
 struct Generated {
   fs::path dir;
   bool temporary = false;
@@ -111,7 +117,7 @@ void generate(Generated& g) {
   std::string cmd = shell_quote(TANDEM_PARITY_PYTHON) + " " + shell_quote(TANDEM_PARITY_GENERATOR) +
                     " --out " + shell_quote(g.dir.string()) + " --seed " +
                     shell_quote(env_or("TANDEM_PARITY_SEED", "20240611")) + " --count " +
-                    shell_quote(env_or("TANDEM_PARITY_COUNT", "4000"));
+                    shell_quote(env_or("TANDEM_PARITY_COUNT", kDefaultCount));
   const std::string only = env_or("TANDEM_PARITY_ONLY", "");
   if (!only.empty()) cmd += " --only " + shell_quote(only);
   const auto start = std::chrono::steady_clock::now();
@@ -147,8 +153,8 @@ std::optional<double> optional_double(const Json& step, const char* key) {
 }
 
 Dtype dtype_arg(const std::string& name) {
-  static const std::map<std::string, Dtype> names{{"f32", f32}, {"f64", f64}, {"i32", i32}, {"i64", i64},
-                                                  {"bool", boolean}};
+  static const std::map<std::string, Dtype> names{{"f32", f32}, {"f64", f64}, {"f16", f16},     {"bf16", bf16},
+                                                  {"i32", i32}, {"i64", i64}, {"bool", boolean}};
   auto it = names.find(name);
   TANDEM_CHECK(it != names.end(), "[parity] unknown dtype '{}' in the manifest", name);
   return it->second;
@@ -417,7 +423,17 @@ std::string geometry(const Tensor& t) {
 
 // ---- comparison ----
 
-double tolerance_for(Dtype d) { return d == f64 ? 1e-10 : 1e-4; }
+// f16 and bf16 results are one rounding of an f32 computation in both libraries: one unit in
+// their last place (2^-10 and 2^-7 relative) covers an f32 result that lands on the other side
+// of a rounding boundary.
+double tolerance_for(Dtype d) {
+  switch (d) {
+    case f64: return 1e-10;
+    case f16: return 0x1p-10;
+    case bf16: return 0x1p-7;
+    default: return 1e-4;
+  }
+}
 
 // Empty when `got` matches `want`; otherwise what differs, with the worst element.
 // `noise` is how far PyTorch's own f32 result lies from its f64 one for this tensor (the
@@ -427,13 +443,14 @@ double tolerance_for(Dtype d) { return d == f64 ? 1e-10 : 1e-4; }
 constexpr double kNoiseFactor = 10;
 constexpr double kEpsilonRatio = 0x1p-29;  // f64 epsilon / f32 epsilon
 
-std::string compare(const Tensor& got, const Tensor& want, double case_tol, double noise, double term_scale) {
+std::string compare(const Tensor& got, const Tensor& want, double case_tol, double noise, double term_scale,
+                    bool exact_values = false) {
   if (!got.defined()) return "undefined in Tandem";
   if (got.dtype() != want.dtype()) return fmt::format("dtype {} in Tandem, {} in PyTorch", got.dtype(), want.dtype());
   if (got.shape() != want.shape()) return fmt::format("shape {} in Tandem, {} in PyTorch", got.shape(), want.shape());
   const std::vector<double> g = got.to_vector<double>();
   const std::vector<double> w = want.to_vector<double>();
-  const bool exact = !want.is_floating_point();
+  const bool exact = exact_values || !want.is_floating_point();
   const double tol = std::max(case_tol, tolerance_for(want.dtype()));
   // Inputs and upstream gradients are O(1) by construction, so every computation has terms of
   // size ~1 at least: the absolute part of the tolerance never drops below tol itself.
@@ -550,7 +567,8 @@ std::vector<std::string> replay(const Json& c, const nn::TensorDict& data, Count
       const std::string name = out.at("name").get<std::string>();
       const Tensor& got = env.at(name);
       std::string diff =
-          compare(got, tensor_at(data, out.at("expected").get<std::string>()), case_tol, out.value("noise", 0.0), 0.0);
+          compare(got, tensor_at(data, out.at("expected").get<std::string>()), case_tol, out.value("noise", 0.0), 0.0,
+                  out.value("exact", false));
       if (!diff.empty()) problems.push_back("output " + name + ": " + diff);
       if (counts) ++counts->outputs, counts->elements += static_cast<size_t>(got.numel());
       if (out.contains("upstream")) {
@@ -599,7 +617,8 @@ TEST_CASE("parity: every op, view and chain agrees with PyTorch", "[parity]") {
   Generated gen;
   generate(gen);
   const Json& cases = gen.manifest.at("cases");
-  REQUIRE(cases.size() >= 1000);
+  // Every template gives an f64 and an f32 case.
+  REQUIRE(cases.size() == 2 * static_cast<size_t>(std::stoll(env_or("TANDEM_PARITY_COUNT", kDefaultCount))));
 
   const auto start = std::chrono::steady_clock::now();
   std::map<std::string, int> failed_by_family, ran_by_family;

@@ -42,10 +42,14 @@ import torch.nn.functional as F
 MARGIN = 1e-3
 MAX_MAGNITUDE = 1e3
 
-DTYPES = {"f64": torch.float64, "f32": torch.float32, "i64": torch.int64, "i32": torch.int32, "bool": torch.bool}
+DTYPES = {"f64": torch.float64, "f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16,
+          "i64": torch.int64, "i32": torch.int32, "bool": torch.bool}
 DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
-SAFETENSORS_DTYPES = {torch.float64: ("F64", 8), torch.float32: ("F32", 4), torch.int64: ("I64", 8),
-                      torch.int32: ("I32", 4), torch.bool: ("BOOL", 1)}
+SAFETENSORS_DTYPES = {torch.float64: ("F64", 8), torch.float32: ("F32", 4), torch.float16: ("F16", 2),
+                      torch.bfloat16: ("BF16", 2), torch.int64: ("I64", 8), torch.int32: ("I32", 4),
+                      torch.bool: ("BOOL", 1)}
+# Least precise first: a case is judged at the precision of its least precise tensor.
+PRECISION_ORDER = [torch.bfloat16, torch.float16, torch.float32, torch.float64]
 
 
 class Reject(Exception):
@@ -723,7 +727,10 @@ class Case:
         self.lines.append(f"{name}({', '.join(step['in'])}" + "".join(f", {k}={v}" for k, v in params.items())
                           + f") -> PyTorch: {self.error}")
 
-    def output(self, var, upstream=True):
+    def output(self, var, upstream=True, exact=False):
+        """`exact`: the value is one correctly rounded operation on exact inputs (a conversion, a
+        half-precision add): both libraries must produce the same bits."""
+        var.exact = exact
         self.outputs.append(var)
         var.want_upstream = upstream and var.t.dtype.is_floating_point and var.t.requires_grad
 
@@ -743,6 +750,8 @@ class Case:
             key = f"{self.cid}/{v.name}.out"
             self.tensors[key] = t.clone()
             entry = {"name": v.name, "expected": key}
+            if v.exact:
+                entry["exact"] = True
             if v.want_upstream:
                 ushape, usteps = view_recipe(self.rng, v.shape, depth=self.rng.choice([0, 0, 1, 2]))
                 ubase = self.data(ushape, "normal", v.t.dtype)
@@ -778,7 +787,7 @@ class Case:
         # The case is as precise as its least precise tensor (an f64 leaf's gradient through an
         # op that promoted to f32 was summed in f32): the replay's tolerance follows this.
         dtypes = {t.dtype for t in self.tensors.values()} | {DTYPES[s["dtype"]] for s in self.steps if "dtype" in s}
-        precision = "f32" if torch.float32 in dtypes else DTYPE_NAMES[self.fdt]
+        precision = DTYPE_NAMES[next(d for d in PRECISION_ORDER + [self.fdt] if d in dtypes or d == self.fdt)]
         return {
             "id": self.cid,
             "family": self.family,
@@ -1406,7 +1415,7 @@ def t_big(c):
         c.output(c.op("cat", parts, dim=d))
 
 
-PROMOTE_DTYPES = ["f32", "f64", "i32", "i64", "bool"]
+PROMOTE_DTYPES = ["f32", "f64", "f16", "bf16", "i32", "i64", "bool"]
 
 
 def t_promotion(c):
@@ -1601,6 +1610,80 @@ def t_errors(c):
         c.op_error("matmul", [c.input([2, 3]), c.input([3, 2], "int", dtype="i64", lo=-2, hi=3)])
 
 
+HALF_LIMITS = {torch.float16: (65504.0, 2.0 ** -14, 2.0 ** -24), torch.bfloat16: (3.3895e38, 2.0 ** -126, 2.0 ** -133)}
+
+
+def half_specials(c, shape, dt):
+    """f32 values that probe conversion to `dt`: exact halfway points between neighbours
+    (ties to even), values across the normal and subnormal ranges, the overflow edge, zeros of
+    both signs, infinities and NaN."""
+    top, tiny, sub = HALF_LIMITS[dt]
+    n = math.prod(shape)
+    h = (c.randn([n]) * c.rng.choice([1.0, 100.0, 1e-3])).to(dt)
+    bits = h.view(torch.int16)
+    nxt = (bits + 1).view(dt)  # the neighbour away from zero (same sign)
+    mid = (h.to(torch.float32) + nxt.to(torch.float32)) / 2  # exact in f32
+    out = []
+    for i in range(n):
+        kind = c.rng.randrange(9)
+        if kind < 4:
+            out.append(float(mid[i]))
+        elif kind == 4:
+            out.append(float(c.uniform([1], 0.0, 1.0)) * tiny * c.rng.choice([1, -1]))  # subnormal range
+        elif kind == 5:
+            out.append(c.rng.choice([top, top * 1.0039, top * 1.001, -top * 1.0039, 2 * sub, sub / 2, sub * 0.75]))
+        elif kind == 6:
+            out.append(c.rng.choice([0.0, -0.0, math.inf, -math.inf, math.nan]))
+        else:
+            out.append(float(c.randn([1])) * 10 ** c.rng.randint(-6, 4))
+    return torch.tensor(out, dtype=torch.float32).reshape(shape)
+
+
+HALF_UNARY = {torch.bfloat16: ["exp", "tanh", "sigmoid", "gelu", "silu", "sqrt", "log", "rsqrt", "relu", "abs",
+                               "neg", "clamp", "softmax", "log_softmax", "sum", "mean", "amax"],
+              torch.float16: ["abs", "neg", "sum", "mean", "amax"]}
+
+
+def t_half(c):
+    """f16 and bf16: conversions (round to nearest even, subnormals, overflow, NaN) and
+    arithmetic, forward only. PyTorch 1.13's CPU kernels cover bf16 widely, f16 barely."""
+    c.allow_nonfinite = True
+    dt = c.rng.choice([torch.float16, torch.bfloat16])
+    name = DTYPE_NAMES[dt]
+    shape = rand_shape(c.rng, 1, 3, max_size=6)
+    r = c.rng.random()
+    if r < 0.4:
+        src = c.rng.choice(["f32", "f32", "f64"])
+        # From f64, PyTorch converts through f32 (two roundings) for bf16 but not for f16;
+        # the halfway points are exact in f32, so both orders agree on them.
+        x = c.input(shape, "given", value=half_specials(c, shape, dt).to(DTYPES[src]), dtype=src,
+                    requires_grad=False)
+        y = c.op("to_dtype", [x], dtype=name)
+        c.output(y, exact=True)
+        if c.rng.random() < 0.5:
+            c.output(c.op("to_dtype", [y], dtype=c.rng.choice(["f32", "f64", "bf16" if name == "f16" else "f16"])),
+                     exact=True)
+    elif r < 0.7:
+        op = c.rng.choice(["add", "sub", "mul", "div", "maximum", "minimum"])
+        sa, sb = broadcast_shapes(c.rng, shape, 2)
+        a = c.input(sa, dtype=name, requires_grad=False, scale=3.0)
+        b = c.input(sb, "away0" if op == "div" else "normal", dtype=name, requires_grad=False)
+        c.output(c.op(op, [a, b], **({"alpha": 1, "integral": True} if op in ("add", "sub") else {})), exact=True)
+    else:
+        op = c.rng.choice(HALF_UNARY[dt])
+        kind = "positive" if op in ("sqrt", "log", "rsqrt") else "normal"
+        x = c.input(shape, kind, dtype=name, requires_grad=False)
+        n = x.dim()
+        if op == "clamp":
+            c.output(c.op(op, [x], lo=-0.5, hi=0.75))
+        elif op in ("softmax", "log_softmax"):
+            c.output(c.op(op, [x], dim=c.rng.randrange(n)))
+        elif op in ("sum", "mean", "amax"):
+            c.output(c.op(op, [x], dims=rand_dims(c.rng, n), keepdim=c.rng.random() < 0.5))
+        else:
+            c.output(c.op(op, [x], **({"tanh": c.rng.random() < 0.5} if op == "gelu" else {})))
+
+
 def t_nan(c):
     """Forward only: how NaN and infinities propagate through kinked ops and reductions."""
     c.allow_nonfinite = True
@@ -1625,7 +1708,7 @@ def t_nan(c):
 TEMPLATES = [
     (t_unary, 14), (t_binary, 12), (t_scalar, 5), (t_compare, 6), (t_where, 6), (t_clamp_tensor, 4), (t_reduce, 16), (t_zero_spread, 2),
     (t_matmul, 20), (t_softmax, 4), (t_layer_norm, 5), (t_dropout_embedding, 3), (t_batch_norm, 3), (t_index, 10),
-    (t_loss, 10), (t_views, 8), (t_chain, 14), (t_promotion, 6), (t_nan, 3), (t_big, 5), (t_ties, 5), (t_errors, 6),
+    (t_loss, 10), (t_views, 8), (t_chain, 14), (t_promotion, 6), (t_nan, 3), (t_big, 5), (t_ties, 5), (t_errors, 6), (t_half, 5),
 ]
 
 
@@ -1642,7 +1725,9 @@ def write_safetensors(path, tensors):
     header, chunks, offset = {}, [], 0
     for name, t in items:
         code, size = SAFETENSORS_DTYPES[t.dtype]
-        arr = t.detach().contiguous().numpy()
+        t = t.detach().contiguous()
+        # numpy has no bfloat16: both 2-byte floats travel as their bit patterns.
+        arr = t.view(torch.int16).numpy() if size == 2 else t.numpy()
         raw = arr.astype(arr.dtype.newbyteorder("<"), copy=False).tobytes()
         assert len(raw) == t.numel() * size
         header[name] = {"dtype": code, "shape": list(t.shape), "data_offsets": [offset, offset + len(raw)]}
