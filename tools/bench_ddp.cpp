@@ -15,6 +15,9 @@
 //   bucket_view_rss       peak RSS of a 50 M-parameter model, DDP with gradient_as_bucket_view / single process
 //   optim_in_bwd_peak_rss peak RSS of the 50 M-parameter model under DDP, SGD (momentum 0.9) in backward vs
 //                         DDP + step() with zero_grad(set_to_none)
+//   mp_bf16_comm_np2      4 x Linear(1024, 1024), 8 rows per rank (communication-heavy): the reducer's
+//                         communication time per step with bf16 mixed precision vs f32 DDP
+//   mp_bf16_step_np2      the same model, whole step, bf16 mixed precision vs f32 DDP
 // The three DDP-step variants and the floor run in the same two processes, in interleaved batches
 // of 20 steps with a barrier before each. Each peak RSS is a fresh process (group) of its own.
 #include <CLI/CLI.hpp>
@@ -101,6 +104,53 @@ nlohmann::json ddp_steps(dist::ProcessGroupPtr g, int runs) {
   return out;
 }
 
+// Communication-heavy: 4 x Linear(1024, 1024) (16 MiB of f32 gradients) on 8 rows per rank, DDP
+// in f32 and with bf16 mixed precision, interleaved in the same two processes.
+nlohmann::json mixed_precision_steps(dist::ProcessGroupPtr g, int runs) {
+  auto make = [] {
+    manual_seed(2);
+    auto m = std::make_shared<nn::Sequential>();
+    for (int i = 0; i < 4; ++i) {
+      if (i) m->push_back(std::make_shared<nn::ReLU>());
+      m->push_back(std::make_shared<nn::Linear>(1024, 1024));
+    }
+    return m;
+  };
+  auto f32_model = make(), mp_model = make();
+  dist::DistributedDataParallel f32_ddp(f32_model, g);
+  dist::DdpOptions o;
+  o.mixed_precision = dist::MixedPrecision{.param_dtype = bf16};
+  dist::DistributedDataParallel mp_ddp(mp_model, g, o);
+  optim::SGD f32_opt(f32_model->parameters(), {.lr = 0.01, .momentum = 0.9});
+  optim::SGD mp_opt(mp_model->parameters(), {.lr = 0.01, .momentum = 0.9});
+  manual_seed(3 + static_cast<uint64_t>(g->rank()));
+  Tensor x = randn({8, 1024}), y = randn({8, 1024});
+  std::vector<double> f32_comm, mp_comm;
+  auto f32_step = [&] {
+    f32_opt.zero_grad();
+    nn::mse_loss(f32_ddp(x), y).backward();
+    f32_opt.step();
+    f32_comm.push_back(f32_ddp.stats().comm_ms);
+  };
+  auto mp_step = [&] {
+    mp_opt.zero_grad();
+    nn::mse_loss(mp_ddp(x).to(f32), y).backward();
+    mp_opt.step();
+    mp_comm.push_back(mp_ddp.stats().comm_ms);
+  };
+  auto ms = bench::median_seconds_interleaved({f32_step, mp_step}, 10, runs, 3, [&] { g->barrier()->wait(); });
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v.empty() ? NAN : v[v.size() / 2];
+  };
+  nlohmann::json out;
+  out["f32_step_ms"] = ms[0] * 1e3;
+  out["mp_step_ms"] = ms[1] * 1e3;
+  out["f32_comm_ms"] = median(f32_comm);
+  out["mp_comm_ms"] = median(mp_comm);
+  return out;
+}
+
 std::shared_ptr<nn::Sequential> deep_narrow() {
   auto m = std::make_shared<nn::Sequential>();
   for (int i = 0; i < 200; ++i) m->push_back(std::make_shared<nn::Linear>(32, 32));
@@ -183,6 +233,8 @@ int worker(const std::string& what, int runs, double momentum) {
   dist::ProcessGroupPtr g = dist::init({.backend = "mpi"});
   if (what == "ddp_step") {
     out = ddp_steps(g, runs);
+  } else if (what == "mixed_precision") {
+    out = mixed_precision_steps(g, runs);
   } else if (what == "bucketing") {
     out["bucketed_ms"] = backward_comm_ms(g, std::nullopt, runs);
     out["per_param_ms"] = backward_comm_ms(g, 1e-9, runs);
@@ -253,6 +305,14 @@ int main(int argc, char** argv) {
     rows.push_back({"optim_in_bwd_np2", in_bwd_ms, ddp_ms, "ms", "ratio <= 1.0",
                     "DDP + SGD (momentum 0.9) in backward vs DDP + step()"});
 
+    auto mp = run_json(fmt::format("{} {} --worker mixed_precision --runs {} 2>&1", mpirun_prefix(2), self, runs));
+    if (mp) {
+      rows.push_back({"mp_bf16_comm_np2", figure(mp, "mp_comm_ms"), figure(mp, "f32_comm_ms"), "ms", "ratio <= 0.6",
+                      "4x Linear(1024,1024), 8 rows/rank: the reducer's comm time per step, bf16 mixed precision vs "
+                      "f32 DDP"});
+      rows.push_back({"mp_bf16_step_np2", figure(mp, "mp_step_ms"), figure(mp, "f32_step_ms"), "ms", "ratio <= 0.9",
+                      "the same model, whole step (forward, backward, step), bf16 mixed precision vs f32 DDP"});
+    }
     auto bucketing = run_json(fmt::format("{} {} --worker bucketing --runs {} 2>&1", mpirun_prefix(2), self, runs));
     if (bucketing) {
       double bucketed = (*bucketing)["bucketed_ms"].get<double>(), per_param = (*bucketing)["per_param_ms"].get<double>();
