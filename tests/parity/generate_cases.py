@@ -23,9 +23,11 @@
 # largest gradient of each input's view ("grad_scale", the size of the terms its view's backward
 # sums), which the replay's tolerances take into account.
 #
-# Left out on purpose, each where it is drawn: PyTorch 1.13 bugs (var/std backward over dim=[],
-# batch_norm backward with a strided weight), a std PyTorch does not get exactly 0 on a
-# constant slice, and oneDNN stride patterns PyTorch cannot differentiate.
+# PyTorch 1.13 bugs are worked around where the reference is computed (var/std backward over
+# dim=[], batch_norm backward with a strided weight, GELU's f32 backward with a strided
+# gradient), and twins whose f32 result strays from the f64 one further than rounding can take
+# it are drawn again. Left out on purpose, each where it is drawn: a std PyTorch does not get
+# exactly 0 on a constant slice, and oneDNN stride patterns PyTorch cannot differentiate.
 #
 # TANDEM_PARITY_DEBUG=1 prints every rejected draw and why.
 import argparse
@@ -88,7 +90,11 @@ def _var_std(fn):
     def run(xs, p):
         if p.get("dims") is None:
             return fn(xs[0])
-        return fn(xs[0], dim=p["dims"], correction=p["correction"], keepdim=p["keepdim"])
+        # dims=[] reduces everything (Tandem and PyTorch alike), but PyTorch 1.13 differentiates
+        # it as a reduction over nothing (2 (x - mean) / (1 - correction): -inf at correction 1):
+        # the reference spells the dims out, while Tandem is still given [].
+        dims = p["dims"] or list(range(xs[0].dim()))
+        return fn(xs[0], dim=dims, correction=p["correction"], keepdim=p["keepdim"])
     return run
 
 
@@ -131,6 +137,11 @@ def _batch_norm(xs, p):
         rm = rv = None
     # A fresh module's first batch: momentum None (a cumulative average) weighs it by 1.
     momentum = 1.0 if p["momentum"] is None else p["momentum"]
+    # PyTorch 1.13's CPU batch_norm backward reads a strided or expanded weight as if it were
+    # contiguous (grad_input from the wrong elements, ~1e-321 garbage for a stride-0 weight);
+    # a contiguous copy (whose backward routes the gradient back to the view) avoids that.
+    if w is not None:
+        w = w.contiguous()
     use_batch_stats = p["training"] or not p["track_running_stats"]
     y = F.batch_norm(x, rm, rv, w, b, use_batch_stats, momentum, p["eps"])
     if p["track_running_stats"]:
@@ -153,6 +164,26 @@ def _where_scalar(xs, p):
     a = rest.pop(0) if p["a"] is None else (int(p["a"]) if p["a_integral"] else float(p["a"]))
     b = rest.pop(0) if p["b"] is None else (int(p["b"]) if p["b_integral"] else float(p["b"]))
     return torch.where(xs[0], a, b)
+
+
+class _Gelu(torch.autograd.Function):
+    """F.gelu with its backward given a contiguous gradient: PyTorch 1.13's f32 CPU kernel for
+    the exact (erf) GELU's backward reads a non-contiguous upstream gradient wrongly (off by
+    ~3e4, or garbage that changes from run to run). The derivative is still PyTorch's own."""
+
+    @staticmethod
+    def forward(ctx, x, approximate):
+        ctx.save_for_backward(x)
+        ctx.approximate = approximate
+        return F.gelu(x, approximate=approximate)
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        with torch.enable_grad():
+            xx = x.detach().requires_grad_()
+            (gx,) = torch.autograd.grad(F.gelu(xx, approximate=ctx.approximate), xx, g.contiguous())
+        return gx, None
 
 
 def _cross_entropy(xs, p):
@@ -209,7 +240,7 @@ OPS = {
     "tanh": lambda xs, p: torch.tanh(xs[0]),
     "sigmoid": lambda xs, p: torch.sigmoid(xs[0]),
     "relu": lambda xs, p: torch.relu(xs[0]),
-    "gelu": lambda xs, p: F.gelu(xs[0], approximate="tanh" if p["tanh"] else "none"),
+    "gelu": lambda xs, p: _Gelu.apply(xs[0], "tanh" if p["tanh"] else "none"),
     "silu": lambda xs, p: F.silu(xs[0]),
     "clamp": lambda xs, p: torch.clamp(xs[0], min=p["lo"], max=p["hi"]),
     "where": lambda xs, p: torch.where(xs[0], xs[1], xs[2]),
@@ -971,13 +1002,10 @@ def t_reduce(c):
         if c.rng.random() < 0.25:
             params = {"dims": None}
         else:
-            # Not dims=[]: PyTorch 1.13 reduces everything forward but differentiates it as a
-            # reduction over nothing (gradient 2 (x - mean) / (1 - correction): -inf at
-            # correction 1), where Tandem differentiates what it computed. All dims, listed, instead.
-            dims = rand_dims(c.rng, n, True) or list(range(n))
-            params = {"dims": dims, "correction": c.rng.choice([0, 1, 1, 2]), "keepdim": c.rng.random() < 0.5}
+            params = {"dims": rand_dims(c.rng, n, True), "correction": c.rng.choice([0, 1, 1, 2]),
+                      "keepdim": c.rng.random() < 0.5}
         dims = params["dims"]
-        count = math.prod(x.shape[d] for d in dims) if dims is not None else x.t.numel()
+        count = math.prod(x.shape[d] for d in dims) if dims else x.t.numel()
         if count <= (1 if dims is None else params["correction"]):
             raise Reject()
     res = c.op(op, [x], **params)
@@ -1089,10 +1117,7 @@ def t_batch_norm(c):
          "momentum": c.rng.choice([0.1, 0.5, None]), "eps": c.rng.choice([1e-5, 1e-3])}
     ins = [x]
     if p["affine"]:
-        # The weight is contiguous: PyTorch 1.13's CPU batch_norm backward reads a strided or
-        # expanded weight as if it were contiguous (grad_input from the wrong elements, ~1e-321
-        # garbage for a stride-0 weight), so only the bias takes arbitrary views.
-        ins += [c.input([ch], views=False), c.input([ch])]
+        ins += [c.input([ch]), c.input([ch])]
     if p["track_running_stats"]:
         ins += [c.input([ch], requires_grad=False, views=False),
                 c.input([ch], "positive", requires_grad=False, views=False)]
@@ -1762,15 +1787,29 @@ def set_noise(twin64, twin32):
     elements are judged by the rounding they actually suffer, not by a fixed count of ulps.
     """
     (e64, t64), (e32, t32) = twin64, twin32
+
+    def capped(value, want64, term_scale=0.0):
+        # Conditioning here never puts the twins more than ~2e-5 of the tensor's scale apart; an
+        # f32 twin 1e-4 away is a PyTorch kernel misreading memory (it has done so: GELU's and
+        # batch_norm's backwards), whose noise must not widen anything: draw again.
+        w = want64.to(torch.float64)
+        finite = w[torch.isfinite(w)]
+        scale = max(1.0, term_scale, float(finite.abs().max()) if finite.numel() else 0.0)
+        if value > 1e-4 * scale:
+            raise Reject()
+        return value
+
     def layout(e):
         return ([s["op"] for s in e["steps"]], [i["name"] for i in e["inputs"]], [o["name"] for o in e["outputs"]])
     if layout(e64) != layout(e32):
         return  # a value-dependent draw made the twins differ: no pairing, no widening
     for o64, o32 in zip(e64["outputs"], e32["outputs"]):
-        o64["noise"] = o32["noise"] = noise(t64[o64["expected"]], t32[o32["expected"]])
+        value = noise(t64[o64["expected"]], t32[o32["expected"]])
+        o64["noise"] = o32["noise"] = capped(value, t64[o64["expected"]])
     for i64, i32 in zip(e64["inputs"], e32["inputs"]):
         if i64.get("grad") and i32.get("grad"):
-            i64["grad_noise"] = i32["grad_noise"] = noise(t64[i64["grad"]], t32[i32["grad"]])
+            value = noise(t64[i64["grad"]], t32[i32["grad"]])
+            i64["grad_noise"] = i32["grad_noise"] = capped(value, t64[i64["grad"]], i64.get("grad_scale", 0.0))
 
 
 def generate(seed, count, only=None):
@@ -1796,7 +1835,11 @@ def generate(seed, count, only=None):
                     import traceback
                     print(f"reject {i} {fn.__name__} {s}:", traceback.format_exc().splitlines()[-3], file=sys.stderr)
                 continue
-            set_noise(built[0], built[1])
+            try:
+                set_noise(built[0], built[1])
+            except Reject:
+                rejected += 1
+                continue
             for entry, ts in built:
                 cases.append(entry)
                 tensors.update(ts)
