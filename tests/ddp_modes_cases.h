@@ -13,19 +13,27 @@ namespace ddp_cases {
 
 // Every rank's loss of `forwards` forwards at `step`, summed, averaged over ranks: the reference.
 inline void reference_step(Net& reference, optim::Optimizer& opt, int step, int W, int forwards,
-                           const std::function<bool(int)>& uses_extra) {
+                           const std::function<bool(int)>& uses_extra, Dtype dt = f64) {
   opt.zero_grad();
   Tensor total;
   for (int r = 0; r < W; ++r) {
     reference.rank = r;
     reference.use_extra = uses_extra;
     for (int k = 0; k < forwards; ++k) {
-      Tensor l = shard_loss(reference, step, r, f64, k);
+      Tensor l = shard_loss(reference, step, r, dt, k);
       total = total.defined() ? total + l : l;
     }
   }
   (total / static_cast<double>(W)).backward();
   opt.step();
+}
+
+// The Net with `never` frozen: the model for cases where every trained parameter gets a gradient.
+inline std::shared_ptr<Net> make_net_without_never(Dtype dt, uint64_t seed = 7) {
+  auto net = make_net(dt, seed);
+  net->never->weight.requires_grad_(false);
+  net->never->bias.requires_grad_(false);
+  return net;
 }
 
 inline int64_t count_events(const std::vector<ReducerEvent>& ev, ReducerEvent::Kind kind) {
@@ -130,9 +138,7 @@ inline void static_graph_changes(ProcessGroupPtr g, bool start_using) {
 
 // Without static_graph, a backward over two synchronised forwards is an error suggesting it.
 inline void two_forwards_need_static_graph(ProcessGroupPtr g) {
-  auto model = make_net(f64);
-  model->never->weight.requires_grad_(false);
-  model->never->bias.requires_grad_(false);
+  auto model = make_net_without_never(f64);
   DistributedDataParallel ddp(model, g, {});
   Tensor a = ddp(inputs(0, 4, 8, f64)).sum();
   Tensor b = ddp(inputs(4, 4, 8, f64)).sum();
@@ -252,12 +258,8 @@ inline void driven_from_another_thread(ProcessGroupPtr g) {
 // no collective, so nobody waits; then both ranks train on.
 inline void rank0_evaluates_without_grad(ProcessGroupPtr g) {
   const int W = g->size(), R = g->rank();
-  auto model = make_net(f64);
-  model->never->weight.requires_grad_(false);
-  model->never->bias.requires_grad_(false);
-  auto reference = make_net(f64);
-  reference->never->weight.requires_grad_(false);
-  reference->never->bias.requires_grad_(false);
+  auto model = make_net_without_never(f64);
+  auto reference = make_net_without_never(f64);
   DistributedDataParallel ddp(model, g, {.bucket_cap_mb = 1e-9});
   optim::SGD opt(model->parameters(), {.lr = 0.1});
   optim::SGD ref_opt(reference->parameters(), {.lr = 0.1});
@@ -283,12 +285,8 @@ inline void rank0_evaluates_without_grad(ProcessGroupPtr g) {
 // backward that threw leaves the next iteration intact.
 inline void which_backward_is_ddps(ProcessGroupPtr g) {
   const int W = g->size(), R = g->rank();
-  auto model = make_net(f64);
-  model->never->weight.requires_grad_(false);
-  model->never->bias.requires_grad_(false);
-  auto reference = make_net(f64);
-  reference->never->weight.requires_grad_(false);
-  reference->never->bias.requires_grad_(false);
+  auto model = make_net_without_never(f64);
+  auto reference = make_net_without_never(f64);
   DistributedDataParallel ddp(model, g, {});
   optim::SGD opt(model->parameters(), {.lr = 0.1});
   optim::SGD ref_opt(reference->parameters(), {.lr = 0.1});

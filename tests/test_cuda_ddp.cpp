@@ -5,6 +5,7 @@
 
 #include "cuda_test_util.h"
 #include "ddp_cases.h"
+#include "ddp_modes_cases.h"
 #include "dist/nccl_backend.h"
 
 using namespace tandem;
@@ -44,15 +45,7 @@ void cuda_equivalence(ProcessGroupPtr g, bool bucket_view, bool find_unused) {
     mse_loss(ddp(inputs(first, kRowsPerRank, 8, f32).to(dev)), targets(first, kRowsPerRank, 4, f32).to(dev)).backward();
     ddp.check_reducer_finalized();
     opt.step();
-    ref_opt.zero_grad();
-    Tensor total;
-    for (int r = 0; r < W; ++r) {
-      reference->rank = r;
-      Tensor l = shard_loss(*reference, step, r, f32);
-      total = total.defined() ? total + l : l;
-    }
-    (total / static_cast<double>(W)).backward();
-    ref_opt.step();
+    reference_step(*reference, ref_opt, step, W, 1, uses_extra, f32);
   }
   auto got = model->named_parameters();
   for (const auto& [name, want] : reference->named_parameters()) {
@@ -103,14 +96,7 @@ void cuda_modes(ProcessGroupPtr g) {
       } else {
         CHECK_FALSE(model->fc1->weight.grad().defined());
       }
-      ref_opt.zero_grad();
-      Tensor total;
-      for (int r = 0; r < W; ++r) {
-        Tensor l = shard_loss(*reference, step, r, f32);
-        total = total.defined() ? total + l : l;
-      }
-      (total / static_cast<double>(W)).backward();
-      ref_opt.step();
+      reference_step(*reference, ref_opt, step, W, 1, [](int) { return true; }, f32);
     }
     auto got = model->named_parameters();
     for (const auto& [name, want] : reference->named_parameters()) {
