@@ -359,6 +359,22 @@ const std::map<std::string, OpFn>& op_table() {
       PARITY_OP("logical_not", logical_not(x(0))),
       PARITY_OP("isnan", isnan(x(0))),
       PARITY_OP("isinf", isinf(x(0))),
+      // in place: the destination's handle comes back (it aliases the input)
+      PARITY_OP("add_", add_(x(0), x(1), scalar_arg(q, "alpha"))),
+      PARITY_OP("sub_", sub_(x(0), x(1), scalar_arg(q, "alpha"))),
+      PARITY_OP("mul_", mul_(x(0), x(1))),
+      PARITY_OP("div_", div_(x(0), x(1))),
+      PARITY_OP("add_s_", add_(x(0), scalar_arg(q, "value"))),
+      PARITY_OP("sub_s_", sub_(x(0), scalar_arg(q, "value"))),
+      PARITY_OP("mul_s_", mul_(x(0), scalar_arg(q, "value"))),
+      PARITY_OP("div_s_", div_(x(0), scalar_arg(q, "value"))),
+      PARITY_OP("zero_", zero_(x(0))),
+      PARITY_OP("fill_", fill_(x(0), scalar_arg(q, "value"))),
+      PARITY_OP("copy_", copy_(x(0), x(1))),
+      PARITY_OP("clamp_", clamp_(x(0), optional_double(q, "lo"), optional_double(q, "hi"))),
+      PARITY_OP("addcmul_", addcmul_(x(0), x(1), x(2), scalar_arg(q, "value"))),
+      PARITY_OP("addcdiv_", addcdiv_(x(0), x(1), x(2), scalar_arg(q, "value"))),
+      PARITY_OP("lerp_", lerp_(x(0), x(1), Scalar(q.at("weight").get<double>()))),
       // reductions
       PARITY_OP("sum", reduce_op(x(0), q, sum, sum)),
       PARITY_OP("mean", reduce_op(x(0), q, mean, mean)),
@@ -537,6 +553,7 @@ std::vector<std::string> replay(const Json& c, const nn::TensorDict& data, Count
       Tensor t = apply_views(base, in.at("views"));
       const std::string name = in.at("name").get<std::string>();
       env[name] = t;
+      env[name + ".base"] = base;  // what an in-place op through the view left of the base
       geometries += fmt::format("\n    Tandem {}: {}", name, geometry(t));
       if (in.at("requires_grad").get<bool>()) leaves.push_back({name, base, in.at("grad"), in.value("grad_noise", 0.0), in.value("grad_scale", 0.0)});
     }
@@ -665,7 +682,8 @@ TEST_CASE("parity: every op, view and chain agrees with PyTorch", "[parity]") {
   CHECK(failed == 0);
 
   // The comparison itself must be able to fail: perturb one passing case's expected output, then
-  // one of its expected gradients, just beyond the tolerance, and check the replay reports each.
+  // one of its expected gradients, just beyond the tolerance, and check the replay reports each;
+  // then claim that the case's last step raises in PyTorch, which Tandem's success must contradict.
   bool perturbed_once = false;
   for (const Json& c : cases) {
     if (c.at("outputs").empty() || c.at("inputs").empty()) continue;
@@ -697,6 +715,13 @@ TEST_CASE("parity: every op, view and chain agrees with PyTorch", "[parity]") {
     INFO(report(c, problems));
     REQUIRE(problems.size() == 1);
     REQUIRE_THAT(problems[0], Catch::Contains("gradient of"));
+    // And an error case whose step Tandem accepts must fail: this case, claimed to raise.
+    Json claimed = c;
+    claimed["error"] = "a synthetic error";
+    problems = replay(claimed, gen.tensors);
+    INFO(report(claimed, problems));
+    REQUIRE(problems.size() == 1);
+    REQUIRE_THAT(problems[0], Catch::Contains("PyTorch raises (a synthetic error), Tandem returned"));
     perturbed_once = true;
     break;
   }

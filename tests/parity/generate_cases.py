@@ -266,6 +266,22 @@ OPS = {
     "logical_not": lambda xs, p: torch.logical_not(xs[0]),
     "isnan": lambda xs, p: torch.isnan(xs[0]),
     "isinf": lambda xs, p: torch.isinf(xs[0]),
+    # in place (forward only: Tandem refuses in-place ops on tensors that require grad)
+    "add_": lambda xs, p: xs[0].add_(xs[1], alpha=scalar_value(p, "alpha")),
+    "sub_": lambda xs, p: xs[0].sub_(xs[1], alpha=scalar_value(p, "alpha")),
+    "mul_": lambda xs, p: xs[0].mul_(xs[1]),
+    "div_": lambda xs, p: xs[0].div_(xs[1]),
+    "add_s_": lambda xs, p: xs[0].add_(scalar_value(p, "value")),
+    "sub_s_": lambda xs, p: xs[0].sub_(scalar_value(p, "value")),
+    "mul_s_": lambda xs, p: xs[0].mul_(scalar_value(p, "value")),
+    "div_s_": lambda xs, p: xs[0].div_(scalar_value(p, "value")),
+    "zero_": lambda xs, p: xs[0].zero_(),
+    "fill_": lambda xs, p: xs[0].fill_(scalar_value(p, "value")),
+    "copy_": lambda xs, p: xs[0].copy_(xs[1]),
+    "clamp_": lambda xs, p: xs[0].clamp_(min=p["lo"], max=p["hi"]),
+    "addcmul_": lambda xs, p: xs[0].addcmul_(xs[1], xs[2], value=scalar_value(p, "value")),
+    "addcdiv_": lambda xs, p: xs[0].addcdiv_(xs[1], xs[2], value=scalar_value(p, "value")),
+    "lerp_": lambda xs, p: xs[0].lerp_(xs[1], float(p["weight"])),
     # reductions
     "sum": _reduce(torch.sum),
     "mean": _reduce(torch.mean),
@@ -647,6 +663,7 @@ class Case:
         self.allow_nonfinite = False
         self.at_kinks = False  # t_ties puts inputs on kinks on purpose
         self.error = None  # t_errors: PyTorch's message for the step it refuses
+        self.bases = {}  # input name -> its base tensor (the replay knows it as "<name>.base")
         self.lines = []
 
     # Data: always drawn in f64 (the same draws for the f64 and the f32 twin), then cast.
@@ -709,6 +726,7 @@ class Case:
         t = apply_views(base, steps)
         entry = {"name": name, "key": key, "views": steps, "requires_grad": requires_grad}
         self.inputs.append(entry)
+        self.bases[name] = base
         if requires_grad:
             if t is not base:
                 t.retain_grad()
@@ -743,6 +761,10 @@ class Case:
                           + "".join(f", {k}={v}" for k, v in params.items()) + ")"
                           + "".join(f"  [{v.name}: {geometry(v.t)}]" for v in outs))
         return outs if many else outs[0]
+
+    def base(self, v):
+        """The whole base tensor behind input v: what an in-place op on a view wrote, and did not."""
+        return Var(v.name + ".base", self.bases[v.name])
 
     def op_error(self, name, ins, **params):
         """A step PyTorch refuses: recorded with its message; the replay expects a tandem::Error."""
@@ -1536,7 +1558,7 @@ def t_errors(c):
                          "scatter_add", "cross_entropy", "nll_loss", "narrow", "select", "transpose", "permute",
                          "expand", "view", "reshape", "squeeze", "unsqueeze", "amax_empty", "max_dim_empty",
                          "argmax_empty", "cat", "stack", "softmax", "layer_norm", "where", "masked_fill",
-                         "softmax_int", "matmul_int"])
+                         "softmax_int", "matmul_int", "inplace_overlap", "inplace_cast", "inplace_broadcast"])
     shape = rand_shape(c.rng, 2, 3, p1=0.0)
     n = len(shape)
     r = c.rng.randrange
@@ -1631,8 +1653,20 @@ def t_errors(c):
     elif kind == "softmax_int":
         c.op_error(c.rng.choice(["softmax", "log_softmax"]), [c.input(shape, "int", dtype="i64", lo=-2, hi=3)],
                    dim=-1)
-    else:  # matmul_int: PyTorch does not promote matrix products
+    elif kind == "matmul_int":  # PyTorch does not promote matrix products
         c.op_error("matmul", [c.input([2, 3]), c.input([3, 2], "int", dtype="i64", lo=-2, hi=3)])
+    elif kind == "inplace_overlap":
+        # Several elements of the destination share memory.
+        x = c.input([1] + shape[1:], requires_grad=False, views=False)
+        dest = c.op("expand", [x], shape=shape)
+        c.op_error(c.rng.choice(["add_s_", "mul_s_", "fill_"]), [dest], value=2, integral=True)
+    elif kind == "inplace_cast":
+        # An integer destination cannot hold a floating result.
+        c.op_error(c.rng.choice(["add_s_", "mul_s_", "div_s_"]), [c.input(shape, "int", dtype="i64", lo=-2, hi=3)],
+                   value=1.5 if c.rng.random() < 0.7 else 2, integral=False)
+    else:  # inplace_broadcast: the destination cannot grow
+        c.op_error("add_", [c.input(shape[1:], requires_grad=False), c.input(shape, requires_grad=False)], alpha=1,
+                   integral=True)
 
 
 HALF_LIMITS = {torch.float16: (65504.0, 2.0 ** -14, 2.0 ** -24), torch.bfloat16: (3.3895e38, 2.0 ** -126, 2.0 ** -133)}
@@ -1709,6 +1743,51 @@ def t_half(c):
             c.output(c.op(op, [x], **({"tanh": c.rng.random() < 0.5} if op == "gelu" else {})))
 
 
+def t_inplace(c):
+    """In-place ops written through views (transposed, strided, offset, size-1 dims with odd
+    strides) of a base that does not require grad: the view and the whole base are compared, so
+    elements outside the view must be untouched."""
+    shape = rand_shape(c.rng, 1, 3, max_size=5)
+    integer = c.rng.random() < 0.2
+    dt = c.rng.choice(["i64", "i32"]) if integer else None
+    ops = ["add_", "sub_", "mul_", "add_s_", "sub_s_", "mul_s_", "zero_", "fill_", "copy_", "clamp_"]
+    if not integer:
+        ops += ["div_", "div_s_", "addcmul_", "addcdiv_", "lerp_"]
+    op = c.rng.choice(ops)
+    kind = "int" if integer else "normal"
+    # No expand on the destination: writing through overlapping elements is an error (t_errors).
+    x = c.input(shape, kind, dtype=dt, requires_grad=False, allow_expand=False, lo=-3, hi=4)
+    def operand(kind2="normal", other_shape=None):
+        return c.input(other_shape or broadcast_shapes(c.rng, shape, 1)[0], "int" if integer else kind2,
+                       dtype=dt if integer else c.rng.choice([None, None, "f32" if c.fdt == torch.float64 else None]),
+                       requires_grad=False, lo=-3, hi=4)
+    if op in ("add_", "sub_"):
+        alpha = c.rng.choice([1, 2, -1]) if integer else c.rng.choice([1, -0.5, 2.5])
+        y = c.op(op, [x, operand()], alpha=alpha, integral=isinstance(alpha, int))
+    elif op in ("mul_", "div_"):
+        y = c.op(op, [x, operand("away0" if op == "div_" else "normal")])
+    elif op in ("add_s_", "sub_s_", "mul_s_", "div_s_", "fill_"):
+        v = c.rng.choice([2, -3]) if integer else c.rng.choice([2, -1.5, 0.25])
+        y = c.op(op, [x], value=v, integral=isinstance(v, int))
+    elif op == "zero_":
+        y = c.op(op, [x])
+    elif op == "copy_":
+        # copy_ broadcasts and casts its source (from any dtype).
+        src_dt = c.rng.choice(["f32", "f64", "i64", "i32", "bool"])
+        src = c.input(broadcast_shapes(c.rng, shape, 1)[0], "bool" if src_dt == "bool" else "normal" if src_dt in ("f32", "f64") else "int",
+                      dtype=src_dt, requires_grad=False, lo=-3, hi=4, scale=3.0)
+        y = c.op(op, [x, src])
+    elif op == "clamp_":
+        y = c.op(op, [x], lo=c.rng.choice([None, -1.0]), hi=c.rng.choice([None, 1.0, 2.0]))
+    elif op in ("addcmul_", "addcdiv_"):
+        y = c.op(op, [x, operand(), operand("away0" if op == "addcdiv_" else "normal")], value=c.rng.choice([1, 0.5, -2]),
+                 integral=False)
+    else:
+        y = c.op(op, [x, operand()], weight=c.rng.choice([0.25, 0.5, 1.5]))
+    c.output(y)
+    c.output(c.base(x))
+
+
 def t_nan(c):
     """Forward only: how NaN and infinities propagate through kinked ops and reductions."""
     c.allow_nonfinite = True
@@ -1733,7 +1812,7 @@ def t_nan(c):
 TEMPLATES = [
     (t_unary, 14), (t_binary, 12), (t_scalar, 5), (t_compare, 6), (t_where, 6), (t_clamp_tensor, 4), (t_reduce, 16), (t_zero_spread, 2),
     (t_matmul, 20), (t_softmax, 4), (t_layer_norm, 5), (t_dropout_embedding, 3), (t_batch_norm, 3), (t_index, 10),
-    (t_loss, 10), (t_views, 8), (t_chain, 14), (t_promotion, 6), (t_nan, 3), (t_big, 5), (t_ties, 5), (t_errors, 6), (t_half, 5),
+    (t_loss, 10), (t_views, 8), (t_chain, 14), (t_promotion, 6), (t_nan, 3), (t_big, 5), (t_ties, 5), (t_errors, 6), (t_half, 5), (t_inplace, 6),
 ]
 
 
