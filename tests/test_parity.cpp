@@ -291,6 +291,19 @@ Tensor arg_op(const Tensor& a, const Json& p, bool is_max) {
   return is_max ? argmax(a, d, keepdim) : argmin(a, d, keepdim);
 }
 
+// Creation ops take a dtype, or null for PyTorch's default (inferred by arange, f32 otherwise).
+TensorList arange_op(const TensorList&, const Json& p) {
+  auto scalar = [&](const std::string& k) {
+    return p.at(k + "_integral").get<bool>() ? Scalar(p.at(k).get<int64_t>()) : Scalar(p.at(k).get<double>());
+  };
+  if (p.at("dtype").is_null()) return {arange(scalar("start"), scalar("end"), scalar("step"))};
+  return {arange(scalar("start"), scalar("end"), scalar("step"), dtype_arg(p.at("dtype").get<std::string>()))};
+}
+
+TensorOptions options_arg(const Json& p) {
+  return p.at("dtype").is_null() ? TensorOptions() : TensorOptions(dtype_arg(p.at("dtype").get<std::string>()));
+}
+
 const std::map<std::string, OpFn>& op_table() {
   static const std::map<std::string, OpFn> table{
       // views and copies
@@ -359,6 +372,12 @@ const std::map<std::string, OpFn>& op_table() {
       PARITY_OP("logical_not", logical_not(x(0))),
       PARITY_OP("isnan", isnan(x(0))),
       PARITY_OP("isinf", isinf(x(0))),
+      // creation
+      {"arange", arange_op},
+      PARITY_OP("linspace", linspace(q.at("start").get<double>(), q.at("end").get<double>(),
+                                     q.at("steps").get<int64_t>(), options_arg(q))),
+      PARITY_OP("eye", eye(q.at("n").get<int64_t>(), options_arg(q))),
+      PARITY_OP("full", full(shape_arg(q.at("shape")), scalar_arg(q, "value"), options_arg(q))),
       // in place: the destination's handle comes back (it aliases the input)
       PARITY_OP("add_", add_(x(0), x(1), scalar_arg(q, "alpha"))),
       PARITY_OP("sub_", sub_(x(0), x(1), scalar_arg(q, "alpha"))),
