@@ -322,8 +322,10 @@ OPS = {
     "mse_loss": lambda xs, p: F.mse_loss(xs[0], xs[1], reduction=p["reduction"]),
     # indexing and joining
     "index_select": lambda xs, p: torch.index_select(xs[0], p["dim"], xs[1]),
-    "gather": lambda xs, p: torch.gather(xs[0], p["dim"], xs[1]),
-    "scatter_add": lambda xs, p: torch.scatter_add(xs[0], p["dim"], xs[1], xs[2]),
+    # Tandem's gather and scatter_add take i32 indices too (PyTorch's only i64): the reference
+    # gets them widened, so the i32 path is checked rather than refused.
+    "gather": lambda xs, p: torch.gather(xs[0], p["dim"], xs[1].long()),
+    "scatter_add": lambda xs, p: torch.scatter_add(xs[0], p["dim"], xs[1].long(), xs[2]),
     "cat": lambda xs, p: torch.cat(xs, p["dim"]),
     "stack": lambda xs, p: torch.stack(xs, p["dim"]),
     "split": _split,
@@ -1016,13 +1018,16 @@ def t_reduce(c):
     n = x.dim()
     if x.t.numel() == 0:
         c.allow_nonfinite = True  # the mean of nothing is NaN
+    zero_dim_dims = c.rng.choice([[0], [-1], []]) if n == 0 else None  # a 0-dim tensor takes dim 0 or -1
     params = {}
     if op in ("sum", "mean"):
         params = {"dims": None} if c.rng.random() < 0.25 else {"dims": rand_dims(c.rng, n, True), "keepdim": c.rng.random() < 0.5}
+        if n == 0 and params["dims"] is not None:
+            params["dims"] = zero_dim_dims
     elif op in ("amax", "amin", "logsumexp"):
         params = {"dims": rand_dims(c.rng, n, op != "logsumexp"), "keepdim": c.rng.random() < 0.5}
-        if op == "logsumexp" and n == 0:
-            params["dims"] = [0]
+        if n == 0:
+            params["dims"] = zero_dim_dims if op != "logsumexp" else [c.rng.choice([0, -1])]
     elif op in ("max_dim", "min_dim"):
         params = {"dim": neg_dim(c.rng, c.rng.randrange(n), n), "keepdim": c.rng.random() < 0.5}
     elif op in ("argmax", "argmin"):
@@ -1133,7 +1138,7 @@ def t_dropout_embedding(c):
     else:
         rows, dim = c.rng.randint(1, 6), c.rng.randint(1, 4)
         w = c.input([rows, dim])
-        idx = c.index(rand_shape(c.rng, 0, 2, max_size=6), rows)
+        idx = c.index(rand_shape(c.rng, 0, 2, max_size=6), rows, dtype=c.rng.choice(["i64", "i64", "i32"]))
         c.output(c.op("embedding", [w, idx]))
 
 
@@ -1168,12 +1173,12 @@ def t_index(c):
     elif op == "gather":
         a = c.input(shape)
         ishape = [c.rng.randint(1, 5) if k == d else c.rng.randint(1, shape[k]) for k in range(n)]
-        idx = c.index(ishape, shape[d])
+        idx = c.index(ishape, shape[d], dtype=c.rng.choice(["i64", "i64", "i32"]))
         c.output(c.op("gather", [a, idx], dim=dn))
     elif op == "scatter_add":
         a = c.input(shape, requires_grad=c.rng.random() < 0.8)
         ishape = [c.rng.randint(1, 5) if k == d else c.rng.randint(1, shape[k]) for k in range(n)]
-        idx = c.index(ishape, shape[d])
+        idx = c.index(ishape, shape[d], dtype=c.rng.choice(["i64", "i64", "i32"]))
         # src may be larger than index (only its leading part is read); PyTorch 1.13 cannot
         # differentiate that form, so such a src takes no gradient.
         larger = c.rng.random() < 0.3
@@ -1565,7 +1570,8 @@ def t_errors(c):
                          "scatter_add", "cross_entropy", "nll_loss", "narrow", "select", "transpose", "permute",
                          "expand", "view", "reshape", "squeeze", "unsqueeze", "amax_empty", "max_dim_empty",
                          "argmax_empty", "cat", "stack", "softmax", "layer_norm", "where", "masked_fill",
-                         "softmax_int", "matmul_int", "inplace_overlap", "inplace_cast", "inplace_broadcast"])
+                         "softmax_int", "matmul_int", "inplace_overlap", "inplace_cast", "inplace_broadcast",
+                         "mean_int", "var_int"])
     shape = rand_shape(c.rng, 2, 3, p1=0.0)
     n = len(shape)
     r = c.rng.randrange
@@ -1671,6 +1677,12 @@ def t_errors(c):
         # An integer destination cannot hold a floating result.
         c.op_error(c.rng.choice(["add_s_", "mul_s_", "div_s_"]), [c.input(shape, "int", dtype="i64", lo=-2, hi=3)],
                    value=1.5 if c.rng.random() < 0.7 else 2, integral=False)
+    elif kind in ("mean_int", "var_int"):
+        x = c.input(shape, "int", dtype=c.rng.choice(["i64", "i32"]), lo=-2, hi=3)
+        if kind == "mean_int":
+            c.op_error("mean", [x], dims=None)
+        else:
+            c.op_error("var", [x], dims=[0], correction=1, keepdim=False)
     else:  # inplace_broadcast: the destination cannot grow
         c.op_error("add_", [c.input(shape[1:], requires_grad=False), c.input(shape, requires_grad=False)], alpha=1,
                    integral=True)
