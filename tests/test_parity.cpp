@@ -430,7 +430,8 @@ const std::map<std::string, OpFn>& op_table() {
       PARITY_OP("gather", gather(x(0), q.at("dim").get<int64_t>(), x(1))),
       PARITY_OP("scatter_add", scatter_add(x(0), q.at("dim").get<int64_t>(), x(1), x(2))),
       {"cat", [](const TensorList& xs, const Json& p) -> TensorList { return {cat(xs, p.at("dim").get<int64_t>())}; }},
-      {"stack", [](const TensorList& xs, const Json& p) -> TensorList { return {stack(xs, p.at("dim").get<int64_t>())}; }},
+      {"stack",
+       [](const TensorList& xs, const Json& p) -> TensorList { return {stack(xs, p.at("dim").get<int64_t>())}; }},
       {"split", split_op},
       {"chunk",
        [](const TensorList& xs, const Json& p) {
@@ -574,7 +575,8 @@ std::vector<std::string> replay(const Json& c, const nn::TensorDict& data, Count
       env[name] = t;
       env[name + ".base"] = base;  // what an in-place op through the view left of the base
       geometries += fmt::format("\n    Tandem {}: {}", name, geometry(t));
-      if (in.at("requires_grad").get<bool>()) leaves.push_back({name, base, in.at("grad"), in.value("grad_noise", 0.0), in.value("grad_scale", 0.0)});
+      if (in.at("requires_grad").get<bool>())
+        leaves.push_back({name, base, in.at("grad"), in.value("grad_noise", 0.0), in.value("grad_scale", 0.0)});
     }
     const bool expect_error = c.contains("error") && !c.at("error").is_null();
     for (const Json& step : c.at("steps")) {
@@ -622,7 +624,8 @@ std::vector<std::string> replay(const Json& c, const nn::TensorDict& data, Count
       Tensor g = leaf.base.grad();
       if (leaf.grad_key.is_null()) {
         // PyTorch's backward never reached this leaf: no gradient, or an all-zero one.
-        if (g.defined() && !all_zero(g)) problems.push_back("gradient of " + leaf.name + ": non-zero in Tandem, none in PyTorch");
+        if (g.defined() && !all_zero(g))
+          problems.push_back("gradient of " + leaf.name + ": non-zero in Tandem, none in PyTorch");
         continue;
       }
       std::string diff =
@@ -688,7 +691,7 @@ TEST_CASE("parity: every op, view and chain agrees with PyTorch", "[parity]") {
   for (const Json& c : cases)
     for (const Json& in : c.at("inputs")) expected_gradients += in.contains("grad") && !in.at("grad").is_null();
   if (failed == 0) CHECK(counts.gradients == expected_gradients);
-  if (!env_or("TANDEM_PARITY_ONLY", "").size()) CHECK(expected_gradients >= cases.size() / 2);
+  if (env_or("TANDEM_PARITY_ONLY", "").empty()) CHECK(expected_gradients >= cases.size() / 2);
   const std::string report_path = env_or("TANDEM_PARITY_REPORT", "");
   if (!report_path.empty()) {
     std::ofstream out(report_path);
@@ -697,7 +700,8 @@ TEST_CASE("parity: every op, view and chain agrees with PyTorch", "[parity]") {
   // Every disagreement is its own failure, up to a readable number of them.
   constexpr size_t kShown = 40;
   for (size_t i = 0; i < std::min(reports.size(), kShown); ++i) FAIL_CHECK(reports[i]);
-  if (reports.size() > kShown) FAIL_CHECK(reports.size() - kShown << " more cases disagree (run with -s for the summary)");
+  if (reports.size() > kShown)
+    FAIL_CHECK(reports.size() - kShown << " more cases disagree (TANDEM_PARITY_REPORT=<file> writes them all)");
   CHECK(failed == 0);
 
   // The comparison itself must be able to fail: perturb one passing case's expected output, then
@@ -718,7 +722,8 @@ TEST_CASE("parity: every op, view and chain agrees with PyTorch", "[parity]") {
     if (grad.numel() == 0 || !replay(c, gen.tensors).empty()) continue;
     auto perturbed_replay = [&](const std::string& key, const Tensor& t, double noise, double term_scale) {
       // Every element moved up by three times what the comparison allows it.
-      const double tol = std::max(tolerance_for(t.dtype()), tolerance_for(dtype_arg(c.at("precision").get<std::string>())));
+      const double tol =
+          std::max(tolerance_for(t.dtype()), tolerance_for(dtype_arg(c.at("precision").get<std::string>())));
       const double widening = kNoiseFactor * noise * (t.dtype() == f64 ? kEpsilonRatio : 1.0);
       nn::TensorDict perturbed = gen.tensors;
       const double scale = std::max({1.0, term_scale, max(abs(t)).item<double>()});
