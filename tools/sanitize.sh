@@ -56,6 +56,7 @@ case "$kind" in
     ;;
 esac
 
+report_pattern='^WARNING: ThreadSanitizer|^==[0-9]+==ERROR: (AddressSanitizer|LeakSanitizer)|runtime error:'
 status=0
 for t in "${tests[@]}"; do
   exe=$build/tests/$t
@@ -74,10 +75,17 @@ for t in "${tests[@]}"; do
     echo "   no test cases ran"
     status=1
   fi
-  for r in "$logs"/report.*; do
+  # Most reports land in report.<pid>; UBSan's (under ASan) go to the test's own output.
+  for r in "$logs"/report.* "$logs/$t.out"; do
     [ -e "$r" ] || continue
-    mv "$r" "$logs/$t.$(basename "$r")"
-    echo "   sanitizer report: $logs/$t.$(basename "$r") ($(grep -c '^WARNING: ThreadSanitizer\|^ERROR: AddressSanitizer\|runtime error:\|^ERROR: LeakSanitizer' "$logs/$t.$(basename "$r")" || true) reports)"
+    n=$(grep -cE "$report_pattern" "$r" || true)
+    [ "$r" = "$logs/$t.out" ] && [ "$n" -eq 0 ] && continue
+    if [ "$r" != "$logs/$t.out" ]; then
+      mv "$r" "$logs/$t.$(basename "$r")"
+      r=$logs/$t.$(basename "$r")
+    fi
+    echo "   sanitizer report: $r ($n reports)"
+    grep -E "^SUMMARY|runtime error:" "$r" | sort | uniq -c | head -n 10 | sed 's/^/   | /'
     status=1
   done
   echo "   $((SECONDS - start)) s"
