@@ -564,6 +564,9 @@ inline void in_backward_all(ProcessGroupPtr g) {
   in_backward_equivalence(g, {optim::AdamWOptions{.lr = 0.01}, "AdamW", false, /*find_unused=*/true});
   in_backward_equivalence(g, {sgd_m, "SGD", false, /*find_unused=*/true, false, /*bucket_view=*/true});
   in_backward_equivalence(g, {sgd_m, "SGD", false, false, /*static_graph=*/true});
+  // no_sync backwards before the first synchronised one do not count as static_graph's first
+  // iteration (its record comes from the synchronised backward).
+  in_backward_equivalence(g, {sgd_m, "SGD", false, false, /*static_graph=*/true, false, /*micro=*/3});
   in_backward_equivalence(g, {optim::AdamWOptions{.lr = 0.01}, "AdamW", false, false, false, false, /*micro=*/3});
 }
 
