@@ -118,6 +118,10 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
     TANDEM_CHECK(!mp.buffer_dtype || is_floating(*mp.buffer_dtype),
                  "[ddp] mixed_precision.buffer_dtype must be a floating dtype, got {}", *mp.buffer_dtype);
     reduce_dtype = mp.reduce_dtype.value_or(*mp.param_dtype);
+    for (const auto& d : delayed)
+      TANDEM_CHECK(d.tensor.dtype() == f32 || d.tensor.dtype() == f64,
+                   "[ddp] mixed_precision keeps f32 (or f64) masters, but parameter '{}' is {}", d.name,
+                   d.tensor.dtype());
     for (const auto& m : managed) {
       TANDEM_CHECK(m.tensor.dtype() == f32 || m.tensor.dtype() == f64,
                    "[ddp] mixed_precision keeps f32 (or f64) masters, but parameter '{}' is {}", m.name,
@@ -127,8 +131,6 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
                    "reduces in {}: set reduce_dtype to {} or turn gradient_as_bucket_view off",
                    m.tensor.dtype(), *reduce_dtype, m.tensor.dtype());
     }
-    TANDEM_CHECK(delayed.empty(),
-                 "[ddp] mixed_precision together with delay_all_reduce_named_params is not supported yet");
   }
   verify_same_model_across_ranks(sig_params);
   broadcast_states(options_.broadcast_buffers);
@@ -141,14 +143,44 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
     optimizer_in_backward_ = optimizer_in_backward_ || step != nullptr;
     return step;
   };
+  // Mixed precision: one shadow per parameter, bucketed ones first (index i is the reducer's
+  // parameter i), then the delayed ones, then the frozen ones (cast and restored, no gradient).
+  const size_t bucketed_count = managed.size();
+  if (options_.mixed_precision) {
+    const MixedPrecision& mp = *options_.mixed_precision;
+    TensorList shadowed;
+    for (const auto& m : managed) shadowed.push_back(m.tensor);
+    for (const auto& d : delayed) shadowed.push_back(d.tensor);
+    for (const auto& [name, t] : sig_params)
+      if (!t.requires_grad() && is_floating(t.dtype())) shadowed.push_back(t);
+    shadows_ = std::make_unique<ParamShadows>(std::move(shadowed), *mp.param_dtype,
+                                              options_.gradient_as_bucket_view);
+    if (mp.buffer_dtype)
+      for (const Tensor& b : synced_buffers())
+        if (is_floating(b.dtype())) cast_in_place(b, *mp.buffer_dtype);
+  }
+  // How a reduction reads and writes gradients under mixed precision, its parameter i being
+  // shadow `first + i`.
+  auto shadow_transforms = [s = shadows_.get()](size_t first) {
+    return GradientTransforms{
+        [s, first](size_t i, const Tensor& g) { return s->gradient_to_reduce(first + i, g); },
+        [s, first](size_t i, const Tensor& reduced) { s->set_reduced(first + i, reduced); },
+        [s, first](size_t i, const Tensor& reduced) { s->finish_param(first + i, reduced); }};
+  };
   if (!delayed.empty()) {
     std::vector<std::shared_ptr<optim::InBackwardStep>> steps;
     for (const auto& d : delayed) steps.push_back(take_over(d.tensor));
     std::vector<int> all(static_cast<size_t>(group_->size()));
     std::iota(all.begin(), all.end(), 0);
     delayed_ = std::make_unique<DelayedAllreduce>(std::move(delayed), hook_param, options_.param_to_hook_all_reduce,
-                                                  group_->new_group(all), options_.find_unused_parameters);
+                                                  group_->new_group(all), options_.find_unused_parameters,
+                                                  reduce_dtype);
     delayed_->set_in_backward_steps(std::move(steps));
+    if (shadows_) {
+      delayed_->set_gradient_transforms(shadow_transforms(bucketed_count));
+      // The masters come back only after the delayed reduction has handed its results over.
+      shadows_->finish_after([d = delayed_.get()] { return d->finalize_pending(); });
+    }
   }
   if (managed.empty()) return;  // every parameter is delayed: no buckets at all
 
@@ -164,24 +196,9 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
   std::vector<std::shared_ptr<optim::InBackwardStep>> steps;
   for (const auto& m : managed) steps.push_back(take_over(m.tensor));
   ro.reduce_dtype = reduce_dtype;
-  TensorList shadowed;
-  for (const auto& m : managed) shadowed.push_back(m.tensor);  // the reducer's order: index i is parameter i
   reducer_ = std::make_unique<Reducer>(std::move(managed), group_, ro);
   if (optimizer_in_backward_) reducer_->set_in_backward_steps(std::move(steps));
-  if (options_.mixed_precision) {
-    const MixedPrecision& mp = *options_.mixed_precision;
-    for (const auto& [name, t] : sig_params)
-      if (!t.requires_grad() && is_floating(t.dtype())) shadowed.push_back(t);  // frozen: cast and restored
-    shadows_ = std::make_unique<ParamShadows>(std::move(shadowed), *mp.param_dtype,
-                                              options_.gradient_as_bucket_view);
-    ParamShadows* s = shadows_.get();
-    reducer_->set_gradient_transforms({[s](size_t i, const Tensor& g) { return s->gradient_to_reduce(i, g); },
-                                       [s](size_t i, const Tensor& reduced) { s->set_reduced(i, reduced); },
-                                       [s](size_t i, const Tensor& reduced) { s->finish_param(i, reduced); }});
-    if (mp.buffer_dtype)
-      for (const Tensor& b : synced_buffers())
-        if (is_floating(b.dtype())) cast_in_place(b, *mp.buffer_dtype);
-  }
+  if (shadows_) reducer_->set_gradient_transforms(shadow_transforms(0));
 }
 
 DistributedDataParallel::~DistributedDataParallel() = default;

@@ -13,7 +13,7 @@
 namespace tandem::dist {
 
 DelayedAllreduce::DelayedAllreduce(std::vector<Param> params, Tensor hook_param, std::string hook_name,
-                                   ProcessGroupPtr group, bool find_unused_parameters)
+                                   ProcessGroupPtr group, bool find_unused_parameters, std::optional<Dtype> reduce_dtype)
     : params_(std::move(params)),
       hook_param_(std::move(hook_param)),
       hook_name_(std::move(hook_name)),
@@ -40,7 +40,8 @@ DelayedAllreduce::DelayedAllreduce(std::vector<Param> params, Tensor hook_param,
   for (Buffer& b : buffers_) {
     const Tensor& last = params_[b.params.back()].tensor;
     const int64_t total = b.offsets.back() + last.numel();
-    b.flat = zeros({total}, TensorOptions(last.dtype(), last.device()));
+    const Dtype dtype = reduce_dtype && is_floating(last.dtype()) ? *reduce_dtype : last.dtype();
+    b.flat = zeros({total}, TensorOptions(dtype, last.device()));
   }
   for (size_t p = 0; p < params_.size(); ++p) attach_view(p);
   ready_.assign(params_.size(), false);
@@ -74,6 +75,7 @@ Tensor DelayedAllreduce::slot_view(size_t param) const {
 // A defined .grad moves into the buffer and becomes the view; a none stays none until its
 // gradient arrives.
 void DelayedAllreduce::attach_view(size_t p) {
+  if (transforms_.source) return;  // mixed precision: the gradients stay with the shadows and masters
   NoGradGuard no_grad;
   const Tensor& t = params_[p].tensor;
   Tensor g = t.grad();
@@ -127,7 +129,18 @@ void DelayedAllreduce::on_grad_ready(size_t param) {
   if (autograd::current_graph_task_id() != adopted_task_ || ready_[param]) return;
   ready_[param] = true;
   ++ready_count_;
-  attach_view(param);
+  if (transforms_.source) {
+    NoGradGuard no_grad;
+    Tensor g = transforms_.source(param, params_[param].tensor.grad());
+    Tensor slot = slot_view(param);
+    if (g.defined()) {
+      slot.copy_(g);
+    } else {
+      slot.zero_();
+    }
+  } else {
+    attach_view(param);
+  }
   if (hook_param_ready_ && ready_count_ == params_.size()) launch();
 }
 
@@ -164,8 +177,13 @@ void DelayedAllreduce::finalize() {
     }
     // Locally unused: contributes what .grad holds (accumulated under no_sync), else zeros.
     Tensor g = params_[p].tensor.grad();
+    if (transforms_.source) g = transforms_.source(p, g);
     Tensor slot = slot_view(p);
-    if (!g.defined()) slot.zero_();
+    if (!g.defined()) {
+      slot.zero_();
+    } else if (g.data_ptr() != slot.data_ptr()) {
+      slot.copy_(g);
+    }
   }
   if (!missing.empty()) {
     // Not launched: the peers' allreduce times out rather than reduce a partial buffer.
@@ -183,8 +201,17 @@ void DelayedAllreduce::finalize() {
   }
   for (size_t p = 0; p < params_.size(); ++p) {
     Tensor slot = slot_view(p);
-    if (params_[p].tensor.grad().data_ptr() != slot.data_ptr()) params_[p].tensor.set_grad(slot);
-    if (p < steps_.size() && steps_[p]) steps_[p]->step();
+    const bool step = p < steps_.size() && steps_[p];
+    if (transforms_.sink) {
+      if (step) {
+        transforms_.finish(p, slot);  // the master, with its upcast gradient, before its step
+      } else {
+        transforms_.sink(p, slot);
+      }
+    } else if (params_[p].tensor.grad().data_ptr() != slot.data_ptr()) {
+      params_[p].tensor.set_grad(slot);
+    }
+    if (step) steps_[p]->step();
   }
 }
 

@@ -14,6 +14,7 @@
 
 #include "autograd/hooks.h"
 #include "dist/process_group.h"
+#include "dist/reducer.h"
 #include "nn/optim_in_backward.h"
 
 namespace tandem::dist {
@@ -27,8 +28,9 @@ class DelayedAllreduce {
 
   // `group` is the group the allreduce runs on (DDP makes a child group of its own for it).
   // `hook_param` may be one of `params` or any other parameter that requires a gradient.
+  // `reduce_dtype`: the buffers' dtype for floating parameters (mixed precision), else theirs.
   DelayedAllreduce(std::vector<Param> params, Tensor hook_param, std::string hook_name, ProcessGroupPtr group,
-                   bool find_unused_parameters);
+                   bool find_unused_parameters, std::optional<Dtype> reduce_dtype = std::nullopt);
   ~DelayedAllreduce();
   DelayedAllreduce(const DelayedAllreduce&) = delete;
   DelayedAllreduce& operator=(const DelayedAllreduce&) = delete;
@@ -41,6 +43,11 @@ class DelayedAllreduce {
   // Optimizer in backward: steps[p] (null for none) steps delayed parameter p once the
   // allreduce is in, at the end of backward.
   void set_in_backward_steps(std::vector<std::shared_ptr<optim::InBackwardStep>> steps) { steps_ = std::move(steps); }
+  // Mixed precision: gradients come from, and go back to, the parameters' shadows and masters
+  // (then .grad is never a view into the buffer).
+  void set_gradient_transforms(GradientTransforms transforms) { transforms_ = std::move(transforms); }
+  // This backward's reduction is under way and its end-of-backward callback has not run yet.
+  bool finalize_pending() const { return armed_ && adopted_task_ != 0; }
 
   int64_t launches() const { return launches_; }  // allreduces issued so far (one per buffer and iteration)
   const ProcessGroup& group() const { return *group_; }
@@ -72,6 +79,7 @@ class DelayedAllreduce {
   std::vector<std::pair<size_t, size_t>> slot_of_;  // param -> (buffer, index)
   std::vector<HookHandle> hooks_;
   std::vector<std::shared_ptr<optim::InBackwardStep>> steps_;
+  GradientTransforms transforms_;
 
   bool armed_ = false;        // a synchronised forward ran
   uint64_t adopted_task_ = 0; // the backward reducing this iteration

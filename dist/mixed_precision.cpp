@@ -126,6 +126,10 @@ Tensor ParamShadows::gradient_to_reduce(size_t i, const Tensor& low_precision_gr
 void ParamShadows::set_reduced(size_t i, const Tensor& reduced) { entries_.at(i).reduced = reduced; }
 
 void ParamShadows::finish_backward() {
+  if (pending_ && pending_()) {
+    autograd::queue_callback([this] { finish_backward(); });  // after the one still to come
+    return;
+  }
   finish_queued_ = false;
   cast_out();
 }

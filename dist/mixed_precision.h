@@ -62,6 +62,9 @@ class ParamShadows {
   // Queued once per backward by the parameters' hooks: back to the masters; each master's .grad
   // is the reduced gradient (synchronised backward) or the set-aside one plus this backward's.
   void finish_backward();
+  // While `pending()` says so (another reduction of this backward has not handed its results
+  // over yet), the end of backward waits for it: the callback queues itself again.
+  void finish_after(std::function<bool()> pending) { pending_ = std::move(pending); }
 
  private:
   struct Entry {
@@ -81,6 +84,7 @@ class ParamShadows {
   bool active_ = false;
   bool finish_queued_ = false;
   std::vector<HookHandle> hooks_;
+  std::function<bool()> pending_;
 };
 
 }  // namespace tandem::dist

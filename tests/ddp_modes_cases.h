@@ -807,3 +807,75 @@ inline void in_backward_mixed_precision_all(ProcessGroupPtr g) {
 }
 
 }  // namespace ddp_cases
+
+namespace ddp_cases {
+
+// Delayed-allreduce parameters under mixed precision: the embedding's gradient is reduced in
+// bf16 on its own group and lands, upcast, in the f32 master's .grad, like every other one.
+inline void delayed_with_mixed_precision(ProcessGroupPtr g, int micro_batches, bool in_backward) {
+  const int W = g->size(), R = g->rank();
+  const std::string what = fmt::format("delayed + bf16 mixed precision, micro={} in_backward={} rank {}/{}",
+                                       micro_batches, in_backward, R, W);
+  auto model = make_embedding_mlp(3);
+  auto reference = make_embedding_mlp(3);
+  for (auto* m : {model.get(), reference.get()}) m->to(f32);
+  const optim::SGDOptions sgd{.lr = 0.1, .momentum = 0.9};
+  std::shared_ptr<optim::InBackwardOptimizers> ib;
+  if (in_backward) ib = optim::apply_optimizer_in_backward(sgd, model->parameters());
+  DdpOptions o;
+  o.delay_all_reduce_named_params = {"emb.weight"};
+  o.param_to_hook_all_reduce = "fc1.weight";
+  o.mixed_precision = MixedPrecision{.param_dtype = bf16};
+  DistributedDataParallel ddp(model, g, o);
+  optim::SGD opt(model->parameters(), sgd);
+  optim::SGD ref_opt(reference->parameters(), sgd);
+  auto loss_of = [&](nn::Module& m, int step, int micro, int r, bool low) {
+    int64_t first = ((step * 4 + micro) * 16 + r) * 5;
+    Tensor out = low ? ddp(token_batch(step, micro, r)).to(f32) : m(token_batch(step, micro, r));
+    return mse_loss(out, targets(first, 5, 4, f32));
+  };
+  for (int step = 0; step < 5; ++step) {
+    if (!in_backward) opt.zero_grad();
+    for (int micro = 0; micro < micro_batches; ++micro) {
+      if (micro + 1 < micro_batches) {
+        auto guard = ddp.no_sync();
+        loss_of(*model, step, micro, R, true).backward();
+      } else {
+        loss_of(*model, step, micro, R, true).backward();
+      }
+    }
+    ddp.check_reducer_finalized();
+    const Tensor& emb = model->emb->weight;
+    expect(emb.dtype() == f32, "{}: emb.weight is {} after backward", what, emb.dtype());
+    if (in_backward) {
+      expect(!emb.grad().defined(), "{}: emb.weight kept its gradient after its step", what);
+    } else {
+      expect(emb.grad().defined() && emb.grad().dtype() == f32, "{}: emb.weight's gradient is missing or not f32",
+             what);
+      opt.step();
+    }
+    ref_opt.zero_grad();
+    Tensor total;
+    for (int r = 0; r < W; ++r)
+      for (int micro = 0; micro < micro_batches; ++micro) {
+        Tensor l = loss_of(*reference, step, micro, r, false);
+        total = total.defined() ? total + l : l;
+      }
+    (total / static_cast<double>(W)).backward();
+    ref_opt.step();
+  }
+  expect_same_parameters(*model, *reference, 3e-2, what);  // bf16: see mixed_precision_case
+  for (const auto& [name, p] : model->named_parameters()) {
+    Tensor mine = p.detach().clone(), root = mine.clone();
+    g->broadcast(root, 0)->wait();
+    expect(max_abs_diff(mine, root) == 0, "{}: {} differs from rank 0's", what, name);
+  }
+}
+
+inline void delayed_with_mixed_precision_all(ProcessGroupPtr g) {
+  delayed_with_mixed_precision(g, 1, false);
+  delayed_with_mixed_precision(g, 3, false);
+  delayed_with_mixed_precision(g, 1, true);
+}
+
+}  // namespace ddp_cases

@@ -284,5 +284,6 @@ TEST_CASE("ddp threads: mixed precision (bf16, f16) tracks f32 training", "[ddp]
     REQUIRE_NOTHROW(on_threads(n, mixed_precision_all));
     REQUIRE_NOTHROW(on_threads(n, mixed_precision_buffers_and_errors));
     REQUIRE_NOTHROW(on_threads(n, in_backward_mixed_precision_all));
+    REQUIRE_NOTHROW(on_threads(n, delayed_with_mixed_precision_all));
   }
 }

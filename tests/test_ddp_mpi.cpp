@@ -62,4 +62,5 @@ TEST_CASE("ddp mpi: mixed precision", "[ddp_mpi]") {
   run_case(mixed_precision_all);
   run_case(mixed_precision_buffers_and_errors);
   run_case(in_backward_mixed_precision_all);
+  run_case(delayed_with_mixed_precision_all);
 }
