@@ -199,6 +199,7 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
   reducer_ = std::make_unique<Reducer>(std::move(managed), group_, ro);
   if (optimizer_in_backward_) reducer_->set_in_backward_steps(std::move(steps));
   if (shadows_) reducer_->set_gradient_transforms(shadow_transforms(0));
+  if (delayed_) reducer_->on_adopt([d = delayed_.get()] { d->join_current_backward(); });
 }
 
 DistributedDataParallel::~DistributedDataParallel() = default;

@@ -118,6 +118,10 @@ void DelayedAllreduce::begin_iteration_backward() {
   autograd::queue_callback([this] { finalize(); });
 }
 
+void DelayedAllreduce::join_current_backward() {
+  if (armed_) begin_iteration_backward();
+}
+
 void DelayedAllreduce::on_grad_ready(size_t param) {
   // Outside a synchronised iteration (no_sync) the gradient accumulates in place in its view;
   // a .grad allocated afresh (after set_to_none) moves into the buffer now.
@@ -208,8 +212,9 @@ void DelayedAllreduce::finalize() {
       } else {
         transforms_.sink(p, slot);
       }
-    } else if (params_[p].tensor.grad().data_ptr() != slot.data_ptr()) {
-      params_[p].tensor.set_grad(slot);
+    } else {
+      const Tensor grad = params_[p].tensor.grad();
+      if (!grad.defined() || grad.data_ptr() != slot.data_ptr()) params_[p].tensor.set_grad(slot);
     }
     if (step) steps_[p]->step();
   }

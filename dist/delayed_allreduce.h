@@ -46,6 +46,10 @@ class DelayedAllreduce {
   // Mixed precision: gradients come from, and go back to, the parameters' shadows and masters
   // (then .grad is never a view into the buffer).
   void set_gradient_transforms(GradientTransforms transforms) { transforms_ = std::move(transforms); }
+  // The bucket reducer adopted the backward running on this thread as the iteration's: the
+  // delayed reduction joins it even if none of its parameters (nor the hook parameter) gets a
+  // gradient on this rank, so its allreduce is still issued, with zeros.
+  void join_current_backward();
   // This backward's reduction is under way and its end-of-backward callback has not run yet.
   bool finalize_pending() const { return armed_ && adopted_task_ != 0; }
 

@@ -364,6 +364,7 @@ void Reducer::adopt(const autograd::GraphTask& task, size_t forwards_reached) {
   backward_start_ = Clock::now();
   events_.push_back({ReducerEvent::backward_started, -1});
   autograd::queue_callback([this] { finalize(); });  // once per adopted backward
+  if (on_adopt_) on_adopt_();
   if (static_first_iteration()) return;  // nothing is reduced before the end of this backward
   if (options_.static_graph) {
     for (size_t p = 0; p < params_.size(); ++p)

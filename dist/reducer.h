@@ -120,6 +120,9 @@ class Reducer {
   void set_in_backward_steps(std::vector<std::shared_ptr<optim::InBackwardStep>> steps);
   // Before the first backward only.
   void set_gradient_transforms(GradientTransforms transforms);
+  // Called on the backward's thread when a backward is adopted as the iteration's (after this
+  // reducer's end-of-backward callback is queued).
+  void on_adopt(std::function<void()> fn) { on_adopt_ = std::move(fn); }
   // Detaches the reducer from autograd: no hook of it fires again.
   void remove_autograd_hooks();
   bool attached() const { return attached_; }
@@ -177,6 +180,7 @@ class Reducer {
   std::vector<std::shared_ptr<optim::InBackwardStep>> in_backward_;  // per parameter, may be null
   std::vector<char> stepped_;  // this iteration, by a bucket's continuation (read after its Work)
   GradientTransforms transforms_;
+  std::function<void()> on_adopt_;
   uint64_t observer_ = 0;
   bool attached_ = true;
 

@@ -879,3 +879,60 @@ inline void delayed_with_mixed_precision_all(ProcessGroupPtr g) {
 }
 
 }  // namespace ddp_cases
+
+namespace ddp_cases {
+
+// On odd ranks the embedding (delayed, and its own hook parameter) gets no gradient at all:
+// with find_unused_parameters those ranks still issue the delayed allreduce (with zeros),
+// joined to the backward DDP adopted, so nobody waits for it.
+struct SometimesEmbedded : nn::Module {
+  std::shared_ptr<nn::Embedding> emb;
+  std::shared_ptr<nn::Linear> fc;
+  int rank = 0;
+  SometimesEmbedded() : Module("SometimesEmbedded") {
+    emb = register_module("emb", std::make_shared<nn::Embedding>(20, 8));
+    fc = register_module("fc", std::make_shared<nn::Linear>(8, 4));
+  }
+  Tensor forward(const Tensor& tokens) override {
+    if (rank % 2 == 1) return (*fc)(ones({tokens.size(0), 8}, TensorOptions(fc->weight.dtype())));
+    return (*fc)((*emb)(tokens));
+  }
+};
+
+inline void delayed_unused_on_some_ranks(ProcessGroupPtr g) {
+  const int W = g->size(), R = g->rank();
+  manual_seed(8);
+  auto model = std::make_shared<SometimesEmbedded>();
+  model->to(f64);
+  manual_seed(8);
+  auto reference = std::make_shared<SometimesEmbedded>();
+  reference->to(f64);
+  model->rank = R;
+  DdpOptions o;
+  o.find_unused_parameters = true;
+  o.delay_all_reduce_named_params = {"emb.weight"};
+  o.param_to_hook_all_reduce = "emb.weight";
+  DistributedDataParallel ddp(model, g, o);
+  optim::SGD opt(model->parameters(), {.lr = 0.1});
+  optim::SGD ref_opt(reference->parameters(), {.lr = 0.1});
+  for (int step = 0; step < 3; ++step) {
+    opt.zero_grad();
+    mse_loss(ddp(token_batch(step, 0, R)), targets(step * 16 + R, 5, 4, f64)).backward();
+    ddp.check_reducer_finalized();
+    opt.step();
+    ref_opt.zero_grad();
+    Tensor total;
+    for (int r = 0; r < W; ++r) {
+      reference->rank = r;
+      Tensor l = mse_loss((*reference)(token_batch(step, 0, r)), targets(step * 16 + r, 5, 4, f64));
+      total = total.defined() ? total + l : l;
+    }
+    (total / static_cast<double>(W)).backward();
+    ref_opt.step();
+  }
+  expect(ddp.delayed_allreduce()->launches() == 3, "rank {}: {} delayed allreduces in 3 steps", R,
+         ddp.delayed_allreduce()->launches());
+  expect_same_parameters(*model, *reference, 1e-12, fmt::format("delayed, unused on odd ranks, rank {}", R));
+}
+
+}  // namespace ddp_cases

@@ -267,6 +267,7 @@ TEST_CASE("ddp threads: delayed-allreduce parameters train as one process, on a 
   for (int n : {1, 2, 3}) {
     INFO(n << " ranks");
     REQUIRE_NOTHROW(on_threads(n, delayed_allreduce_all));
+    REQUIRE_NOTHROW(on_threads(n, delayed_unused_on_some_ranks, 20));
   }
 }
 

@@ -53,7 +53,10 @@ TEST_CASE("ddp mpi: a graph that changes under static_graph", "[ddp_mpi]") {
     mpi_case::run_case(mpi_world(), [start_using](ProcessGroupPtr g) { static_graph_changes(g, start_using); },
                        std::chrono::seconds(3));
 }
-TEST_CASE("ddp mpi: delayed-allreduce parameters", "[ddp_mpi]") { run_case(delayed_allreduce_all); }
+TEST_CASE("ddp mpi: delayed-allreduce parameters", "[ddp_mpi]") {
+  run_case(delayed_allreduce_all);
+  run_case(delayed_unused_on_some_ranks);
+}
 TEST_CASE("ddp mpi: optimizer in backward", "[ddp_mpi]") {
   run_case(in_backward_all);
   run_case(in_backward_hook_and_errors);
