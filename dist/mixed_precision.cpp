@@ -6,6 +6,22 @@
 
 namespace tandem::dist {
 
+namespace {
+
+// Points t's impl, which every handle to it shares, at data's storage, strides and dtype (same
+// shape); autograd metadata stays with the impl.
+void point_at(const Tensor& t, const Tensor& data) {
+  TensorImpl* p = t.impl();
+  const TensorImpl* d = data.impl();
+  p->storage = d->storage;
+  p->offset = d->offset;
+  p->strides = d->strides;
+  p->dtype = d->dtype;
+  p->refresh_contiguity();
+}
+
+}  // namespace
+
 ParamShadows::ParamShadows(TensorList params, Dtype dtype, bool keep_bucket_views)
     : dtype_(dtype), keep_bucket_views_(keep_bucket_views) {
   TANDEM_CHECK(dtype == f16 || dtype == bf16, "[ddp] mixed precision computes in f16 or bf16, not {}", dtype);
@@ -34,25 +50,10 @@ ParamShadows::~ParamShadows() {
   if (active_) cast_out();  // never leave the user's parameters pointing at our shadows
 }
 
-void ParamShadows::point_at(const Tensor& param, const Tensor& data) {
-  TensorImpl* p = param.impl();
-  const TensorImpl* d = data.impl();
-  p->storage = d->storage;
-  p->offset = d->offset;
-  p->strides = d->strides;
-  p->dtype = d->dtype;
-  p->refresh_contiguity();
-}
 
 void cast_in_place(const Tensor& t, Dtype dtype) {
   NoGradGuard no_grad;
-  Tensor copy = t.to(dtype).contiguous();
-  TensorImpl* p = t.impl();
-  p->storage = copy.impl()->storage;
-  p->offset = copy.impl()->offset;
-  p->strides = copy.impl()->strides;
-  p->dtype = copy.dtype();
-  p->refresh_contiguity();
+  point_at(t, t.to(dtype).contiguous());
 }
 
 void ParamShadows::cast_in() {

@@ -76,7 +76,6 @@ class ParamShadows {
     bool finished = false;  // finish_param ran this iteration (read after the reducer's wait)
   };
   Tensor master_grad(Entry& e, const Tensor& reduced) const;
-  static void point_at(const Tensor& param, const Tensor& data);
 
   std::vector<Entry> entries_;
   Dtype dtype_;

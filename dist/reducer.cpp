@@ -172,7 +172,6 @@ void Reducer::reset_iteration() {
   wait_outstanding();
   expect_hooks_ = false;
   adopted_task_ = 0;
-  backward_started_ = false;
   hooks_fired_ = false;
   finalize_ran_ = false;
   std::fill(ready_.begin(), ready_.end(), false);
@@ -252,12 +251,22 @@ void Reducer::register_comm_hook(CommHook hook) {
   comm_hook_ = std::move(hook);
 }
 
+// A comm hook's result into bucket `index` (nothing to copy when it reduced the buffer in place).
+void Reducer::take_result(size_t index, const TensorList& result) {
+  Bucket& b = buckets_[index];
+  TANDEM_CHECK(!result.empty() && result[0].defined(), "[ddp] the comm hook's Work for bucket {} has no result", index);
+  const Tensor& reduced = result[0];
+  if (reduced.data_ptr() == b.buffer.data_ptr()) return;
+  TANDEM_CHECK(reduced.numel() == b.buffer.numel(), "[ddp] the comm hook returned {} elements for bucket {} of {} elements",
+               reduced.numel(), index, b.buffer.numel());
+  b.buffer.copy_(reduced.reshape(b.buffer.shape()));
+}
+
 void Reducer::set_in_backward_steps(std::vector<std::shared_ptr<optim::InBackwardStep>> steps) {
   TANDEM_CHECK(steps.size() == params_.size(), "[ddp] {} in-backward steps for {} parameters", steps.size(),
                params_.size());
   TANDEM_CHECK(!trained_, "[ddp] the optimizer in backward must be set before the first backward");
   in_backward_ = std::move(steps);
-  stepped_.assign(params_.size(), 0);
 }
 
 void Reducer::set_gradient_transforms(GradientTransforms transforms) {
@@ -265,12 +274,17 @@ void Reducer::set_gradient_transforms(GradientTransforms transforms) {
   transforms_ = std::move(transforms);
 }
 
-bool Reducer::drops_grad_after_copy(size_t p) const {
-  // Only where the bucket's continuation steps it (so the gradient is needed from the slot only),
-  // and the user did not ask to keep .grad.
-  return !in_backward_.empty() && in_backward_[p] && !in_backward_[p]->keep_grads() && !transforms_.sink &&
-         !options_.gradient_as_bucket_view && !(options_.find_unused_parameters && !options_.static_graph) &&
+bool Reducer::steps_with_bucket(size_t p) const {
+  // Not under a dynamic find_unused_parameters (the used map decides first), never a parameter
+  // that static_graph found unused everywhere.
+  return !in_backward_.empty() && in_backward_[p] && !(options_.find_unused_parameters && !options_.static_graph) &&
          !(options_.static_graph && static_recorded_ && static_unused_anywhere_[p]);
+}
+
+bool Reducer::drops_grad_after_copy(size_t p) const {
+  // The gradient is then needed from the slot only, unless the user keeps .grad or it is a view.
+  return steps_with_bucket(p) && !in_backward_[p]->keep_grads() && !transforms_.sink &&
+         !options_.gradient_as_bucket_view;
 }
 
 void Reducer::write_back(size_t p) {
@@ -293,24 +307,14 @@ void Reducer::write_back(size_t p) {
 // The bucket's steps run once its reduction is in: a continuation of its Work, which the end of
 // backward then waits for like any other (so step() never waits on a Work itself).
 void Reducer::chain_in_backward_steps(size_t index) {
-  if (in_backward_.empty() || (options_.find_unused_parameters && !options_.static_graph)) return;
   Bucket& b = buckets_[index];
-  bool any = false;
-  for (size_t p : b.params) any = any || (in_backward_[p] && !(options_.static_graph && static_unused_anywhere_[p]));
-  if (!any) return;
+  if (std::none_of(b.params.begin(), b.params.end(), [this](size_t p) { return steps_with_bucket(p); })) return;
   b.work = b.work->then([this, index](Work& w) {
     NoGradGuard no_grad;
+    take_result(index, w.result());
     Bucket& bucket = buckets_[index];
-    const TensorList& result = w.result();
-    TANDEM_CHECK(!result.empty() && result[0].defined(), "[ddp] the comm hook's Work for bucket {} has no result", index);
-    if (result[0].data_ptr() != bucket.buffer.data_ptr()) {
-      TANDEM_CHECK(result[0].numel() == bucket.buffer.numel(),
-                   "[ddp] the comm hook returned {} elements for bucket {} of {} elements", result[0].numel(), index,
-                   bucket.buffer.numel());
-      bucket.buffer.copy_(result[0].reshape(bucket.buffer.shape()));
-    }
     for (size_t p : bucket.params) {
-      if (!in_backward_[p] || (options_.static_graph && static_unused_anywhere_[p])) continue;
+      if (!steps_with_bucket(p)) continue;
       if (transforms_.finish) {
         transforms_.finish(p, slot_view(p));
       } else if (!in_backward_[p]->keep_grads() && !options_.gradient_as_bucket_view) {
@@ -319,7 +323,6 @@ void Reducer::chain_in_backward_steps(size_t index) {
         write_back(p);
       }
       in_backward_[p]->step();
-      stepped_[p] = 1;
     }
     return TensorList{bucket.buffer};
   });
@@ -359,7 +362,6 @@ void Reducer::adopt(const autograd::GraphTask& task, size_t forwards_reached) {
          forwards_reached);
   }
   adopted_task_ = task.id();
-  backward_started_ = true;
   trained_ = true;
   backward_start_ = Clock::now();
   events_.push_back({ReducerEvent::backward_started, -1});
@@ -380,7 +382,7 @@ void Reducer::on_grad_ready(size_t param) {
     local_used_[param] = 1;  // inside no_sync: used in any micro-batch counts as used
     return;
   }
-  if (!backward_started_) return;  // a backward not of a synchronised forward (another model's)
+  if (adopted_task_ == 0) return;  // a backward not of a synchronised forward (another model's)
   if (autograd::current_graph_task_id() != adopted_task_) {
     // A second backward while this iteration's reduction is open must not feed a gradient into
     // a slot that is already reduced; one that reaches only unready parameters is not ours.
@@ -556,16 +558,7 @@ void Reducer::wait_and_write_back() {
   for (const Bucket& b : buckets_) waited = waited || !b.work->is_completed();
   try {
     for (size_t i = 0; i < buckets_.size(); ++i) {
-      Bucket& b = buckets_[i];
-      const TensorList& result = b.work->result();  // waits; rethrows a failed collective
-      TANDEM_CHECK(!result.empty() && result[0].defined(), "[ddp] the comm hook's Work for bucket {} has no result", i);
-      const Tensor& reduced = result[0];
-      if (reduced.data_ptr() != b.buffer.data_ptr()) {
-        TANDEM_CHECK(reduced.numel() == b.buffer.numel(),
-                     "[ddp] the comm hook returned {} elements for bucket {} of {} elements", reduced.numel(), i,
-                     b.buffer.numel());
-        b.buffer.copy_(reduced.reshape(b.buffer.shape()));
-      }
+      take_result(i, buckets_[i].work->result());  // waits; rethrows a failed collective
       events_.push_back({ReducerEvent::bucket_reduced, static_cast<int64_t>(i)});
     }
     if (used_work_) used_work_->wait();
@@ -591,7 +584,7 @@ void Reducer::wait_and_write_back() {
       if (unused_stash_[p].defined()) slot.copy_(unused_stash_[p]);
       continue;
     }
-    if (!stepped_.empty() && stepped_[p]) continue;  // written and stepped by its bucket's continuation
+    if (steps_with_bucket(p)) continue;  // written and stepped by its bucket's continuation
     const bool step = !in_backward_.empty() && in_backward_[p];  // deferred until the used map was known
     if (step && transforms_.finish) {
       transforms_.finish(p, slot);
@@ -600,7 +593,6 @@ void Reducer::wait_and_write_back() {
     }
     if (step) in_backward_[p]->step();
   }
-  std::fill(stepped_.begin(), stepped_.end(), 0);
   for (Bucket& b : buckets_) b.work.reset();
   used_work_.reset();
   std::fill(local_used_.begin(), local_used_.end(), 0);

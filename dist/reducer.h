@@ -158,7 +158,9 @@ class Reducer {
   void check_static_graph() const;
   void wait_and_write_back();
   void write_back(size_t param);  // the reduced gradient of `param` into its .grad
+  bool steps_with_bucket(size_t param) const;  // its in-backward step runs in its bucket's continuation
   bool drops_grad_after_copy(size_t param) const;
+  void take_result(size_t bucket, const TensorList& result);
   void chain_in_backward_steps(size_t bucket);
   void reset_iteration();
   void wait_outstanding() noexcept;
@@ -178,7 +180,6 @@ class Reducer {
   std::vector<Slot> slots_;
   std::vector<HookHandle> hooks_;
   std::vector<std::shared_ptr<optim::InBackwardStep>> in_backward_;  // per parameter, may be null
-  std::vector<char> stepped_;  // this iteration, by a bucket's continuation (read after its Work)
   GradientTransforms transforms_;
   std::function<void()> on_adopt_;
   uint64_t observer_ = 0;
@@ -192,8 +193,7 @@ class Reducer {
 
   // ---- iteration state (the thread that runs DDP's backward) ----
   bool expect_hooks_ = false;     // a synchronised forward ran; its backward reduces
-  uint64_t adopted_task_ = 0;     // the backward being reduced (GraphTask::id), 0 when none
-  bool backward_started_ = false; // this iteration's backward has been adopted
+  uint64_t adopted_task_ = 0;     // the backward being reduced (GraphTask::id), 0 before one is adopted
   bool hooks_fired_ = false;      // ... and a gradient hook of it fired: the reduction is pending
   bool finalize_ran_ = false;     // its end-of-backward callback ran (false: the backward threw)
   bool trained_ = false;          // any synchronised backward has started (comm hooks are fixed)

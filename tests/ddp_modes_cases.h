@@ -11,20 +11,27 @@
 
 namespace ddp_cases {
 
+// The reference's backward: every rank's loss (over `micro_batches` micro-batches each), summed,
+// averaged over the W ranks, as DDP's average of the ranks' accumulated gradients.
+inline void reference_backward(int W, int micro_batches, const std::function<Tensor(int r, int micro)>& loss_of) {
+  Tensor total;
+  for (int r = 0; r < W; ++r)
+    for (int micro = 0; micro < micro_batches; ++micro) {
+      Tensor l = loss_of(r, micro);
+      total = total.defined() ? total + l : l;
+    }
+  (total / static_cast<double>(W)).backward();
+}
+
 // Every rank's loss of `forwards` forwards at `step`, summed, averaged over ranks: the reference.
 inline void reference_step(Net& reference, optim::Optimizer& opt, int step, int W, int forwards,
                            const std::function<bool(int)>& uses_extra, Dtype dt = f64) {
   opt.zero_grad();
-  Tensor total;
-  for (int r = 0; r < W; ++r) {
+  reference.use_extra = uses_extra;
+  reference_backward(W, forwards, [&](int r, int k) {
     reference.rank = r;
-    reference.use_extra = uses_extra;
-    for (int k = 0; k < forwards; ++k) {
-      Tensor l = shard_loss(reference, step, r, dt, k);
-      total = total.defined() ? total + l : l;
-    }
-  }
-  (total / static_cast<double>(W)).backward();
+    return shard_loss(reference, step, r, dt, k);
+  });
   opt.step();
 }
 
@@ -191,12 +198,9 @@ inline void reachable_without_gradient(ProcessGroupPtr g) {
     ddp.check_reducer_finalized();
     opt.step();
     ref_opt.zero_grad();
-    Tensor total;
-    for (int r = 0; r < W; ++r) {
-      Tensor l = mse_loss((*reference)(inputs(step * 16 + r * 4, 4, 8, f64)), targets(step * 16 + r * 4, 4, 4, f64));
-      total = total.defined() ? total + l : l;
-    }
-    (total / static_cast<double>(W)).backward();
+    reference_backward(W, 1, [&](int r, int) {
+      return mse_loss((*reference)(inputs(step * 16 + r * 4, 4, 8, f64)), targets(step * 16 + r * 4, 4, 4, f64));
+    });
     ref_opt.step();
   }
   expect(!model->fc1->weight.grad().defined(), "fc1 got no gradient anywhere, but its .grad is defined");
@@ -419,13 +423,7 @@ inline void delayed_allreduce_equivalence(ProcessGroupPtr g, std::vector<std::st
            ddp.delayed_allreduce()->launches(), step + 1);
     opt.step();
     ref_opt.zero_grad();
-    Tensor total;
-    for (int r = 0; r < W; ++r)
-      for (int micro = 0; micro < micro_batches; ++micro) {
-        Tensor l = embedding_loss(*reference, step, micro, r);
-        total = total.defined() ? total + l : l;
-      }
-    (total / static_cast<double>(W)).backward();
+    reference_backward(W, micro_batches, [&](int r, int micro) { return embedding_loss(*reference, step, micro, r); });
     ref_opt.step();
   }
   expect_same_parameters(*model, *reference, 1e-12, what);
@@ -679,15 +677,11 @@ inline void mixed_precision_case(ProcessGroupPtr g, Dtype low, bool set_to_none,
     opt.step();
     // The reference: every rank's micro-batches and forwards, in f32.
     ref_opt.zero_grad();
-    Tensor total;
-    for (int r = 0; r < W; ++r)
-      for (int micro = 0; micro < micro_batches; ++micro)
-        for (int k = 0; k < forwards; ++k) {
-          int64_t first = ((step * 4 + micro + k) * 16 + r) * kRowsPerRank;
-          Tensor l = mse_loss((*reference)(inputs(first, kRowsPerRank, 8, f32)), targets(first, kRowsPerRank, 4, f32));
-          total = total.defined() ? total + l : l;
-        }
-    (total / static_cast<double>(W)).backward();
+    reference_backward(W, micro_batches * forwards, [&](int r, int i) {
+      const int micro = i / forwards, k = i % forwards;
+      int64_t first = ((step * 4 + micro + k) * 16 + r) * kRowsPerRank;
+      return mse_loss((*reference)(inputs(first, kRowsPerRank, 8, f32)), targets(first, kRowsPerRank, 4, f32));
+    });
     ref_opt.step();
   }
   // Bitwise equal across ranks (never.bias is ignored: not even broadcast at construction).
@@ -855,13 +849,7 @@ inline void delayed_with_mixed_precision(ProcessGroupPtr g, int micro_batches, b
       opt.step();
     }
     ref_opt.zero_grad();
-    Tensor total;
-    for (int r = 0; r < W; ++r)
-      for (int micro = 0; micro < micro_batches; ++micro) {
-        Tensor l = loss_of(*reference, step, micro, r, false);
-        total = total.defined() ? total + l : l;
-      }
-    (total / static_cast<double>(W)).backward();
+    reference_backward(W, micro_batches, [&](int r, int micro) { return loss_of(*reference, step, micro, r, false); });
     ref_opt.step();
   }
   expect_same_parameters(*model, *reference, 3e-2, what);  // bf16: see mixed_precision_case
@@ -921,13 +909,10 @@ inline void delayed_unused_on_some_ranks(ProcessGroupPtr g) {
     ddp.check_reducer_finalized();
     opt.step();
     ref_opt.zero_grad();
-    Tensor total;
-    for (int r = 0; r < W; ++r) {
+    reference_backward(W, 1, [&](int r, int) {
       reference->rank = r;
-      Tensor l = mse_loss((*reference)(token_batch(step, 0, r)), targets(step * 16 + r, 5, 4, f64));
-      total = total.defined() ? total + l : l;
-    }
-    (total / static_cast<double>(W)).backward();
+      return mse_loss((*reference)(token_batch(step, 0, r)), targets(step * 16 + r, 5, 4, f64));
+    });
     ref_opt.step();
   }
   expect(ddp.delayed_allreduce()->launches() == 3, "rank {}: {} delayed allreduces in 3 steps", R,
