@@ -465,6 +465,24 @@ inline void delayed_allreduce_all(ProcessGroupPtr g) {
   unknown.param_to_hook_all_reduce = "fc1.weight";
   std::string e3 = error_of(unknown);
   expect(e3.find("names 'emb.bias', which is not a parameter DDP manages") != std::string::npos, "unknown name: '{}'", e3);
+  DdpOptions bad_hook;
+  bad_hook.delay_all_reduce_named_params = {"emb.weight"};
+  bad_hook.param_to_hook_all_reduce = "fc9.weight";
+  std::string e4 = error_of(bad_hook);
+  expect(e4.find("param_to_hook_all_reduce 'fc9.weight' is not a parameter of the module") != std::string::npos,
+         "unknown hook parameter: '{}'", e4);
+  DdpOptions all;
+  all.delay_all_reduce_named_params = {"emb.weight", "fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"};
+  all.param_to_hook_all_reduce = "fc1.weight";
+  DistributedDataParallel every(model, g, all);
+  std::string e5;
+  try {
+    every.register_comm_hook(hooks::fp16_compress);
+  } catch (const std::exception& e) {
+    e5 = e.what();
+  }
+  expect(e5.find("[ddp] register_comm_hook: every parameter is delayed") != std::string::npos,
+         "comm hook with every parameter delayed: '{}'", e5);
 }
 
 }  // namespace ddp_cases
@@ -747,6 +765,27 @@ inline void mixed_precision_buffers_and_errors(ProcessGroupPtr g) {
   }
   expect(error.find("gradient_as_bucket_view needs buckets in the masters' dtype") != std::string::npos,
          "bucket view with bf16 buckets: '{}'", error);
+  auto error_of = [&](std::shared_ptr<nn::Module> m, MixedPrecision mp) {
+    try {
+      DistributedDataParallel d(std::move(m), g, {.find_unused_parameters = true, .mixed_precision = mp});
+    } catch (const std::exception& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  std::string e1 = error_of(make_net(f32), MixedPrecision{.param_dtype = f32});
+  expect(e1.find("[ddp] mixed_precision.param_dtype must be f16 or bf16, got f32") != std::string::npos,
+         "param_dtype f32: '{}'", e1);
+  std::string e2 = error_of(make_net(f32), MixedPrecision{.param_dtype = bf16, .reduce_dtype = i32});
+  expect(e2.find("[ddp] mixed_precision.reduce_dtype must be f16, bf16 or f32") != std::string::npos,
+         "reduce_dtype i32: '{}'", e2);
+  std::string e3 = error_of(make_net(f32), MixedPrecision{.param_dtype = bf16, .buffer_dtype = i64});
+  expect(e3.find("[ddp] mixed_precision.buffer_dtype must be a floating dtype") != std::string::npos,
+         "buffer_dtype i64: '{}'", e3);
+  std::string e4 = error_of(make_net(bf16), MixedPrecision{.param_dtype = bf16});
+  expect(e4.find("[ddp] mixed_precision keeps f32 (or f64) masters, but parameter 'fc1.weight' is bf16") !=
+             std::string::npos,
+         "bf16 masters: '{}'", e4);
 }
 
 }  // namespace ddp_cases
