@@ -7,12 +7,33 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
+#include <memory>
 
 #include "core/device.h"
 
 namespace tandem {
 
 class Tensor;
+
+// A second queue of device work beside the calling thread's current stream, so that work queued
+// on it overlaps what the current stream runs (DDP's mixed precision casts the parameters on one
+// while forward computes). Work is queued in batches, each closed by a marker the current stream
+// can wait for on the device, without blocking the host.
+class SideStream {
+ public:
+  virtual ~SideStream() = default;
+  // Orders what follows on the side stream after everything the calling thread's current stream
+  // has queued so far (the optimizer's last update of what the batches read).
+  virtual void follow_current() = 0;
+  // Runs fn with the side stream current, so the device work fn queues goes there, then closes
+  // the batch: the returned marker is reached once that work has run.
+  virtual size_t run(const std::function<void()>& fn) = 0;
+  // The calling thread's current stream waits, on the device, until `marker` is reached.
+  virtual void make_current_wait(size_t marker) = 0;
+  // Forgets the markers (their numbers restart at 0); the next batch follows the last one.
+  virtual void reset_markers() = 0;
+};
 
 class Backend {
  public:
@@ -30,6 +51,9 @@ class Backend {
   // A host tensor shaped like `like` (a tensor on this backend's device) to stage it through, as
   // the mpi backend does: pinned memory where the device has it, so the copies are DMA.
   virtual Tensor host_staging(const Tensor& like);
+  // A side stream on `device`, or nullptr where work runs in issue order anyway (the CPU, whose
+  // kernels run synchronously on the calling thread): callers then run the work inline.
+  virtual std::unique_ptr<SideStream> make_side_stream(Device device) { return nullptr; }
 };
 
 // The backend for `device`; `op` names the caller in the error when there is none.

@@ -6,6 +6,7 @@
 // non-blocking path is cuda::copy_async / cuda::to_async (cuda/allocator.h). Device-to-device
 // copies stay asynchronous on the current stream either way.
 #include <cstring>
+#include <vector>
 
 #include "core/backend.h"
 #include "cuda/allocator.h"
@@ -40,6 +41,46 @@ void copy_device_to_device(void* dst, int dst_device, const void* src, int src_d
 
 namespace {
 
+// Markers are events recorded on the side stream; the destructor waits for the stream, so memory
+// its batches wrote (DDP's shadows, freed with it) never returns to the allocator in use.
+class CudaSideStream final : public SideStream {
+ public:
+  explicit CudaSideStream(int device) : stream_(Stream::create(device)) {}
+  ~CudaSideStream() override {
+    if (cudaSetDevice(stream_.device()) == cudaSuccess) (void)cudaStreamSynchronize(stream_.raw());  // never throws
+  }
+
+  void follow_current() override {
+    DeviceGuard guard(stream_.device());
+    ready_.record(current_stream(stream_.device()));
+    ready_.wait(stream_.raw());
+  }
+
+  size_t run(const std::function<void()>& fn) override {
+    DeviceGuard device(stream_.device());
+    {
+      StreamGuard guard(stream_);
+      fn();
+    }
+    if (used_ == markers_.size()) markers_.emplace_back();
+    markers_[used_].record(stream_.raw());
+    return used_++;
+  }
+
+  void make_current_wait(size_t marker) override {
+    TANDEM_CHECK(marker < used_, "[cuda] side stream marker {} was never recorded ({} so far)", marker, used_);
+    markers_[marker].wait(current_stream(stream_.device()));
+  }
+
+  void reset_markers() override { used_ = 0; }
+
+ private:
+  Stream stream_;
+  Event ready_;
+  std::vector<Event> markers_;  // reused across batches: re-recording an event is cheap
+  size_t used_ = 0;
+};
+
 class CudaBackend final : public Backend {
  public:
   DeviceType type() const override { return DeviceType::cuda; }
@@ -52,6 +93,10 @@ class CudaBackend final : public Backend {
 
   void deallocate(void* ptr, size_t, Device) noexcept override { device_free(ptr); }
   Tensor host_staging(const Tensor& like) override { return pinned_empty(like.shape(), like.dtype()); }
+  std::unique_ptr<SideStream> make_side_stream(Device device) override {
+    require_device(device, "side stream");
+    return std::make_unique<CudaSideStream>(static_cast<int>(device.index));
+  }
   void synchronize(Device device) override {
     DeviceGuard guard(device);
     TANDEM_CUDA_CHECK(cudaStreamSynchronize(current_stream(device)));

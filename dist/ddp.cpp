@@ -153,8 +153,11 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
     for (const auto& d : delayed) shadowed.push_back(d.tensor);
     for (const auto& [name, t] : sig_params)
       if (!t.requires_grad() && is_floating(t.dtype())) shadowed.push_back(t);
+    std::unordered_map<const TensorImpl*, size_t> entry_of;
+    for (size_t i = 0; i < shadowed.size(); ++i) entry_of.emplace(shadowed[i].impl(), i);
     shadows_ = std::make_unique<ParamShadows>(std::move(shadowed), *mp.param_dtype,
                                               options_.gradient_as_bucket_view);
+    overlap_casts_with_forward(entry_of);
     if (mp.buffer_dtype)
       for (const Tensor& b : synced_buffers())
         if (is_floating(b.dtype())) cast_in_place(b, *mp.buffer_dtype);
@@ -220,7 +223,7 @@ void DistributedDataParallel::verify_same_model_across_ranks(
     const std::vector<std::pair<std::string, Tensor>>& params) {
   const int n = group_->size();
   if (n == 1) return;
-  const Device dev = control_device(*group_, params.empty() ? kCPU : params.front().second.device());
+  const Device dev = group_->control_device(params.empty() ? kCPU : params.front().second.device());
   std::vector<int64_t> sig = model_signature(params);
   Tensor len = from_vector<int64_t>({static_cast<int64_t>(sig.size())}).to(dev);
   Tensor lens = zeros({n}, TensorOptions(i64, dev));
@@ -275,6 +278,38 @@ void DistributedDataParallel::broadcast_states(bool include_buffers) {
   if (include_buffers)
     for (const Tensor& b : synced_buffers()) states.push_back(b);
   broadcast_from_rank0(*group_, states);
+}
+
+// On a device with a side stream, one cast batch per module (the parameters it registers itself,
+// in registration order, which is the order forward usually reaches them); each module's
+// pre-forward hook waits for the batches of every parameter it registers, a tied one included.
+void DistributedDataParallel::overlap_casts_with_forward(const std::unordered_map<const TensorImpl*, size_t>& entry_of) {
+  std::vector<std::vector<size_t>> batches;
+  std::unordered_map<size_t, size_t> batch_of;  // entry -> batch
+  std::vector<std::pair<std::shared_ptr<nn::Module>, std::vector<size_t>>> waits;
+  for (const auto& [name, m] : module_->named_modules()) {
+    std::vector<size_t> own, wait_for;
+    for (const auto& [pname, p] : m->named_parameters(/*recurse=*/false)) {
+      auto it = entry_of.find(p.impl());
+      if (it == entry_of.end()) continue;  // ignored, or not floating
+      auto [at, fresh] = batch_of.emplace(it->second, batches.size());
+      if (fresh) {
+        own.push_back(it->second);
+      } else if (std::find(wait_for.begin(), wait_for.end(), at->second) == wait_for.end()) {
+        wait_for.push_back(at->second);
+      }
+    }
+    if (!own.empty()) {
+      wait_for.push_back(batches.size());
+      batches.push_back(std::move(own));
+    }
+    if (!wait_for.empty()) waits.emplace_back(m, std::move(wait_for));
+  }
+  if (!shadows_->overlap_casts(std::move(batches))) return;  // no side stream: cast in place
+  for (auto& [m, wait_for] : waits)
+    cast_waits_.push_back(m->register_forward_pre_hook([s = shadows_.get(), wait_for = std::move(wait_for)](nn::Module&) {
+      for (size_t b : wait_for) s->wait_for_batch(b);
+    }));
 }
 
 void DistributedDataParallel::before_forward() {

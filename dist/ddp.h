@@ -21,6 +21,7 @@
 #include <optional>
 #include <string>
 #include <tuple>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -161,6 +162,7 @@ class DistributedDataParallel {
   void broadcast_states(bool include_buffers);
   std::vector<Tensor> synced_buffers() const;
   bool ignored(const std::string& name) const;
+  void overlap_casts_with_forward(const std::unordered_map<const TensorImpl*, size_t>& entry_of);
 
   std::shared_ptr<nn::Module> module_;
   ProcessGroupPtr group_;
@@ -178,6 +180,7 @@ class DistributedDataParallel {
   std::unique_ptr<Reducer> reducer_;         // null when every parameter is delayed
   std::unique_ptr<DelayedAllreduce> delayed_;
   std::unique_ptr<ParamShadows> shadows_;  // mixed precision; declared after the reducer: destroyed first
+  std::vector<HookHandle> cast_waits_;     // modules' pre-forward hooks: wait for their casts
   bool eval_cast_ = false;                 // a NoGradGuard forward runs on the shadows
   bool optimizer_in_backward_ = false;
   bool require_sync_ = true;

@@ -3,6 +3,7 @@
 #include "autograd/engine.h"
 #include "autograd/grad_mode.h"
 #include "autograd/ops.h"
+#include "core/backend.h"
 
 namespace tandem::dist {
 
@@ -20,7 +21,14 @@ void point_at(const Tensor& t, const Tensor& data) {
   p->refresh_contiguity();
 }
 
+SideStreamFactory& side_stream_factory() {
+  static SideStreamFactory factory;
+  return factory;
+}
+
 }  // namespace
+
+void set_side_stream_factory_for_tests(SideStreamFactory factory) { side_stream_factory() = std::move(factory); }
 
 ParamShadows::ParamShadows(TensorList params, Dtype dtype, bool keep_bucket_views)
     : dtype_(dtype), keep_bucket_views_(keep_bucket_views) {
@@ -56,16 +64,56 @@ void cast_in_place(const Tensor& t, Dtype dtype) {
   point_at(t, t.to(dtype).contiguous());
 }
 
+bool ParamShadows::overlap_casts(std::vector<std::vector<size_t>> batches) {
+  if (entries_.empty()) return false;
+  const Device device = entries_.front().master.device();
+  const SideStreamFactory& factory = side_stream_factory();
+  std::unique_ptr<SideStream> side = factory ? factory(device) : backend_for(device, "ddp").make_side_stream(device);
+  if (!side) return false;
+  std::vector<bool> batched(entries_.size());
+  for (const auto& batch : batches)
+    for (size_t i : batch) {
+      TANDEM_CHECK(i < entries_.size() && !batched[i], "[ddp] mixed precision: cast batch entry {} is out of range "
+                   "or in two batches ({} parameters)", i, entries_.size());
+      batched[i] = true;
+    }
+  unbatched_.clear();
+  for (size_t i = 0; i < entries_.size(); ++i)
+    if (!batched[i]) unbatched_.push_back(i);
+  batches_ = std::move(batches);
+  markers_.assign(batches_.size(), 0);
+  side_ = std::move(side);
+  return true;
+}
+
+void ParamShadows::wait_for_batch(size_t batch) {
+  if (!active_ || !side_) return;  // the module runs outside a DDP forward: its parameters are masters
+  side_->make_current_wait(markers_.at(batch));
+}
+
 void ParamShadows::cast_in() {
   // Several forwards before one backward (static_graph) share the shadows: the masters cannot
   // have changed in between, and a refresh would bump the version the first forward saved.
   if (active_) return;
   NoGradGuard no_grad;
+  if (side_) {
+    // The side stream starts after the last optimizer update the current stream has queued, and
+    // after the previous backward's last read of the shadows.
+    side_->reset_markers();
+    side_->follow_current();
+    for (size_t b = 0; b < batches_.size(); ++b)
+      markers_[b] = side_->run([this, b] {
+        NoGradGuard inner;  // the run may be deferred into a grad-mode forward
+        for (size_t i : batches_[b]) entries_[i].shadow.copy_(entries_[i].master);
+      });
+    for (size_t i : unbatched_) entries_[i].shadow.copy_(entries_[i].master);
+  } else {
+    for (Entry& e : entries_) e.shadow.copy_(e.master);
+  }
   for (Entry& e : entries_) {
     e.stashed = e.param.grad();
     if (e.stashed.defined()) e.param.set_grad(Tensor());
     e.reduced = Tensor();
-    e.shadow.copy_(e.master);
     point_at(e.param, e.shadow);
   }
   active_ = true;

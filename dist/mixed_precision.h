@@ -15,7 +15,10 @@
 #include <optional>
 #include <vector>
 
+#include <memory>
+
 #include "autograd/hooks.h"
+#include "core/backend.h"
 #include "core/tensor.h"
 
 namespace tandem::dist {
@@ -29,6 +32,12 @@ struct MixedPrecision {
 // Points t's impl (shared by every handle to it) at a copy of its data in `dtype`: how buffers
 // come to live in buffer_dtype.
 void cast_in_place(const Tensor& t, Dtype dtype);
+
+// Tests only: while set, ParamShadows::overlap_casts takes its side stream from `factory` on every
+// device, the CPU included (a fake that defers the casts until they are waited for shows that each
+// module waits before it reads). Unset (nullptr): the device backend's side stream, none on the CPU.
+using SideStreamFactory = std::function<std::unique_ptr<SideStream>(Device)>;
+void set_side_stream_factory_for_tests(SideStreamFactory factory);
 
 class ParamShadows {
  public:
@@ -49,6 +58,15 @@ class ParamShadows {
   // masters, their gradients as they were (plus whatever a backward left, see finish_backward).
   void cast_out();
   bool active() const { return active_; }
+
+  // Where the parameters' device has a side stream (CUDA), cast_in queues the casts there, one
+  // batch of entry indices after another (the modules' own parameters, in the order forward
+  // reaches them), and wait_for_batch(b) makes the current stream wait, on the device, for batch
+  // b: called by each module's pre-forward hook, so the first layers compute while the later ones
+  // are still being cast. Entries in no batch are cast on the current stream. Returns false (and
+  // changes nothing) where there is no side stream: cast_in then casts every entry in place.
+  bool overlap_casts(std::vector<std::vector<size_t>> batches);
+  void wait_for_batch(size_t batch);
 
   // What the reducer copies into parameter i's bucket slot: the set-aside master gradient plus
   // this backward's low-precision one (gradient accumulation across no_sync happens in f32).
@@ -84,6 +102,10 @@ class ParamShadows {
   bool finish_queued_ = false;
   std::vector<HookHandle> hooks_;
   std::function<bool()> pending_;
+  std::vector<std::vector<size_t>> batches_;  // overlap_casts: entry indices per batch
+  std::vector<size_t> unbatched_;             // cast on the current stream
+  std::vector<size_t> markers_;               // per batch, this iteration's side-stream marker
+  std::unique_ptr<SideStream> side_;          // declared after entries_: drained before the shadows go
 };
 
 }  // namespace tandem::dist

@@ -415,6 +415,28 @@ class NcclGroup final : public ProcessGroup {
   bool debug_checks() const override { return debug_.load(); }
   bool is_broken() const override { return !comm_->broken_reason().empty() || cpu_->is_broken(); }
 
+  Device control_device(Device params_device) const override { return params_device; }
+
+  void run_on_comm_stream(const std::function<TensorList()>& fn) override {
+    cuda::DeviceGuard device(comm_->device);
+    cudaStream_t caller = cuda::current_stream(comm_->device);
+    TensorList kept;
+    {
+      cuda::StreamGuard guard(comm_->stream);
+      kept = fn();
+    }
+    // Allocated on the comm stream, read on the caller's: not reused before the caller is done.
+    for (const Tensor& t : kept)
+      if (t.device().is_cuda()) cuda::record_stream(t, caller);
+  }
+
+  void join_comm_stream() override {
+    cuda::DeviceGuard device(comm_->device);
+    cuda::Event joined;
+    joined.record(comm_->stream.raw());
+    joined.wait(cuda::current_stream(comm_->device));
+  }
+
   WorkPtr allreduce(const Tensor& tensor, ReduceOp reduce) override {
     if (is_cpu_tensor(tensor)) return cpu("allreduce").allreduce(tensor, reduce);
     Launch l;

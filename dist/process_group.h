@@ -107,6 +107,20 @@ class ProcessGroup {
   // operation at once with the reason.
   virtual bool is_broken() const = 0;
 
+  // ---- what callers adapt to, instead of asking for the backend's name ----
+  // Where small control tensors (DDP's used map, its bucket order) live for this group: the
+  // parameters' device where the backend communicates device memory only (nccl), else the CPU.
+  virtual Device control_device(Device params_device) const { return kCPU; }
+  // Runs fn with the group's communication stream current on its device, so the device work fn
+  // queues (DDP's optimizer step in backward, from a Work continuation) follows the reduction on
+  // the device with no host round trip; fn returns the tensors it leaves for the caller's streams
+  // (kept gradients), which the allocator then does not reuse before those streams are done with
+  // them. A group without device streams just calls fn.
+  virtual void run_on_comm_stream(const std::function<TensorList()>& fn) { fn(); }
+  // The calling thread's current stream waits, on the device and without blocking the host, for
+  // everything queued on the communication stream so far (what run_on_comm_stream queued).
+  virtual void join_comm_stream() {}
+
   // In place: every rank ends with the reduction of all ranks' tensors.
   virtual WorkPtr allreduce(const Tensor& tensor, ReduceOp op = ReduceOp::sum) = 0;
   // In place on each tensor of the list (one dtype), as one operation.

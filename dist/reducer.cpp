@@ -27,10 +27,6 @@ bool is_view_of(const Tensor& grad, const Tensor& slot) {
 
 }  // namespace
 
-Device control_device(const ProcessGroup& group, Device params_device) {
-  return group.backend() == "nccl" ? params_device : kCPU;
-}
-
 std::vector<std::vector<size_t>> assign_buckets(const TensorList& params, const std::vector<size_t>& order,
                                                 size_t first_cap_bytes, size_t cap_bytes) {
   using Key = std::tuple<int, int, int>;  // dtype, device type, device index
@@ -72,7 +68,7 @@ Reducer::Reducer(std::vector<Param> params, ProcessGroupPtr group, ReducerOption
   TANDEM_CHECK(group_ != nullptr, "[ddp] the reducer needs a process group");
   const size_t n = params_.size();
   TANDEM_CHECK(n > 0, "[ddp] the reducer needs at least one parameter");
-  control_device_ = control_device(*group_, params_.front().tensor.device());
+  control_device_ = group_->control_device(params_.front().tensor.device());
   ready_.assign(n, false);
   local_used_.assign(n, 0);
   unused_stash_.resize(n);
@@ -311,20 +307,26 @@ void Reducer::chain_in_backward_steps(size_t index) {
   if (std::none_of(b.params.begin(), b.params.end(), [this](size_t p) { return steps_with_bucket(p); })) return;
   b.work = b.work->then([this, index](Work& w) {
     NoGradGuard no_grad;
-    take_result(index, w.result());
-    Bucket& bucket = buckets_[index];
-    for (size_t p : bucket.params) {
-      if (!steps_with_bucket(p)) continue;
-      if (transforms_.finish) {
-        transforms_.finish(p, slot_view(p));
-      } else if (!in_backward_[p]->keep_grads() && !options_.gradient_as_bucket_view) {
-        params_[p].tensor.set_grad(slot_view(p));  // stepped from the slot itself, dropped right after
-      } else {
-        write_back(p);
+    // On a device the step's kernels follow the reduction on the communication stream; the end
+    // of backward joins that stream before anything reads the stepped parameters.
+    group_->run_on_comm_stream([&] {
+      take_result(index, w.result());
+      TensorList kept;
+      for (size_t p : buckets_[index].params) {
+        if (!steps_with_bucket(p)) continue;
+        if (transforms_.finish) {
+          transforms_.finish(p, slot_view(p));
+        } else if (!in_backward_[p]->keep_grads() && !options_.gradient_as_bucket_view) {
+          params_[p].tensor.set_grad(slot_view(p));  // stepped from the slot itself, dropped right after
+        } else {
+          write_back(p);
+        }
+        in_backward_[p]->step();
+        if (Tensor g = params_[p].tensor.grad(); g.defined()) kept.push_back(std::move(g));
       }
-      in_backward_[p]->step();
-    }
-    return TensorList{bucket.buffer};
+      return kept;
+    });
+    return TensorList{buckets_[index].buffer};
   });
 }
 
@@ -567,6 +569,7 @@ void Reducer::wait_and_write_back() {
     wait_outstanding();
     throw;
   }
+  if (!in_backward_.empty()) group_->join_comm_stream();  // the steps chained on the comm stream
   const auto wait_end = Clock::now();
 
   std::vector<std::string> unused;

@@ -38,10 +38,6 @@ namespace tandem::dist {
 // buckets of one dtype and device each. A bucket closes as soon as its size reaches its cap (so it
 // may exceed the cap by one tensor); the first bucket of each dtype/device uses `first_cap_bytes`.
 // Buckets are returned in the order they will be ready: by the position of their first parameter.
-// Where small control tensors (the used-parameter map, the rebuild order) live for `group`: on the
-// parameters' device for backends that only take device tensors (nccl), else on the CPU.
-Device control_device(const ProcessGroup& group, Device params_device);
-
 std::vector<std::vector<size_t>> assign_buckets(const TensorList& params, const std::vector<size_t>& order,
                                                 size_t first_cap_bytes, size_t cap_bytes);
 

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <atomic>
+#include <map>
 #include <thread>
 
 #include "ddp_cases.h"
@@ -731,6 +732,94 @@ inline void mixed_precision_all(ProcessGroupPtr g) {
       for (bool hook : {false, true})
         for (MpMode mode : {MpMode::plain, MpMode::no_sync, MpMode::static_two_forwards})
           mixed_precision_case(g, low, none, hook, mode);
+}
+
+// A side stream that runs nothing until it is waited for, as a slow device stream would: a module
+// that read its parameters before waiting for its cast batch would see the previous iteration's
+// (or, at first, uninitialised) shadows. Batches run in order, as on a stream.
+struct DeferredSideStream final : SideStream {
+  std::vector<std::function<void()>> queued;
+  size_t ran = 0;
+  std::vector<std::string>& log;
+  explicit DeferredSideStream(std::vector<std::string>& l) : log(l) {}
+  void follow_current() override { log.push_back("follow"); }
+  size_t run(const std::function<void()>& fn) override {
+    queued.push_back(fn);
+    return queued.size() - 1;
+  }
+  void make_current_wait(size_t marker) override {
+    while (ran <= marker) queued.at(ran++)();
+    log.push_back(fmt::format("wait {}", marker));
+  }
+  void reset_markers() override {
+    while (ran < queued.size()) queued[ran++]();  // a batch no module waited for still ran
+    queued.clear();
+    ran = 0;
+  }
+};
+
+inline std::vector<std::string>& side_stream_log() {
+  thread_local std::vector<std::string> log;  // one per rank thread
+  return log;
+}
+
+// Sets the deferred side stream for every ParamShadows made in its scope.
+struct DeferredCasts {
+  DeferredCasts() {
+    set_side_stream_factory_for_tests([](Device) {
+      auto s = std::make_unique<DeferredSideStream>(side_stream_log());
+      last() = s.get();
+      return s;
+    });
+  }
+  ~DeferredCasts() { set_side_stream_factory_for_tests(nullptr); }
+  static DeferredSideStream*& last() {
+    thread_local DeferredSideStream* s = nullptr;
+    return s;
+  }
+};
+
+// With the casts on a side stream each module waits for its own batch in its pre-forward hook,
+// no earlier: inside fc1's forward only fc1's batch has run, inside fc2's the first two. Each
+// module then reads exactly its masters cast to the low dtype, and training still tracks f32.
+inline void mixed_precision_side_stream(ProcessGroupPtr g) {
+  const std::string what = fmt::format("mixed precision on a side stream, rank {}/{}", g->rank(), g->size());
+  auto model = make_net(f32, 7);
+  DdpOptions o;
+  o.mixed_precision = MixedPrecision{.param_dtype = bf16};
+  o.find_unused_parameters = true;  // `never` takes no part
+  DistributedDataParallel ddp(model, g, o);
+  DeferredSideStream* side = DeferredCasts::last();
+  expect(side != nullptr, "{}: DDP made no side stream", what);
+  std::map<std::string, Tensor> masters;
+  std::string wrong;
+  std::vector<HookHandle> checks;
+  const std::vector<std::pair<std::string, std::shared_ptr<nn::Linear>>> layers = {
+      {"fc1", model->fc1}, {"fc2", model->fc2}, {"extra", model->extra}};
+  for (size_t k = 0; k < layers.size(); ++k) {
+    checks.push_back(layers[k].second->register_forward_pre_hook([&, k](nn::Module& m) {
+      if (side->ran != k + 1)
+        wrong = fmt::format("inside {}'s forward {} cast batches had run, not {}", layers[k].first, side->ran, k + 1);
+      for (const auto& [name, p] : m.named_parameters()) {
+        const Tensor want = masters.at(layers[k].first + "." + name).to(bf16);
+        if (p.dtype() != bf16 || max_abs_diff(p, want) != 0)
+          wrong = fmt::format("inside {}'s forward {} is not its master in bf16", layers[k].first, name);
+      }
+    }));
+  }
+  optim::SGD opt(model->parameters(), {.lr = 0.05, .momentum = 0.9});
+  for (int step = 0; step < 4 && wrong.empty(); ++step) {
+    for (const auto& [name, p] : model->named_parameters()) masters[name] = p.detach().clone();
+    side_stream_log().clear();
+    opt.zero_grad();
+    int64_t first = (step * 16 + g->rank()) * kRowsPerRank;
+    mse_loss(ddp(inputs(first, kRowsPerRank, 8, f32)).to(f32), targets(first, kRowsPerRank, 4, f32)).backward();
+    opt.step();
+    const std::vector<std::string> want = {"follow", "wait 0", "wait 1", "wait 2"};  // fc1, fc2, extra
+    expect(side_stream_log() == want, "{}: side stream calls {}, want {}", what, fmt::join(side_stream_log(), ", "),
+           fmt::join(want, ", "));
+  }
+  expect(wrong.empty(), "{}: {}", what, wrong);
 }
 
 // Buffers live in buffer_dtype; gradient_as_bucket_view with a reduce dtype other than the

@@ -107,6 +107,44 @@ void cuda_modes(ProcessGroupPtr g) {
   }
 }
 
+// Mixed precision's casts run on a side stream, and each layer's forward waits for its own batch:
+// inside every layer's forward (a pre-forward hook registered after DDP's, reading on the current
+// stream) its parameters are exactly this step's masters in bf16. The layers are large enough that
+// a missing wait would read shadows still being written, or last step's.
+void cuda_side_stream_casts(ProcessGroupPtr g) {
+  const Device dev = Device::cuda(cuda::current_device());
+  manual_seed(3);
+  auto model = std::make_shared<nn::Sequential>();
+  std::vector<std::shared_ptr<nn::Linear>> layers;
+  for (int i = 0; i < 4; ++i) {
+    layers.push_back(std::make_shared<nn::Linear>(1024, 1024));
+    model->push_back(layers.back());
+  }
+  model->to(dev);
+  DdpOptions o;
+  o.mixed_precision = MixedPrecision{.param_dtype = bf16};
+  DistributedDataParallel ddp(model, g, o);
+  std::vector<Tensor> masters(layers.size());
+  std::vector<double> diffs(layers.size(), -1);
+  std::vector<HookHandle> checks;
+  for (size_t k = 0; k < layers.size(); ++k)
+    checks.push_back(layers[k]->register_forward_pre_hook([&, k](nn::Module&) {
+      diffs[k] = max_abs_diff(layers[k]->weight.to(kCPU), masters[k]);
+    }));
+  optim::SGD opt(model->parameters(), {.lr = 0.5});
+  for (int step = 0; step < 4; ++step) {
+    for (size_t k = 0; k < layers.size(); ++k) masters[k] = layers[k]->weight.detach().to(bf16).to(kCPU);
+    opt.zero_grad();
+    Tensor x = randn({64, 1024}).to(dev);
+    ddp(x).to(f32).square().mean().backward();
+    opt.step();
+    for (size_t k = 0; k < layers.size(); ++k) {
+      INFO("step " << step << ", layer " << k << ", rank " << g->rank());
+      CHECK(diffs[k] == 0);
+    }
+  }
+}
+
 // dist::init runs once per process: both mpi cases share its world.
 ProcessGroupPtr staged_mpi_world() {
   static ProcessGroupPtr world = init(InitOptions{"mpi", std::chrono::seconds(60), {}});
@@ -120,6 +158,13 @@ TEST_CASE("ddp cuda: mixed precision and optimizer in backward over nccl, a worl
   InitOptions io;
   io.timeout = std::chrono::seconds(60);
   cuda_modes(make_nccl_world(io));
+}
+
+TEST_CASE("ddp cuda: mixed precision casts on a side stream, waited for by each layer before it reads", "[cuda]") {
+  TANDEM_REQUIRE_CUDA_OR_SKIP();
+  InitOptions io;
+  io.timeout = std::chrono::seconds(60);
+  cuda_side_stream_casts(make_nccl_world(io));
 }
 
 TEST_CASE("ddp cuda: over nccl, a world of one, equals CPU training", "[cuda]") {

@@ -288,3 +288,18 @@ TEST_CASE("ddp threads: mixed precision (bf16, f16) tracks f32 training", "[ddp]
     REQUIRE_NOTHROW(on_threads(n, delayed_with_mixed_precision_all));
   }
 }
+
+TEST_CASE("ddp threads: mixed precision casts on a side stream; each module waits for its own before forward",
+          "[ddp][mixed_precision]") {
+  DeferredCasts deferred;
+  for (int n : {1, 2}) {
+    INFO(n << " ranks");
+    REQUIRE_NOTHROW(on_threads(n, mixed_precision_side_stream));
+    // The whole mixed-precision matrix's core, with every cast deferred until it is waited for.
+    REQUIRE_NOTHROW(on_threads(n, [](ProcessGroupPtr g) {
+      for (MpMode mode : {MpMode::plain, MpMode::no_sync, MpMode::static_two_forwards})
+        mixed_precision_case(g, bf16, true, false, mode);
+      mixed_precision_case(g, f16, false, true, MpMode::plain);
+    }));
+  }
+}

@@ -115,7 +115,7 @@ int main(int argc, char** argv) {
     rank = info.rank;
     const int world_size = info.size;
     const Device device = device_name == "cuda" ? Device::cuda(info.local_rank) : kCPU;
-    const Device ctrl = dist::control_device(*world, device);  // where small collectives' tensors live
+    const Device ctrl = world->control_device(device);  // where small collectives' tensors live
     if (threads > 0) set_num_threads(threads);
 
     Dataset train = make_blobs(train_n, features, classes, noise, seed);
