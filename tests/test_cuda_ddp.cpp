@@ -136,7 +136,7 @@ void cuda_side_stream_casts(ProcessGroupPtr g) {
     for (size_t k = 0; k < layers.size(); ++k) masters[k] = layers[k]->weight.detach().to(bf16).to(kCPU);
     opt.zero_grad();
     Tensor x = randn({64, 1024}).to(dev);
-    ddp(x).to(f32).square().mean().backward();
+    pow(ddp(x).to(f32), 2).mean().backward();
     opt.step();
     for (size_t k = 0; k < layers.size(); ++k) {
       INFO("step " << step << ", layer " << k << ", rank " << g->rank());
