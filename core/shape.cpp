@@ -16,7 +16,9 @@ Strides contiguous_strides(const Shape& shape) {
   int64_t acc = 1;
   for (size_t i = shape.size(); i-- > 0;) {
     s[i] = acc;
-    acc *= std::max<int64_t>(shape[i], 1);
+    // Checked: with a zero-sized dimension the element count fits while the others' product may not.
+    if (i > 0 && __builtin_mul_overflow(acc, std::max<int64_t>(shape[i], 1), &acc)) [[unlikely]]
+      fail("[shape] shape {} is too large: its strides do not fit in 64 bits", shape);
   }
   return s;
 }

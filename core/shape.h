@@ -80,7 +80,7 @@ class SmallDims {
   size_t capacity() const { return heap_ ? cap_ : kInline; }
   void assign(const int64_t* src, size_t n) {
     resize(n);
-    std::memcpy(data(), src, n * sizeof(int64_t));
+    if (n > 0) std::memcpy(data(), src, n * sizeof(int64_t));  // an empty source may be nullptr
   }
   void grow(size_t n) {
     n = std::max<size_t>(n, kInline * 2);

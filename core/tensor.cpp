@@ -38,8 +38,8 @@ Tensor make_empty(const Shape& shape, Dtype dtype, Device device, const char* op
   for (int64_t d : shape) TANDEM_CHECK(d >= 0, "[{}] negative dimension in shape {}", op, shape);
   auto impl = std::make_shared<TensorImpl>();
   impl->shape = shape;
+  impl->numel = numel_of(shape);  // before the strides: it names the overflow of the element count
   impl->strides = contiguous_strides(shape);
-  impl->numel = numel_of(shape);
   impl->dtype = dtype;
   int64_t nbytes = checked_mul(impl->numel, static_cast<int64_t>(itemsize(dtype)), op);
   impl->storage = std::make_shared<Storage>(static_cast<size_t>(nbytes), device, op);

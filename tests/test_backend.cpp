@@ -48,6 +48,8 @@ TEST_CASE("sizes that overflow 64 bits are errors, not undersized buffers", "[ba
   REQUIRE_THROWS_WITH(zeros({int64_t{1} << 62}), Catch::Contains("does not fit in 64 bits"));
   REQUIRE_THROWS_WITH(zeros({int64_t{1} << 32, int64_t{1} << 32}), Catch::Contains("too large"));
   REQUIRE_THROWS_WITH(zeros({1, 1}).expand({int64_t{1} << 32, int64_t{1} << 32}), Catch::Contains("too large"));
+  // No elements, but the other dimensions' strides overflow (UBSan's signed-overflow report before).
+  REQUIRE_THROWS_WITH(zeros({0, int64_t{1} << 40, int64_t{1} << 40}), Catch::Contains("strides do not fit in 64 bits"));
   REQUIRE_THROWS_WITH(zeros({0}).view({int64_t{1} << 32, int64_t{1} << 32}), Catch::Contains("overflow"));
   REQUIRE_THROWS_WITH(zeros({4}).narrow(0, 1, INT64_MAX), Catch::Contains("[narrow]"));
   REQUIRE(zeros({4}).slice(0, 0, 4, INT64_MAX).shape() == Shape{1});
