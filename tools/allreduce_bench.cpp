@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "bench_common.h"
+#include "cli.h"
 #include "dist/dist.h"
 #ifdef TANDEM_WITH_CUDA
 #include "cuda/check.h"
@@ -67,45 +68,38 @@ Dtype parse_dtype(const std::string& s) {
   tandem::fail("[allreduce_bench] unknown dtype '{}' (f32 f64 f16 bf16 i32 i64)", s);
 }
 
-Args parse(int argc, char** argv) {
-  Args a;
-  for (int i = 1; i < argc; ++i) {
-    std::string k = argv[i];
-    auto next = [&]() -> std::string {
-      TANDEM_CHECK(i + 1 < argc, "[allreduce_bench] {} needs a value", k);
-      return argv[++i];
-    };
-    if (k == "--backend") {
-      a.backend = next();
-    } else if (k == "--device") {
-      a.device = next();
-    } else if (k == "--ranks") {
-      a.ranks = std::atoi(next().c_str());
-    } else if (k == "--dtype") {
-      a.dtypes.clear();
-      std::string list = next();
-      size_t pos = 0;
-      while (pos <= list.size()) {
-        size_t comma = list.find(',', pos);
-        if (comma == std::string::npos) comma = list.size();
-        a.dtypes.push_back(parse_dtype(list.substr(pos, comma - pos)));
-        pos = comma + 1;
-      }
-    } else if (k == "--min-bytes") {
-      a.min_bytes = parse_bytes(next());
-    } else if (k == "--max-bytes") {
-      a.max_bytes = parse_bytes(next());
-    } else if (k == "--json") {
-      a.json = true;
-    } else {
-      tandem::fail("[allreduce_bench] unknown option '{}' (--backend --device --ranks --dtype --min-bytes --max-bytes "
-                   "--json)", k);
+// Fills `a` from the command line; -1 to go on, else main()'s status (tools/cli.h).
+int parse(int argc, char** argv, Args& a) {
+  CLI::App app{"Allreduce latency and bus bandwidth, ours beside raw MPI_Allreduce (launch with mpirun)",
+               "allreduce_bench"};
+  std::string dtypes = "f32", min_bytes = "8", max_bytes = "64M";
+  app.add_option("--backend", a.backend, "mpi, threads or nccl")->check(CLI::IsMember({"mpi", "threads", "nccl"}));
+  app.add_option("--device", a.device, "cpu or cuda (default: cuda for nccl, else cpu)")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
+  app.add_option("--ranks", a.ranks, "ranks of the threads backend")->check(CLI::Range(1, 1024));
+  app.add_option("--dtype", dtypes, "comma-separated dtypes (f32 f64 f16 bf16 i32 i64)");
+  app.add_option("--min-bytes", min_bytes, "smallest message, e.g. 8, 4K, 64M");
+  app.add_option("--max-bytes", max_bytes, "largest message");
+  app.add_flag("--json", a.json, "one JSON object per row");
+  app.callback([&] {
+    a.dtypes.clear();
+    size_t pos = 0;
+    while (pos <= dtypes.size()) {
+      size_t comma = dtypes.find(',', pos);
+      if (comma == std::string::npos) comma = dtypes.size();
+      a.dtypes.push_back(parse_dtype(dtypes.substr(pos, comma - pos)));
+      pos = comma + 1;
     }
+    a.min_bytes = parse_bytes(min_bytes);
+    a.max_bytes = parse_bytes(max_bytes);
+  });
+  try {
+    if (const int status = tools::parse(app, argc, argv); status >= 0) return status;
+  } catch (const Error& e) {  // a value the callback could not read
+    fmt::print(stderr, "allreduce_bench: {} (see --help)\n", e.what());
+    return tools::kBadInput;
   }
-  TANDEM_CHECK(a.backend == "mpi" || a.backend == "threads" || a.backend == "nccl",
-               "[allreduce_bench] --backend is mpi, threads or nccl, got '{}'", a.backend);
   if (a.device.empty()) a.device = a.backend == "nccl" ? "cuda" : "cpu";
-  TANDEM_CHECK(a.device == "cpu" || a.device == "cuda", "[allreduce_bench] --device is cpu or cuda, got '{}'", a.device);
   TANDEM_CHECK(a.backend != "nccl" || a.device == "cuda", "[allreduce_bench] --backend nccl needs --device cuda");
 #ifndef TANDEM_WITH_NCCL
   TANDEM_CHECK(a.backend != "nccl", "[allreduce_bench] --backend nccl needs a CUDA build of tandem with NCCL");
@@ -113,7 +107,7 @@ Args parse(int argc, char** argv) {
 #ifndef TANDEM_WITH_CUDA
   TANDEM_CHECK(a.device == "cpu", "[allreduce_bench] --device cuda needs a CUDA build of tandem");
 #endif
-  return a;
+  return -1;
 }
 
 void fill(const Tensor& t, int rank) {
@@ -413,7 +407,8 @@ void report(const std::vector<Result>& results, int n, const Args& args, bool fa
 
 int main(int argc, char** argv) {
   try {
-    Args args = parse(argc, argv);
+    Args args;
+    if (const int status = parse(argc, argv, args); status >= 0) return status;
     std::vector<Result> results;
     int n = 1;
     bool lead = true;

@@ -5,7 +5,7 @@
 // Rows: mlp_step (64x784-512-512-10 MLP, cross-entropy, SGD momentum, one step), tiny_op (one
 // 1-element add recorded and backwarded), matmul_512 / matmul_2048 (f32 GEMM GFLOP/s against
 // OpenBLAS called directly), rss_growth (RSS after 20,000 vs 1,000 MLP steps).
-#include <CLI/CLI.hpp>
+#include "cli.h"
 #include <cblas.h>
 
 #include <cstdio>
@@ -59,14 +59,14 @@ std::optional<nlohmann::json> run_peer(int runs) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"Tandem CPU benchmarks beside PyTorch"};
+  CLI::App app{"Tandem CPU benchmarks beside PyTorch", "bench_cpu"};
   bool json = false, no_peer = false, quick = false;
   int runs = 7;
   app.add_flag("--json", json, "one JSON object per row");
-  app.add_option("--runs", runs, "samples per row (the median is reported)");
+  app.add_option("--runs", runs, "samples per row (the median is reported)")->check(CLI::Range(1, 1000000));
   app.add_flag("--no-peer", no_peer, "do not run the PyTorch peer");
   app.add_flag("--quick", quick, "skip the long rss_growth row");
-  CLI11_PARSE(app, argc, argv);
+  TANDEM_TOOL_PARSE(app, argc, argv);
 
   set_num_threads(1);
   manual_seed(0);

@@ -20,7 +20,7 @@
 //   mp_bf16_step_np2      the same model, whole step, bf16 mixed precision vs f32 DDP
 // The three DDP-step variants and the floor run in the same two processes, in interleaved batches
 // of 20 steps with a barrier before each. Each peak RSS is a fresh process (group) of its own.
-#include <CLI/CLI.hpp>
+#include "cli.h"
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -255,18 +255,18 @@ int worker(const std::string& what, int runs, double momentum) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"Tandem DDP benchmarks beside our single-process step and PyTorch DDP"};
+  CLI::App app{"Tandem DDP benchmarks beside our single-process step and PyTorch DDP", "bench_ddp"};
   bool json = false, no_peer = false, quick = false;
   int runs = 7;
   double momentum = 0;
   std::string worker_task;
   app.add_flag("--json", json, "one JSON object per row");
-  app.add_option("--runs", runs, "samples per row (the median is reported)");
+  app.add_option("--runs", runs, "samples per row (the median is reported)")->check(CLI::Range(1, 1000000));
   app.add_flag("--no-peer", no_peer, "do not run the PyTorch peer");
   app.add_flag("--quick", quick, "skip the 50 M-parameter RSS rows");
   app.add_option("--worker", worker_task, "internal: run one measurement under mpirun");
   app.add_option("--momentum", momentum, "internal: SGD momentum of a peak-RSS worker");
-  CLI11_PARSE(app, argc, argv);
+  TANDEM_TOOL_PARSE(app, argc, argv);
 
   try {
     if (!worker_task.empty()) return worker(worker_task, runs, momentum);

@@ -12,7 +12,7 @@
 // of the mean over several calls. The peer (tools/bench_gpu_peer.py, python3 with torch) runs
 // first, in its own process, so both see an idle GPU. A row whose op fails says why in its note.
 // Without a usable GPU it says so and exits 1.
-#include <CLI/CLI.hpp>
+#include "cli.h"
 
 #include <cstdio>
 #include <cstdlib>
@@ -74,18 +74,18 @@ std::optional<nlohmann::json> run_peer(const std::string& script, int runs, bool
 #endif
 
 int main(int argc, char** argv) {
-  CLI::App app{"Tandem CUDA benchmarks beside PyTorch-CUDA"};
+  CLI::App app{"Tandem CUDA benchmarks beside PyTorch-CUDA", "bench_gpu"};
   bool json = false, no_peer = false, quick = false, check = false;
   int runs = 7;
   std::string peer_script, json_out;
   app.add_flag("--json", json, "one JSON object per row");
   app.add_option("--json-out", json_out, "also write the rows as JSON lines to this file");
   app.add_flag("--check", check, "only report whether a usable CUDA device is present");
-  app.add_option("--runs", runs, "samples per row (the median is reported)");
+  app.add_option("--runs", runs, "samples per row (the median is reported)")->check(CLI::Range(1, 1000000));
   app.add_flag("--no-peer", no_peer, "do not run the PyTorch peer");
   app.add_flag("--quick", quick, "fewer calls per sample");
   app.add_option("--peer-script", peer_script, "path of bench_gpu_peer.py");
-  CLI11_PARSE(app, argc, argv);
+  TANDEM_TOOL_PARSE(app, argc, argv);
 
 #ifndef TANDEM_WITH_CUDA
   fmt::print(stderr, "bench_gpu: tandem was built without CUDA; nothing to measure\n");

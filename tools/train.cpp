@@ -18,7 +18,7 @@
 // reduces the buckets in that dtype; the optimizer steps the f32 masters.
 // The data: `classes` Gaussian clusters in `features` dims, centres drawn once from the seed,
 // with noise; the classes overlap only slightly, so a small MLP reaches > 97% held-out accuracy.
-#include <CLI/CLI.hpp>
+#include "cli.h"
 #include <unistd.h>
 
 #include <algorithm>
@@ -66,7 +66,7 @@ void progress(int64_t step, int64_t steps, double loss, double samples_per_s, do
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"Train an MLP with DDP on a built-in synthetic classification set (launch with mpirun)"};
+  CLI::App app{"Train an MLP with DDP on a built-in synthetic classification set (launch with mpirun)", "train"};
   int64_t hidden = 256, layers = 2, batch = 128, steps = 600, features = 32, classes = 10, train_n = 16384;
   double lr = 0.05, noise = 2.5, target = 0.95;
   std::optional<double> bucket_cap_mb;
@@ -76,11 +76,11 @@ int main(int argc, char** argv) {
   bool drop_last = false, static_graph = false, optimizer_in_backward = false;
   std::string mixed_precision = "off";
   std::string progress_style = "auto";
-  app.add_option("--hidden", hidden, "hidden width")->check(CLI::PositiveNumber);
-  app.add_option("--layers", layers, "hidden layers")->check(CLI::PositiveNumber);
-  app.add_option("--batch", batch, "batch size per rank")->check(CLI::PositiveNumber);
-  app.add_option("--steps", steps, "optimizer steps")->check(CLI::PositiveNumber);
-  app.add_option("--lr", lr, "learning rate")->check(CLI::PositiveNumber);
+  app.add_option("--hidden", hidden, "hidden width")->check(tools::positive);
+  app.add_option("--layers", layers, "hidden layers")->check(tools::positive);
+  app.add_option("--batch", batch, "batch size per rank")->check(tools::positive);
+  app.add_option("--steps", steps, "optimizer steps")->check(tools::positive);
+  app.add_option("--lr", lr, "learning rate")->check(tools::positive);
   app.add_option("--optimizer", optimizer, "sgd (momentum 0.9) or adamw")->check(CLI::IsMember({"sgd", "adamw"}));
   app.add_flag("--optimizer-in-backward", optimizer_in_backward,
                "step the --optimizer inside backward, per parameter, after DDP reduced its gradient");
@@ -88,7 +88,7 @@ int main(int argc, char** argv) {
   app.add_option("--mixed-precision", mixed_precision, "DDP mixed precision: bf16, f16 or off (f32 masters either way)")
       ->check(CLI::IsMember({"off", "bf16", "f16"}));
   app.add_option("--bucket-cap-mb", bucket_cap_mb, "DDP bucket cap in MiB (default 25, first bucket 1)")
-      ->check(CLI::PositiveNumber);
+      ->check(tools::positive);
   app.add_option("--backend", backend, "process group backend")->check(CLI::IsMember({"auto", "mpi", "nccl"}));
   app.add_option("--device", device_name, "cpu, or cuda (the local rank picks the GPU)")
       ->check(CLI::IsMember({"cpu", "cuda"}));
@@ -97,14 +97,14 @@ int main(int argc, char** argv) {
   // only see what the rank sees: say --progress lines for logs.
   app.add_option("--progress", progress_style, "bar (redrawn in place), lines, or auto (bar on a terminal)")
       ->check(CLI::IsMember({"auto", "bar", "lines"}));
-  app.add_option("--features", features, "input features")->check(CLI::PositiveNumber);
+  app.add_option("--features", features, "input features")->check(tools::positive);
   app.add_option("--classes", classes, "classes")->check(CLI::Range(2, 1000));
-  app.add_option("--samples", train_n, "training samples")->check(CLI::PositiveNumber);
-  app.add_option("--noise", noise, "cluster noise (std)")->check(CLI::NonNegativeNumber);
+  app.add_option("--samples", train_n, "training samples")->check(tools::positive);
+  app.add_option("--noise", noise, "cluster noise (std)")->check(tools::non_negative);
   app.add_option("--seed", seed, "seed for data, initialisation and shuffling");
   app.add_option("--threads", threads, "intra-op threads per rank (default: cores / ranks on the node)");
   app.add_option("--target", target, "accuracy the run must reach (exit status 1 if not)");
-  CLI11_PARSE(app, argc, argv);
+  TANDEM_TOOL_PARSE(app, argc, argv);
 
   int rank = 0;
   try {

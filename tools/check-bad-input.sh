@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Every tool rejects a bad flag or value with one line on stderr and exit status 2, and prints its
+# usage with status 0 for --help. CTest runs this with the tools' directory (tools/CMakeLists.txt).
+set -uo pipefail
+dir=${1:?usage: check-bad-input.sh TOOLS_DIR}
+failed=0
+
+expect_bad() {  # tool args...
+  local tool=$1
+  shift
+  [ -x "$dir/$tool" ] || return 0  # not built in this configuration (bench_gpu without CUDA)
+  local err rc lines
+  err=$("$dir/$tool" "$@" 2>&1 >/dev/null)
+  rc=$?
+  lines=$(printf '%s\n' "$err" | grep -c .)
+  if [ "$rc" -ne 2 ] || [ "$lines" -ne 1 ]; then
+    echo "FAIL: $tool $* -> status $rc, $lines stderr lines (want 2 and 1):"
+    printf '%s\n' "$err" | sed 's/^/    /'
+    failed=1
+  else
+    echo "ok: $tool $* -> $err"
+  fi
+}
+
+expect_help() {
+  local tool=$1
+  [ -x "$dir/$tool" ] || return 0
+  if ! "$dir/$tool" --help >/dev/null 2>&1; then
+    echo "FAIL: $tool --help does not exit 0"
+    failed=1
+  fi
+}
+
+for tool in train bench_cpu bench_ddp bench_gpu allreduce_bench; do
+  expect_help "$tool"
+  expect_bad "$tool" --no-such-flag
+done
+expect_bad train --batch abc
+expect_bad train --batch 0
+expect_bad train --optimizer lbfgs
+expect_bad train --mixed-precision f8
+expect_bad train stray-argument
+expect_bad bench_cpu --runs 0
+expect_bad bench_ddp --runs -3
+expect_bad bench_gpu --runs x
+expect_bad allreduce_bench --backend gloo
+expect_bad allreduce_bench --min-bytes 4Q
+expect_bad allreduce_bench --dtype f8
+exit $failed
