@@ -1,6 +1,7 @@
 #include "nn/safetensors.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -259,6 +260,30 @@ std::vector<Prepared> prepare(const std::vector<std::pair<std::string, Tensor>>&
   return out;
 }
 
+// "<path>.tmp.<pid>" files that a killed writer left behind: removed before the next save of the
+// same path, unless their process is still alive (it may be saving right now). A stale file whose
+// pid has been reused by a live process stays until that process is gone.
+void remove_stale_temporaries(const std::string& path) {
+  namespace fs = std::filesystem;
+  const fs::path target(path);
+  fs::path dir = target.parent_path();
+  if (dir.empty()) dir = ".";
+  const std::string prefix = target.filename().string() + ".tmp.";
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.size() <= prefix.size() || name.compare(0, prefix.size(), prefix) != 0) continue;
+    const std::string digits = name.substr(prefix.size());
+    if (!std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; }) || digits.size() > 9)
+      continue;
+    const pid_t pid = static_cast<pid_t>(std::stol(digits));
+    if (pid == ::getpid()) continue;  // ours: reopened and truncated below
+    if (::kill(pid, 0) == 0 || errno != ESRCH) continue;  // alive (or not ours to judge)
+    std::error_code ignored;
+    fs::remove(it->path(), ignored);
+  }
+}
+
 void write_file(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
                 const Metadata& metadata) {
   std::vector<Prepared> items = prepare(tensors);
@@ -282,6 +307,7 @@ void write_file(const std::string& path, const std::vector<std::pair<std::string
   uint8_t len_bytes[8];
   for (int i = 0; i < 8; ++i) len_bytes[i] = static_cast<uint8_t>(static_cast<uint64_t>(text.size()) >> (8 * i));
 
+  remove_stale_temporaries(path);
   const std::string tmp = fmt::format("{}.tmp.{}", path, static_cast<long>(::getpid()));
   FILE* f = std::fopen(tmp.c_str(), "wb");
   TANDEM_CHECK(f != nullptr, "[safetensors] cannot create '{}': {}", tmp, errno_text());
