@@ -5,6 +5,7 @@
 #include "nn/layers.h"
 #include "nn/loss.h"
 #include "nn/module.h"
+#include "nn/lr_scheduler.h"
 #include "nn/optim.h"
 #include "nn/optim_in_backward.h"
 #include "nn/safetensors.h"

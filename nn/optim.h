@@ -95,7 +95,8 @@ class Optimizer {
   virtual const TensorList& group_params(size_t group) const = 0;
   TensorList parameters() const;  // every group's parameters, in order
   virtual double lr(size_t group = 0) const = 0;
-  virtual void set_lr(double lr) = 0;  // every group (for schedules)
+  virtual void set_lr(double lr) = 0;  // every group
+  virtual void set_lr(size_t group, double lr) = 0;  // one group (what schedules set)
 
   // The state of a parameter, nullptr until a step has touched it.
   const ParamState* state(const Tensor& param) const;
@@ -139,6 +140,7 @@ class OptimizerWithOptions : public Optimizer {
   void set_lr(double lr) override {
     for (auto& g : groups_) g.options.lr = lr;
   }
+  void set_lr(size_t g, double lr) override { groups_.at(g).options.lr = lr; }
 
  protected:
   using Optimizer::Optimizer;

@@ -252,6 +252,12 @@ TEST_CASE("README nn and optim", "[readme]") {
   Net other;
   nn::load_model(other, "readme_net.safetensors");
   REQUIRE(equal(other.fc1->named_parameters()["weight"], net.fc1->named_parameters()["weight"]));
+  auto warm_up = std::make_shared<optim::LinearLR>(adamw, 0.1, 1.0, /*total_iters=*/5);
+  auto cosine = std::make_shared<optim::CosineAnnealingLR>(adamw, /*t_max=*/95);
+  optim::SequentialLR schedule(adamw, {warm_up, cosine}, {5});  // 5 epochs of warm-up, then cosine
+  REQUIRE(adamw.lr() == Approx(1e-4));
+  schedule.step();                            // once per epoch, after adamw.step()
+  REQUIRE(adamw.lr() == Approx(1e-3 * (0.1 + 0.9 / 5)));
   std::remove("readme_net.safetensors");
   std::remove("readme_opt.safetensors");
 }
