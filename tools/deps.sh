@@ -4,7 +4,8 @@
 set -euo pipefail
 packages=(build-essential cmake pkg-config ccache catch2 libopenblas-dev libopenmpi-dev openmpi-bin
           nlohmann-json3-dev libfmt-dev libcli11-dev python3
-          python3-torch)  # PyTorch 1.13 (CPU) for tests/test_parity.cpp, run with /usr/bin/python3
+          python3-torch   # PyTorch 1.13 (CPU) for tests/test_parity.cpp, run with /usr/bin/python3
+          python3-matplotlib)  # tools/plot.py
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
