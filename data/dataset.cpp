@@ -21,11 +21,11 @@ TensorDataset::TensorDataset(TensorList tensors) : tensors_(std::move(tensors)) 
   size_ = tensors_[0].size(0);
 }
 
-// Rows are gathered with one memcpy each rather than index_select: index_select converts the
-// index tensor to a vector, checks it, and walks each row through its strided-copy loop with a
-// dtype dispatch, all of which the loader does not need (contiguous rows, indices the sampler
-// made). For [N, 784] f32 rows and batch 64 the memcpy is ~2x faster, for one i64 label per row
-// ~10x (tools/bench_data).
+// Rows are gathered with one memcpy each rather than index_select: index_select makes a vector
+// of the index tensor, checks it, and walks each row through its strided-copy loop under a dtype
+// dispatch, none of which contiguous rows and sampler-made indices need. The per-row overhead is
+// what a tiny row pays for: 64 i64 labels take 1.9 us here against 7 us; 64 Fashion-MNIST images
+// (3 KiB rows, bound by memory traffic) 68 us against 89 us (tools/bench_data).
 TensorList TensorDataset::get_batch(std::span<const int64_t> indices) const {
   TensorList batch;
   batch.reserve(tensors_.size());
