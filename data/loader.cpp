@@ -33,7 +33,8 @@ struct DataLoader::Epoch {
   int64_t batch_size;
   int64_t num_batches;
   size_t capacity;
-  int64_t taken = 0;  // batches handed to the consumer
+  int64_t taken = 0;  // batches handed to the consumer (its side only)
+  int64_t claimed = 0;  // batches made or being made, by either side (under the mutex)
 
   std::mutex mutex;
   std::condition_variable ready;  // the queue is not empty
@@ -67,13 +68,15 @@ struct DataLoader::Epoch {
   }
 
   // The prefetch thread: makes the batches in order, at most `capacity` ahead of the consumer
-  // (waiting for room before making one, so no more than that many exist beside the consumer's).
+  // (waiting for room before claiming one, so no more than that many exist beside the consumer's).
   void run() {
-    for (int64_t b = 0; b < num_batches; ++b) {
+    for (;;) {
+      int64_t b;
       {
         std::unique_lock<std::mutex> lock(mutex);
         space.wait(lock, [&] { return stop || queue.size() < capacity; });
-        if (stop) return;
+        if (stop || claimed == num_batches) return;
+        b = claimed++;
       }
       Slot slot;
       try {
@@ -98,9 +101,17 @@ struct DataLoader::Epoch {
     if (capacity == 0) return make(b);
     Slot slot;
     {
-      // The prefetch thread pushes every batch up to the first failure and stop is only set by
-      // this side, so this wait always ends.
       std::unique_lock<std::mutex> lock(mutex);
+      if (queue.empty() && claimed == b) {
+        // Nobody has started this batch: the thread has not been scheduled since it had room (a
+        // busy machine). Making it here costs what prefetch 0 costs; waiting for the thread to
+        // get a core can cost milliseconds.
+        claimed = b + 1;
+        lock.unlock();
+        return make(b);
+      }
+      // The thread pushes every batch it claims (up to the first failure), and stop is only set
+      // by this side, so this wait always ends.
       ready.wait(lock, [&] { return !queue.empty(); });
       slot = std::move(queue.front());
       queue.pop_front();

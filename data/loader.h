@@ -28,9 +28,9 @@ struct LoaderOptions {
   bool drop_last = false;
   // Batches prepared ahead on a background thread (the queue's bound). 0: each batch is made on
   // the calling thread when it is asked for, and no thread is started. The thread hides a batch's
-  // cost when the step leaves a core free (a GPU step: bench_data measures a 64-image
-  // Fashion-MNIST batch's wait at ~8 us instead of ~66 us); a CPU step that keeps every core
-  // busy gains nothing, as the thread then competes with it for a core.
+  // cost when the step leaves a core free (a GPU step; see tools/bench_data); when every core is
+  // busy and the thread has not even started the batch asked for, the calling thread makes it
+  // itself rather than wait for the thread to be scheduled.
   int prefetch = 2;
   // This process's shard (DistributedSampler's num_replicas and rank); 1 and 0 read everything.
   int num_replicas = 1;
