@@ -15,3 +15,4 @@
 #include "autograd/ops.h"
 #include "nn/nn.h"
 #include "dist/dist.h"
+#include "data/data.h"

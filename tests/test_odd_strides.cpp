@@ -84,7 +84,7 @@ Tensor relaid(const Tensor& src, const Strides& strides) {
 Tensor relaid(const Tensor& src, Layout layout) { return relaid(src, odd_strides(src.shape(), layout)); }
 
 // A dense f64 tensor of distinct, non-round values (seed picks the sequence).
-Tensor data(const Shape& shape, int seed) {
+Tensor seeded(const Shape& shape, int seed) {
   Tensor t = empty(shape, f64);
   double* p = t.data_ptr<double>();
   for (int64_t i = 0; i < t.numel(); ++i) p[i] = std::sin(0.7 * static_cast<double>(i) + 1.3 * seed) * 2.0 + 0.01 * i;
@@ -128,7 +128,7 @@ void check_odd(const std::string& what, const Fn& fn, const TensorList& inputs, 
     REQUIRE(o.dtype() == r.dtype());
     require_close(vals(o), vals(r), tol);
     if (!backward || !r.is_floating_point() || !r.requires_grad()) continue;
-    const Tensor ct = data(r.shape(), 11).to(r.dtype());
+    const Tensor ct = seeded(r.shape(), 11).to(r.dtype());
     r.backward(ct);
     o.backward(relaid(ct, layout));
     for (size_t i = 0; i < inputs.size(); ++i) {
@@ -161,7 +161,7 @@ TEST_CASE("odd strides: linear reads t().narrow().unsqueeze() views element by e
 
 TEST_CASE("odd strides: linear's gradients through transpose and permute of its output") {
   // The incoming gradient is a permuted view whose size-1 dims carry the forward's strides.
-  const Tensor coeff = data({1, 3, 1}, 3);
+  const Tensor coeff = seeded({1, 3, 1}, 3);
   const Tensor base = arange(1, 10, TensorOptions(f64)).view({3, 3}).requires_grad_();
   const Tensor w = full({1, 1}, 0.7, f64).requires_grad_();
   const Tensor b = full({1}, 0.25, f64).requires_grad_();
@@ -178,7 +178,7 @@ TEST_CASE("odd strides: linear's gradients through transpose and permute of its 
   check_odd(
       "linear -> transpose -> permute",
       [](const TensorList& t) { return linear(t[0], t[1], t[2]).transpose(0, 1).permute({2, 1, 0}); },
-      {data({3, 1, 1}, 1), data({1, 1}, 2), data({1}, 3)});
+      {seeded({3, 1, 1}, 1), seeded({1, 1}, 2), seeded({1}, 3)});
 }
 
 // ---- matrix products ----
@@ -189,15 +189,15 @@ TEST_CASE("odd strides: matmul, mm and bmm with size-1 rows, columns, contractio
       {{2, 1, 3}, {3}},          {{1, 1, 2}, {5, 2, 1}},    {{3, 1, 1, 2}, {1, 4, 2, 1}}, {{1}, {1}},
       {{2, 1, 1}, {2, 1, 1}},    {{1, 4, 1, 3}, {2, 1, 3, 1}}, {{3, 1, 2}, {1, 2, 2}}};
   for (const auto& [sa, sb] : pairs) {
-    check_odd("matmul", [](const TensorList& t) { return matmul(t[0], t[1]); }, {data(sa, 1), data(sb, 2)});
+    check_odd("matmul", [](const TensorList& t) { return matmul(t[0], t[1]); }, {seeded(sa, 1), seeded(sb, 2)});
   }
   const std::vector<std::pair<Shape, Shape>> mms = {{{1, 3}, {3, 4}}, {{3, 1}, {1, 4}}, {{1, 1}, {1, 1}}, {{4, 3}, {3, 1}}};
   for (const auto& [sa, sb] : mms)
-    check_odd("mm", [](const TensorList& t) { return mm(t[0], t[1]); }, {data(sa, 3), data(sb, 4)});
+    check_odd("mm", [](const TensorList& t) { return mm(t[0], t[1]); }, {seeded(sa, 3), seeded(sb, 4)});
   const std::vector<std::pair<Shape, Shape>> bmms = {
       {{1, 2, 3}, {1, 3, 1}}, {{3, 1, 2}, {3, 2, 1}}, {{2, 1, 1}, {2, 1, 3}}, {{1, 1, 1}, {1, 1, 1}}};
   for (const auto& [sa, sb] : bmms)
-    check_odd("bmm", [](const TensorList& t) { return bmm(t[0], t[1]); }, {data(sa, 5), data(sb, 6)});
+    check_odd("bmm", [](const TensorList& t) { return bmm(t[0], t[1]); }, {seeded(sa, 5), seeded(sb, 6)});
 }
 
 TEST_CASE("odd strides: linear with and without bias over size-1 leading dims and features") {
@@ -210,8 +210,8 @@ TEST_CASE("odd strides: linear with and without bias over size-1 leading dims an
                                 {{1, 1, 1}, {5, 1}, true},    {{2, 1, 3, 1}, {1, 1}, true},  {{1, 2, 3}, {4, 3}, false},
                                 {{2, 3, 1, 2}, {3, 2}, true}, {{1, 1, 2}, {1, 2}, false}};
   for (const L& c : cases) {
-    TensorList in = {data(c.x, 1), data(c.w, 2)};
-    if (c.bias) in.push_back(data({c.w[0]}, 3));
+    TensorList in = {seeded(c.x, 1), seeded(c.w, 2)};
+    if (c.bias) in.push_back(seeded({c.w[0]}, 3));
     check_odd(
         c.bias ? "linear with bias" : "linear",
         [](const TensorList& t) { return t.size() == 3 ? linear(t[0], t[1], t[2]) : linear(t[0], t[1]); }, in);
@@ -235,7 +235,7 @@ TEST_CASE("odd strides: addmm with broadcast biases and size-1 dims") {
                                 {{1, 2}, {1, 4}, {4, 2}}};
   for (const A& c : cases)
     check_odd("addmm", [](const TensorList& t) { return addmm(t[0], t[1], t[2]); },
-              {data(c.bias, 1), data(c.a, 2), data(c.b, 3)});
+              {seeded(c.bias, 1), seeded(c.a, 2), seeded(c.b, 3)});
 }
 
 // ---- elementwise ----
@@ -262,7 +262,7 @@ TEST_CASE("odd strides: unary elementwise ops") {
   for (const Shape& s : {Shape{3, 1, 2, 1}, Shape{1, 1}, Shape{1, 5}, Shape{4, 1}}) {
     for (const auto& [name, f] : ops) {
       auto fn = f;
-      check_odd("unary " + name, [fn](const TensorList& t) { return fn(t[0]); }, {data(s, 1)});
+      check_odd("unary " + name, [fn](const TensorList& t) { return fn(t[0]); }, {seeded(s, 1)});
     }
   }
 }
@@ -283,16 +283,16 @@ TEST_CASE("odd strides: binary elementwise ops with broadcasting") {
   for (const auto& [sa, sb] : shapes) {
     for (const auto& [name, f] : ops) {
       auto fn = f;
-      check_odd("binary " + name, [fn](const TensorList& t) { return fn(t[0], t[1]); }, {data(sa, 1), data(sb, 2)});
+      check_odd("binary " + name, [fn](const TensorList& t) { return fn(t[0], t[1]); }, {seeded(sa, 1), seeded(sb, 2)});
     }
-    check_odd("comparison", [](const TensorList& t) { return lt(t[0], t[1]); }, {data(sa, 1), data(sb, 2)}, false);
+    check_odd("comparison", [](const TensorList& t) { return lt(t[0], t[1]); }, {seeded(sa, 1), seeded(sb, 2)}, false);
   }
 }
 
 TEST_CASE("odd strides: in-place elementwise ops write through odd-strided views") {
   for (Layout layout : kLayouts) {
     INFO(name_of(layout));
-    const Tensor self_data = data({3, 1, 2, 1}, 1), other_data = data({1, 2, 1}, 2);
+    const Tensor self_data = seeded({3, 1, 2, 1}, 1), other_data = seeded({1, 2, 1}, 2);
     Tensor ref = dense_copy(self_data), odd = relaid(self_data, layout);
     const Tensor other_ref = dense_copy(other_data), other_odd = relaid(other_data, layout);
     ref.add_(other_ref, 0.5).mul_(other_ref).add_(1.25).mul_(2.0);
@@ -350,12 +350,12 @@ TEST_CASE("odd strides: every reduction over several dims, with and without keep
       rs.push_back({"argmin" + tag, [d, keep](const TensorList& t) { return argmin(t[0], d, keep); }, false});
     }
   }
-  for (const R& r : rs) check_odd(r.name, r.fn, {data(s, 1)}, r.backward);
+  for (const R& r : rs) check_odd(r.name, r.fn, {seeded(s, 1)}, r.backward);
   // Leading dims reduced, trailing kept (the row-sum fast path), and reductions of size-1 dims only.
   for (const Shape& shape : {Shape{1, 4, 3}, Shape{4, 1, 3}, Shape{4, 3, 1}, Shape{1, 1, 3}}) {
-    check_odd("sum leading", [](const TensorList& t) { return sum(t[0], {0, 1}); }, {data(shape, 2)});
-    check_odd("sum first", [](const TensorList& t) { return sum(t[0], {0}); }, {data(shape, 2)});
-    check_odd("mean leading", [](const TensorList& t) { return mean(t[0], {0, 1}, true); }, {data(shape, 2)});
+    check_odd("sum leading", [](const TensorList& t) { return sum(t[0], {0, 1}); }, {seeded(shape, 2)});
+    check_odd("sum first", [](const TensorList& t) { return sum(t[0], {0}); }, {seeded(shape, 2)});
+    check_odd("mean leading", [](const TensorList& t) { return mean(t[0], {0, 1}, true); }, {seeded(shape, 2)});
   }
 }
 
@@ -363,42 +363,42 @@ TEST_CASE("odd strides: every reduction over several dims, with and without keep
 
 TEST_CASE("odd strides: gather, index_select, scatter_add, embedding, masked_fill") {
   check_odd("gather", [](const TensorList& t) { return gather(t[0], 2, t[1]); },
-            {data({3, 1, 4}, 1), ints({3, 1, 2}, {3, 0, 1, 1, 2, 3})});
+            {seeded({3, 1, 4}, 1), ints({3, 1, 2}, {3, 0, 1, 1, 2, 3})});
   check_odd("gather dim 0", [](const TensorList& t) { return gather(t[0], 0, t[1]); },
-            {data({1, 3, 1}, 1), ints({1, 3, 1}, {0, 0, 0})});
+            {seeded({1, 3, 1}, 1), ints({1, 3, 1}, {0, 0, 0})});
   check_odd("gather dim 1", [](const TensorList& t) { return gather(t[0], 1, t[1]); },
-            {data({2, 3, 1}, 1), ints({2, 2, 1}, {2, 0, 1, 1})});
+            {seeded({2, 3, 1}, 1), ints({2, 2, 1}, {2, 0, 1, 1})});
   check_odd("index_select", [](const TensorList& t) { return index_select(t[0], 2, t[1]); },
-            {data({3, 1, 4}, 1), ints({2}, {3, 1})});
+            {seeded({3, 1, 4}, 1), ints({2}, {3, 1})});
   check_odd("index_select of one index", [](const TensorList& t) { return index_select(t[0], 2, t[1]); },
-            {data({3, 1, 4}, 1), ints({1}, {2})});
+            {seeded({3, 1, 4}, 1), ints({1}, {2})});
   check_odd("index_select size-1 dim", [](const TensorList& t) { return index_select(t[0], 1, t[1]); },
-            {data({3, 1, 4}, 1), ints({3}, {0, 0, 0})});
+            {seeded({3, 1, 4}, 1), ints({3}, {0, 0, 0})});
   check_odd("scatter_add", [](const TensorList& t) { return scatter_add(t[0], 2, t[1], t[2]); },
-            {data({3, 1, 4}, 1), ints({3, 1, 2}, {3, 3, 1, 0, 2, 2}), data({3, 1, 2}, 2)});
+            {seeded({3, 1, 4}, 1), ints({3, 1, 2}, {3, 3, 1, 0, 2, 2}), seeded({3, 1, 2}, 2)});
   check_odd("scatter_add size-1", [](const TensorList& t) { return scatter_add(t[0], 0, t[1], t[2]); },
-            {data({2, 1}, 1), ints({2, 1}, {1, 1}), data({2, 1}, 2)});
+            {seeded({2, 1}, 1), ints({2, 1}, {1, 1}), seeded({2, 1}, 2)});
   check_odd("embedding", [](const TensorList& t) { return embedding(t[0], t[1]); },
-            {data({5, 1}, 1), ints({2, 1, 3}, {4, 0, 1, 1, 3, 4})});
+            {seeded({5, 1}, 1), ints({2, 1, 3}, {4, 0, 1, 1, 3, 4})});
   check_odd("embedding one row", [](const TensorList& t) { return embedding(t[0], t[1]); },
-            {data({1, 3}, 1), ints({1, 1}, {0})});
+            {seeded({1, 3}, 1), ints({1, 1}, {0})});
   check_odd("embedding one index", [](const TensorList& t) { return embedding(t[0], t[1]); },
-            {data({4, 3}, 1), ints({1}, {2})});
+            {seeded({4, 3}, 1), ints({1}, {2})});
   {
     Tensor mask = empty({1, 1, 2}, boolean);
     mask.data_ptr<bool>()[0] = true;
     mask.data_ptr<bool>()[1] = false;
     check_odd("masked_fill", [](const TensorList& t) { return masked_fill(t[0], t[1], 0.5); },
-              {data({3, 1, 2}, 1), mask});
+              {seeded({3, 1, 2}, 1), mask});
   }
 }
 
 TEST_CASE("odd strides: cat, stack, split") {
-  check_odd("cat", [](const TensorList& t) { return cat({t[0], t[1]}, 1); }, {data({2, 1, 3}, 1), data({2, 1, 3}, 2)});
-  check_odd("cat dim 0", [](const TensorList& t) { return cat({t[0], t[1]}, 0); }, {data({1, 3}, 1), data({2, 3}, 2)});
-  check_odd("stack", [](const TensorList& t) { return stack({t[0], t[1]}, 1); }, {data({1, 3}, 1), data({1, 3}, 2)});
-  check_odd("split", [](const TensorList& t) { return split(t[0], 2, 0)[1] * 2; }, {data({4, 1, 2}, 1)});
-  check_odd("chunk", [](const TensorList& t) { return chunk(t[0], 2, 2)[0] + 1; }, {data({1, 1, 4}, 1)});
+  check_odd("cat", [](const TensorList& t) { return cat({t[0], t[1]}, 1); }, {seeded({2, 1, 3}, 1), seeded({2, 1, 3}, 2)});
+  check_odd("cat dim 0", [](const TensorList& t) { return cat({t[0], t[1]}, 0); }, {seeded({1, 3}, 1), seeded({2, 3}, 2)});
+  check_odd("stack", [](const TensorList& t) { return stack({t[0], t[1]}, 1); }, {seeded({1, 3}, 1), seeded({1, 3}, 2)});
+  check_odd("split", [](const TensorList& t) { return split(t[0], 2, 0)[1] * 2; }, {seeded({4, 1, 2}, 1)});
+  check_odd("chunk", [](const TensorList& t) { return chunk(t[0], 2, 2)[0] + 1; }, {seeded({1, 1, 4}, 1)});
 }
 
 // ---- nn ops ----
@@ -406,34 +406,34 @@ TEST_CASE("odd strides: cat, stack, split") {
 TEST_CASE("odd strides: softmax and log_softmax over every dim") {
   for (const Shape& s : {Shape{2, 1, 3, 1}, Shape{1, 4}, Shape{3, 1}}) {
     for (int64_t d = 0; d < static_cast<int64_t>(s.size()); ++d) {
-      check_odd("softmax", [d](const TensorList& t) { return softmax(t[0], d); }, {data(s, 1)});
-      check_odd("log_softmax", [d](const TensorList& t) { return log_softmax(t[0], d); }, {data(s, 1)});
+      check_odd("softmax", [d](const TensorList& t) { return softmax(t[0], d); }, {seeded(s, 1)});
+      check_odd("log_softmax", [d](const TensorList& t) { return log_softmax(t[0], d); }, {seeded(s, 1)});
     }
   }
 }
 
 TEST_CASE("odd strides: layer_norm, dropout, losses") {
   check_odd("layer_norm", [](const TensorList& t) { return layer_norm(t[0], {1, 4}, t[1], t[2]); },
-            {data({3, 1, 4}, 1), data({1, 4}, 2), data({1, 4}, 3)});
-  check_odd("layer_norm D=1", [](const TensorList& t) { return layer_norm(t[0], {1}); }, {data({2, 1}, 1)});
+            {seeded({3, 1, 4}, 1), seeded({1, 4}, 2), seeded({1, 4}, 3)});
+  check_odd("layer_norm D=1", [](const TensorList& t) { return layer_norm(t[0], {1}); }, {seeded({2, 1}, 1)});
   check_odd("layer_norm one row", [](const TensorList& t) { return layer_norm(t[0], {3}, t[1], t[2]); },
-            {data({1, 1, 3}, 1), data({3}, 2), data({3}, 3)});
+            {seeded({1, 1, 3}, 1), seeded({3}, 2), seeded({3}, 3)});
   check_odd("layer_norm 2 dims", [](const TensorList& t) { return layer_norm(t[0], {3, 1}, t[1]); },
-            {data({2, 3, 1}, 1), data({3, 1}, 2)});
+            {seeded({2, 3, 1}, 1), seeded({3, 1}, 2)});
   check_odd(
       "dropout",
       [](const TensorList& t) {
         set_rng_state(PhiloxState{1234, 0});
         return dropout(t[0], 0.4, true);
       },
-      {data({3, 1, 2, 1}, 1)});
+      {seeded({3, 1, 2, 1}, 1)});
   check_odd("cross_entropy", [](const TensorList& t) { return nn::cross_entropy(t[0], t[1]); },
-            {data({1, 4}, 1), ints({1}, {2})});
+            {seeded({1, 4}, 1), ints({1}, {2})});
   check_odd("cross_entropy one class", [](const TensorList& t) { return nn::cross_entropy(t[0], t[1]); },
-            {data({3, 1}, 1), ints({3}, {0, 0, 0})});
+            {seeded({3, 1}, 1), ints({3}, {0, 0, 0})});
   check_odd("cross_entropy spatial",
             [](const TensorList& t) { return nn::cross_entropy(t[0], t[1], nn::Reduction::sum); },
-            {data({2, 3, 1}, 1), ints({2, 1}, {2, 0})});
+            {seeded({2, 3, 1}, 1), ints({2, 1}, {2, 0})});
   check_odd(
       "cross_entropy weighted, smoothed",
       [](const TensorList& t) {
@@ -442,55 +442,55 @@ TEST_CASE("odd strides: layer_norm, dropout, losses") {
         o.label_smoothing = 0.1;
         return nn::cross_entropy(t[0], t[1], o);
       },
-      {data({2, 1, 3}, 1).squeeze(1), ints({2}, {1, 2}), abs(data({3}, 2)) + 0.5}, true);
+      {seeded({2, 1, 3}, 1).squeeze(1), ints({2}, {1, 2}), abs(seeded({3}, 2)) + 0.5}, true);
   check_odd("cross_entropy probabilities", [](const TensorList& t) { return nn::cross_entropy(t[0], softmax(t[1], 1)); },
-            {data({1, 3}, 1), data({1, 3}, 2)});
+            {seeded({1, 3}, 1), seeded({1, 3}, 2)});
   check_odd("nll_loss", [](const TensorList& t) { return nn::nll_loss(log_softmax(t[0], 1), t[1]); },
-            {data({3, 2, 1}, 1), ints({3, 1}, {1, 0, 1})});
+            {seeded({3, 2, 1}, 1), ints({3, 1}, {1, 0, 1})});
   check_odd("mse_loss", [](const TensorList& t) { return nn::mse_loss(t[0], t[1]); },
-            {data({3, 1, 2}, 1), data({3, 1, 2}, 2)});
+            {seeded({3, 1, 2}, 1), seeded({3, 1, 2}, 2)});
 }
 
 // ---- copies, casts, views ----
 
 TEST_CASE("odd strides: contiguous, clone, to(dtype), copy_, and views of odd views") {
   const Shape s{2, 1, 3, 1};
-  check_odd("contiguous", [](const TensorList& t) { return t[0].contiguous() * 1.5; }, {data(s, 1)});
-  check_odd("clone", [](const TensorList& t) { return t[0].clone(); }, {data(s, 1)});
-  check_odd("to f32 and back", [](const TensorList& t) { return t[0].to(f32).to(f64); }, {data(s, 1)});
-  check_odd("to f16", [](const TensorList& t) { return t[0].to(f16); }, {data(s, 1)}, false);
-  check_odd("to i64", [](const TensorList& t) { return (t[0] * 10).to(i64); }, {data(s, 1)}, false);
-  check_odd("reshape", [](const TensorList& t) { return t[0].reshape({3, 2}); }, {data(s, 1)});
-  check_odd("reshape split", [](const TensorList& t) { return t[0].reshape({1, 2, 1, 1, 3}); }, {data(s, 1)});
-  check_odd("flatten", [](const TensorList& t) { return t[0].flatten(); }, {data(s, 1)});
-  check_odd("squeeze", [](const TensorList& t) { return t[0].squeeze(); }, {data(s, 1)});
-  check_odd("unsqueeze", [](const TensorList& t) { return t[0].unsqueeze(1).unsqueeze(-1); }, {data(s, 1)});
-  check_odd("permute", [](const TensorList& t) { return t[0].permute({3, 2, 0, 1}); }, {data(s, 1)});
-  check_odd("expand", [](const TensorList& t) { return t[0].expand({2, 4, 3, 2}); }, {data(s, 1)});
+  check_odd("contiguous", [](const TensorList& t) { return t[0].contiguous() * 1.5; }, {seeded(s, 1)});
+  check_odd("clone", [](const TensorList& t) { return t[0].clone(); }, {seeded(s, 1)});
+  check_odd("to f32 and back", [](const TensorList& t) { return t[0].to(f32).to(f64); }, {seeded(s, 1)});
+  check_odd("to f16", [](const TensorList& t) { return t[0].to(f16); }, {seeded(s, 1)}, false);
+  check_odd("to i64", [](const TensorList& t) { return (t[0] * 10).to(i64); }, {seeded(s, 1)}, false);
+  check_odd("reshape", [](const TensorList& t) { return t[0].reshape({3, 2}); }, {seeded(s, 1)});
+  check_odd("reshape split", [](const TensorList& t) { return t[0].reshape({1, 2, 1, 1, 3}); }, {seeded(s, 1)});
+  check_odd("flatten", [](const TensorList& t) { return t[0].flatten(); }, {seeded(s, 1)});
+  check_odd("squeeze", [](const TensorList& t) { return t[0].squeeze(); }, {seeded(s, 1)});
+  check_odd("unsqueeze", [](const TensorList& t) { return t[0].unsqueeze(1).unsqueeze(-1); }, {seeded(s, 1)});
+  check_odd("permute", [](const TensorList& t) { return t[0].permute({3, 2, 0, 1}); }, {seeded(s, 1)});
+  check_odd("expand", [](const TensorList& t) { return t[0].expand({2, 4, 3, 2}); }, {seeded(s, 1)});
   check_odd("narrow, select, slice", [](const TensorList& t) { return t[0].narrow(2, 1, 2).select(0, 1).slice(1, 0, 2, 1); },
-            {data(s, 1)});
-  check_odd("t() of one row", [](const TensorList& t) { return t[0].t() * 3; }, {data({1, 3}, 1)});
+            {seeded(s, 1)});
+  check_odd("t() of one row", [](const TensorList& t) { return t[0].t() * 3; }, {seeded({1, 3}, 1)});
   // view needs strides that allow it: the row-major layout always does.
   {
-    const Tensor x = relaid(data(s, 1), Layout::row_major);
+    const Tensor x = relaid(seeded(s, 1), Layout::row_major);
     REQUIRE(x.is_contiguous());
-    require_close(vals(x.view({3, 2})), vals(data(s, 1)));
-    require_close(vals(x.view({6})), vals(data(s, 1)));
-    require_close(vals(x.view({1, 6, 1})), vals(data(s, 1)));
+    require_close(vals(x.view({3, 2})), vals(seeded(s, 1)));
+    require_close(vals(x.view({6})), vals(seeded(s, 1)));
+    require_close(vals(x.view({1, 6, 1})), vals(seeded(s, 1)));
   }
   for (Layout ld : kLayouts) {
     for (Layout ls : kLayouts) {
       INFO(name_of(ld) << " destination, " << name_of(ls) << " source");
       const Tensor dst = relaid(zeros(s, f64), ld);
-      const Tensor src = relaid(data(s, 2), ls);
+      const Tensor src = relaid(seeded(s, 2), ls);
       dst.copy_(src);
-      require_close(vals(dst), vals(data(s, 2)));
+      require_close(vals(dst), vals(seeded(s, 2)));
       const Tensor dst32 = relaid(zeros(s, f32), ld);
       dst32.copy_(src);  // a converting copy
-      require_close(vals(dst32), vals(data(s, 2).to(f32)));
+      require_close(vals(dst32), vals(seeded(s, 2).to(f32)));
       const Tensor bcast = relaid(zeros({2, 1, 3, 2}, f64), ld);
-      bcast.copy_(relaid(data({1, 3, 1}, 3), ls));  // a broadcasting copy
-      require_close(vals(bcast), vals(data({1, 3, 1}, 3).expand({2, 1, 3, 2})));
+      bcast.copy_(relaid(seeded({1, 3, 1}, 3), ls));  // a broadcasting copy
+      require_close(vals(bcast), vals(seeded({1, 3, 1}, 3).expand({2, 1, 3, 2})));
     }
   }
 }
@@ -505,5 +505,5 @@ TEST_CASE("odd strides: a layer stack's forward and backward on a permuted batch
         h = gelu(layer_norm(h, {4}));
         return log_softmax(linear(h, t[3]).permute({2, 1, 0}), 2);
       },
-      {data({2, 1, 3}, 1), data({4, 3}, 2), data({4}, 3), data({1, 4}, 4)});
+      {seeded({2, 1, 3}, 1), seeded({4, 3}, 2), seeded({4}, 3), seeded({1, 4}, 4)});
 }

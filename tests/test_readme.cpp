@@ -406,3 +406,37 @@ TEST_CASE("README DDP modes: mixed precision, optimizer in backward", "[readme]"
   });
   REQUIRE(failed == 0);
 }
+
+// The proposed README "Data" subsection (data/): its snippet as written, then its outcome.
+TEST_CASE("README data", "[readme]") {
+  manual_seed(0);
+  Tensor x = randn({100, 8}), y = randint(0, 2, {100});
+  data::DataLoader mine(data::TensorDataset({x, y}), {.batch_size = 32, .drop_last = true});  // row i of each
+  REQUIRE(mine.num_batches() == 3);
+  if (!data::FashionMNIST::available(data::Split::train) || !data::FashionMNIST::available(data::Split::test)) {
+    WARN("SKIP: Fashion-MNIST is not installed (apt-get install dataset-fashion-mnist)");
+    return;
+  }
+  auto pg = dist::init();  // no launcher here: a world of one
+
+  data::FashionMNIST train(data::Split::train);  // images [60000, 28, 28] f32, normalised; labels [60000] i64
+  data::DataLoader loader(train, {.batch_size = 64, .seed = 0, .num_replicas = pg->size(), .rank = pg->rank()});
+  nn::Sequential model(nn::Linear(784, 256), nn::ReLU(), nn::Linear(256, 10));
+  optim::SGD opt(model.parameters(), {.lr = 0.05, .momentum = 0.9});
+  for (int64_t epoch = 0; epoch < 2; ++epoch) {
+    loader.set_epoch(epoch);                  // a new shuffle, the same on every rank
+    for (const TensorList& batch : loader) {  // made ahead on a background thread
+      opt.zero_grad();
+      nn::cross_entropy(model(batch[0].flatten(1)), batch[1]).backward();
+      opt.step();
+    }
+  }
+  Tensor labels = data::read_idx("/usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz", i64);
+
+  REQUIRE(labels.shape() == Shape{10000});
+  data::FashionMNIST test(data::Split::test);
+  NoGradGuard no_grad;
+  const double accuracy = model(test.images().flatten(1)).argmax(1).eq(test.labels()).to(f64).mean().item<double>();
+  INFO("test accuracy " << accuracy);
+  REQUIRE(accuracy > 0.82);  // an MLP's usual ~0.85-0.87 after two epochs
+}

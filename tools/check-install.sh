@@ -23,8 +23,19 @@ int main() {
   w.requires_grad_();
   tandem::Tensor y = tandem::matmul(w, w).sum();
   y.backward();
-  std::cout << "consumer ok: loss " << y.item<double>() << " grad " << w.grad().sum().item<double>() << "\n";
-  return y.item<double>() == 8.0 ? 0 : 1;
+  // The data layer: its headers are installed, and read_idx pulls zlib into the link.
+  tandem::data::DataLoader loader(tandem::data::TensorDataset({tandem::arange(10)}), {.batch_size = 4});
+  int64_t rows = 0;
+  for (const tandem::TensorList& batch : loader) rows += batch[0].size(0);
+  bool read_failed = false;
+  try {
+    tandem::data::read_idx("/nonexistent.idx.gz", tandem::f32);
+  } catch (const tandem::Error&) {
+    read_failed = true;
+  }
+  std::cout << "consumer ok: loss " << y.item<double>() << " grad " << w.grad().sum().item<double>() << ", "
+            << rows << " rows loaded\n";
+  return y.item<double>() == 8.0 && rows == 10 && read_failed ? 0 : 1;
 }
 CPP
 cmake -S "$scratch/consumer" -B "$scratch/consumer/build" -DCMAKE_PREFIX_PATH="$scratch/prefix" >/dev/null

@@ -3,7 +3,8 @@
 # already present are left alone, and apt is not touched at all when nothing is missing.
 set -euo pipefail
 packages=(build-essential cmake pkg-config ccache catch2 libopenblas-dev libopenmpi-dev openmpi-bin
-          nlohmann-json3-dev libfmt-dev libcli11-dev python3
+          nlohmann-json3-dev libfmt-dev libcli11-dev python3 zlib1g-dev
+          dataset-fashion-mnist  # /usr/share/datasets/fashion-mnist: data::FashionMNIST and its test
           python3-torch   # PyTorch 1.13 (CPU) for tests/test_parity.cpp, run with /usr/bin/python3
           python3-matplotlib)  # tools/plot.py
 missing=()
