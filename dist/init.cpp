@@ -1,8 +1,11 @@
+#include "dist/init.h"
+
 #include <cstdlib>
 #include <map>
 #include <mutex>
 
-#include "dist/dist.h"
+#include "dist/mpi_backend.h"
+#include "dist/threads_backend.h"
 #ifdef TANDEM_WITH_NCCL
 #include "dist/nccl_backend.h"
 #endif

@@ -38,7 +38,9 @@ ProcessGroupPtr make_nccl_world(const InitOptions&) {
 #include "cuda/check.h"
 #include "cuda/runtime.h"
 #include "dist/comm_thread.h"
+#include "dist/mpi_backend.h"
 #include "dist/queued_group.h"
+#include "dist/threads_backend.h"
 
 namespace tandem::dist {
 
