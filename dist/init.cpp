@@ -4,10 +4,10 @@
 #include <map>
 #include <mutex>
 
-#include "dist/mpi_backend.h"
-#include "dist/threads_backend.h"
+#include "dist/mpi/mpi.h"
+#include "dist/threads/threads.h"
 #ifdef TANDEM_WITH_NCCL
-#include "dist/nccl_backend.h"
+#include "dist/nccl/nccl.h"
 #endif
 
 namespace tandem::dist {

@@ -12,7 +12,7 @@
 #include "cuda/check.h"
 #include "cuda/runtime.h"
 #include "cuda_test_util.h"
-#include "dist/nccl_backend.h"
+#include "dist/nccl/nccl.h"
 #include "dist_cases.h"
 #include "mpi_case.h"
 #include "tandem.h"

@@ -1,4 +1,4 @@
-#include "dist/threads_backend.h"
+#include "dist/threads/threads.h"
 
 #include <fmt/format.h>
 
@@ -9,8 +9,8 @@
 #include <thread>
 #include <tuple>
 
-#include "dist/queued_group.h"
-#include "dist/reduce_kernels.h"
+#include "dist/detail/queued_group.h"
+#include "dist/detail/reduce_kernels.h"
 
 namespace tandem::dist {
 

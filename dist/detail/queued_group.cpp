@@ -1,4 +1,4 @@
-#include "dist/queued_group.h"
+#include "dist/detail/queued_group.h"
 
 #include <fmt/format.h>
 
@@ -7,7 +7,7 @@
 #include <set>
 
 #include "core/backend.h"
-#include "dist/comm_thread.h"
+#include "dist/detail/comm_thread.h"
 
 namespace tandem::dist {
 

@@ -1,4 +1,4 @@
-#include "dist/mpi_backend.h"
+#include "dist/mpi/mpi.h"
 
 #include <mpi.h>
 
@@ -9,9 +9,9 @@
 #include <set>
 #include <thread>
 
-#include "dist/comm_thread.h"
-#include "dist/queued_group.h"
-#include "dist/reduce_kernels.h"
+#include "dist/detail/comm_thread.h"
+#include "dist/detail/queued_group.h"
+#include "dist/detail/reduce_kernels.h"
 
 namespace tandem::dist {
 

@@ -1,6 +1,6 @@
-// The nccl backend (see dist/nccl_backend.h). Compiled to the "needs a CUDA build" stubs unless
+// The nccl backend (see dist/nccl/nccl.h). Compiled to the "needs a CUDA build" stubs unless
 // Tandem is built with CUDA and NCCL (TANDEM_WITH_NCCL).
-#include "dist/nccl_backend.h"
+#include "dist/nccl/nccl.h"
 
 #ifndef TANDEM_WITH_NCCL
 
@@ -37,10 +37,10 @@ ProcessGroupPtr make_nccl_world(const InitOptions&) {
 #include "cuda/allocator.h"
 #include "cuda/check.h"
 #include "cuda/runtime.h"
-#include "dist/comm_thread.h"
-#include "dist/mpi_backend.h"
-#include "dist/queued_group.h"
-#include "dist/threads_backend.h"
+#include "dist/detail/comm_thread.h"
+#include "dist/mpi/mpi.h"
+#include "dist/detail/queued_group.h"
+#include "dist/threads/threads.h"
 
 namespace tandem::dist {
 
@@ -48,7 +48,7 @@ namespace {
 
 // ---- checked NCCL calls ----
 
-// "[nccl] ncclAllReduce(...) failed at dist/nccl_backend.cpp:412: unhandled cuda error (...)"
+// "[nccl] ncclAllReduce(...) failed at dist/nccl/group.cpp:412: unhandled cuda error (...)"
 [[noreturn]] void throw_nccl_error(ncclResult_t rc, const char* call, const char* file, int line) {
   std::string_view fn(call);
   fn = fn.substr(0, fn.find('('));
@@ -113,7 +113,7 @@ std::string duration_text(Milliseconds t) {
   return t.count() % 1000 == 0 ? fmt::format("{} s", t.count() / 1000) : fmt::format("{} ms", t.count());
 }
 
-// Argument checks and fingerprints: check_<op> of dist/queued_group.h, as on the other backends;
+// Argument checks and fingerprints: check_<op> of dist/detail/queued_group.h, as on the other backends;
 // check_device adds the one rule of this backend.
 
 bool is_cpu_tensor(const Tensor& t) { return t.defined() && t.is_cpu(); }
