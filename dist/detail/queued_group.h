@@ -17,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "dist/detail/collective_checks.h"
 #include "dist/process_group.h"
 
 namespace tandem::dist {
@@ -170,33 +171,6 @@ class QueuedGroup : public ProcessGroup {
   std::thread thread_;
   std::map<const Work*, ProcessGroupPtr> created_;
 };
-
-// Rows per rank of an equal all_to_all split, validated.
-std::vector<int64_t> equal_splits(int64_t rows, int size, const char* what);
-
-// The argument checks and fingerprints of the collectives, shared by every backend's issue path
-// (QueuedGroup's and the nccl group's): a mistake gets the same message on every backend, and the
-// fingerprints that debug checks compare across ranks are the same. Each check_<op> throws a
-// "[op] ..." Error for bad arguments on group g and returns the op's fingerprint; device checks
-// are the backend's own.
-// (allreduce is the one issued per step in a loop: its fingerprint is formatted only when asked.)
-std::string check_allreduce(const Tensor& tensor, ReduceOp reduce, bool fingerprint = true);
-std::string check_allreduce_coalesced(const TensorList& tensors, ReduceOp reduce);
-std::string check_broadcast(const ProcessGroup& g, const Tensor& tensor, int root);
-std::string check_allgather(const ProcessGroup& g, const TensorList& outputs, const Tensor& input);
-std::string check_allgather_into(const ProcessGroup& g, const Tensor& output, const Tensor& input);
-std::string check_reduce_scatter(const ProcessGroup& g, const Tensor& output, const TensorList& inputs,
-                                 ReduceOp reduce);
-std::string check_reduce_scatter_tensor(const ProcessGroup& g, const Tensor& output, const Tensor& input,
-                                        ReduceOp reduce);
-// Also resolves the splits (empty: equal) into rows per rank.
-std::string check_all_to_all(const ProcessGroup& g, const Tensor& output, const Tensor& input,
-                             const AllToAllSplits& splits, std::vector<int64_t>& in_splits,
-                             std::vector<int64_t>& out_splits);
-// send and recv: `peer` (named peer_name, "dst" or "src") is another rank of g; p2p ops have no
-// fingerprint.
-void check_p2p(const ProcessGroup& g, const char* what, const char* peer_name, const Tensor& tensor, int peer,
-               int tag);
 
 // The error every rank raises when the fingerprints of collective #seq differ
 // (fingerprints[i] = rank i's): which ranks called what. QueuedGroup::fail_mismatch and the nccl

@@ -332,8 +332,7 @@ class MpiGroup final : public QueuedGroup {
       case OpKind::all_to_all: {
         const Tensor& in = op.inputs[0];
         const Tensor& out = op.outputs[0];
-        int64_t row = out.element_size();
-        for (int64_t d = 1; d < out.dim(); ++d) row *= out.size(d);
+        const int64_t row = static_cast<int64_t>(row_bytes(out));
         const int n = size();
         std::vector<int> sc(n), sd(n), rc(n), rd(n);
         int64_t soff = 0, roff = 0;
@@ -630,7 +629,7 @@ class MpiGroup final : public QueuedGroup {
         if (s != MPI_REQUEST_NULL) MPI_Request_free(&s);
       throw TimeoutError(fmt::format("[dist] {} timed out after {} ms: {} {} did not arrive", describe(op),
                                      op.timeout.count(), missing.size() == 1 ? "rank" : "ranks",
-                                     fmt::join(missing, ", ")),
+                                     join_ranks(missing)),
                          false);
     }
     wait_collective(op, sends.data(), n);
@@ -765,7 +764,7 @@ class MpiGroup final : public QueuedGroup {
     bool mismatch = false;
     for (int k = 0; k < n; ++k) {
       std::vector<int> theirs(all.begin() + displs[k], all.begin() + displs[k] + lens[k]);
-      fps[k] = fmt::format("new_group [{}]", fmt::join(theirs, ", "));
+      fps[k] = new_group_fingerprint(theirs);
       mismatch |= theirs != op.ranks;
     }
     if (mismatch) fail_mismatch(op, fps);

@@ -113,7 +113,7 @@ std::string duration_text(Milliseconds t) {
   return t.count() % 1000 == 0 ? fmt::format("{} s", t.count() / 1000) : fmt::format("{} ms", t.count());
 }
 
-// Argument checks and fingerprints: check_<op> of dist/detail/queued_group.h, as on the other backends;
+// Argument checks and fingerprints: check_<op> of dist/detail/collective_checks.h, as on the other backends;
 // check_device adds the one rule of this backend.
 
 bool is_cpu_tensor(const Tensor& t) { return t.defined() && t.is_cpu(); }
@@ -578,8 +578,7 @@ class NcclGroup final : public ProcessGroup {
     l.keep = {input};
     std::vector<int64_t> in = l.in_splits, out = l.out_splits;  // copied before l moves into launch
     return launch(std::move(l), [output, input, in, out, n](ncclComm_t c, cudaStream_t s, TensorList&) {
-      size_t row = output.element_size();
-      for (int64_t d = 1; d < output.dim(); ++d) row *= output.size(d);
+      const size_t row = row_bytes(output);
       const char* src = static_cast<const char*>(input.data_ptr());
       char* dst = static_cast<char*>(output.data_ptr());
       NcclCallGroup group;

@@ -54,8 +54,6 @@ struct World {
   std::string aborted;  // set by run_threads when a rank threw
 };
 
-std::string join(const std::vector<int>& v) { return fmt::format("{}", fmt::join(v, ", ")); }
-
 class ThreadGroup final : public QueuedGroup {
  public:
   ThreadGroup(int rank, std::shared_ptr<World> world, std::shared_ptr<GroupShared> shared, std::string name)
@@ -204,7 +202,7 @@ class ThreadGroup final : public QueuedGroup {
           if (!slot->calls[k]) missing.push_back(k);
         slot->abandoned = fmt::format("{} #{} on group {} ({}) timed out after {} ms: {} {} did not arrive",
                                       op_kind_name(op.kind), op.seq, name(), backend(), op.timeout.count(),
-                                      missing.size() == 1 ? "rank" : "ranks", join(missing));
+                                      missing.size() == 1 ? "rank" : "ranks", join_ranks(missing));
         world_->cv.notify_all();
       }
       slot->calls[r] = nullptr;
@@ -326,17 +324,15 @@ class ThreadGroup final : public QueuedGroup {
       }
       case OpKind::all_to_all: {
         const Tensor& out = op.outputs[0];
-        int64_t row_elems = 1;
-        for (int64_t d = 1; d < out.dim(); ++d) row_elems *= out.size(d);
-        const size_t row_bytes = row_elems * out.element_size();
+        const size_t row = row_bytes(out);
         char* dst = static_cast<char*>(out.data_ptr());
         for (int k = 0; k < n; ++k) {
           const Op& src = call(k);
           int64_t src_row = 0;
           for (int j = 0; j < r; ++j) src_row += src.in_splits[j];
-          size_t bytes = src.in_splits[r] * row_bytes;
-          if (bytes) std::memcpy(dst, static_cast<const char*>(src.inputs[0].data_ptr()) + src_row * row_bytes, bytes);
-          dst += op.out_splits[k] * row_bytes;
+          size_t bytes = src.in_splits[r] * row;
+          if (bytes) std::memcpy(dst, static_cast<const char*>(src.inputs[0].data_ptr()) + src_row * row, bytes);
+          dst += op.out_splits[k] * row;
         }
         break;
       }
