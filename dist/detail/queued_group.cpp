@@ -2,7 +2,6 @@
 
 #include <fmt/format.h>
 
-#include <cstdlib>
 #include <map>
 
 #include "core/backend.h"
@@ -10,111 +9,11 @@
 
 namespace tandem::dist {
 
-namespace {
-thread_local bool tls_on_comm_thread = false;
-thread_local bool tls_caller_runs_op = false;
-}  // namespace
-
-thread_local int tls_async_issue_depth = 0;
-
-bool on_comm_thread() { return tls_on_comm_thread; }
-bool caller_runs_op() { return tls_caller_runs_op; }
-void set_on_comm_thread(bool on) { tls_on_comm_thread = on; }
-
-AsyncIssueGuard::AsyncIssueGuard() { ++tls_async_issue_depth; }
-AsyncIssueGuard::~AsyncIssueGuard() { --tls_async_issue_depth; }
-bool inline_issue_allowed() { return tls_async_issue_depth == 0; }
-
-thread_local int tls_blocking_issue_depth = 0;
-
-BlockingIssueGuard::BlockingIssueGuard() { ++tls_blocking_issue_depth; }
-BlockingIssueGuard::~BlockingIssueGuard() { --tls_blocking_issue_depth; }
-bool blocking_issue_requested() { return tls_blocking_issue_depth > 0 && tls_async_issue_depth == 0; }
-
-std::string_view op_kind_name(OpKind k) {
-  switch (k) {
-    case OpKind::allreduce: return "allreduce";
-    case OpKind::allreduce_coalesced: return "allreduce_coalesced";
-    case OpKind::broadcast: return "broadcast";
-    case OpKind::allgather: return "allgather";
-    case OpKind::allgather_into: return "allgather_into";
-    case OpKind::reduce_scatter: return "reduce_scatter";
-    case OpKind::reduce_scatter_tensor: return "reduce_scatter_tensor";
-    case OpKind::all_to_all: return "all_to_all";
-    case OpKind::barrier: return "barrier";
-    case OpKind::send: return "send";
-    case OpKind::recv: return "recv";
-    case OpKind::new_group: return "new_group";
-  }
-  return "?";
-}
-
-Milliseconds default_timeout() {
-  if (const char* env = std::getenv("TANDEM_DIST_TIMEOUT")) {
-    char* end = nullptr;
-    double s = std::strtod(env, &end);
-    TANDEM_CHECK(end != env && s > 0, "[dist] TANDEM_DIST_TIMEOUT must be a positive number of seconds, got '{}'", env);
-    return Milliseconds(static_cast<int64_t>(s * 1000.0));
-  }
-  return Milliseconds(300'000);
-}
-
-bool default_debug_checks() {
-  const char* env = std::getenv("TANDEM_DIST_DEBUG");
-  return env && std::string_view(env) == "detail";
-}
-
-QueuedGroup::QueuedGroup(int rank, int size, std::string name)
-    : rank_(rank), size_(size), name_(std::move(name)), timeout_ms_(default_timeout().count()),
-      debug_(default_debug_checks()) {}
+QueuedGroup::QueuedGroup(int rank, int size, std::string name) : GroupBase(rank, size, std::move(name)) {}
 
 QueuedGroup::~QueuedGroup() { stop_comm_thread(); }
 
-void QueuedGroup::set_timeout(Milliseconds timeout) {
-  TANDEM_CHECK(timeout.count() > 0, "[dist] timeout must be positive, got {} ms", timeout.count());
-  timeout_ms_.store(timeout.count());
-}
-
-bool QueuedGroup::is_broken() const {
-  std::lock_guard lock(queue_mutex_);
-  return !broken_reason_.empty();
-}
-
-std::string QueuedGroup::describe(const Op& op) const {
-  // The group part never changes (formatted once: describe runs for every op issued).
-  std::call_once(where_once_, [&] { where_ = fmt::format("group {} ({}, rank {} of {})", name_, backend(), rank_, size_); });
-  const std::string& where = where_;
-  switch (op.kind) {
-    case OpKind::send: return fmt::format("send #{} to rank {} (tag {}) on {}", op.seq, op.root, op.tag, where);
-    case OpKind::recv: return fmt::format("recv #{} from rank {} (tag {}) on {}", op.seq, op.root, op.tag, where);
-    default: return fmt::format("{} #{} on {}", op_kind_name(op.kind), op.seq, where);
-  }
-}
-
-void fail_fingerprint_mismatch(const ProcessGroup& g, uint64_t seq, const std::vector<std::string>& fingerprints) {
-  // Group ranks that called the same thing, in order of first appearance.
-  std::vector<std::pair<std::string, std::vector<int>>> calls;
-  for (int r = 0; r < static_cast<int>(fingerprints.size()); ++r) {
-    auto it = std::find_if(calls.begin(), calls.end(), [&](auto& c) { return c.first == fingerprints[r]; });
-    if (it == calls.end()) {
-      calls.push_back({fingerprints[r], {r}});
-    } else {
-      it->second.push_back(r);
-    }
-  }
-  std::string parts;
-  for (auto& [fp, ranks] : calls) {
-    if (!parts.empty()) parts += "; ";
-    parts += fmt::format("{} {} called {}", ranks.size() == 1 ? "rank" : "ranks", join_ranks(ranks), fp);
-  }
-  fail("[dist] collective mismatch at #{} on group {} ({}, {} ranks): {}", seq, g.name(), g.backend(), g.size(), parts);
-}
-
-void QueuedGroup::fail_mismatch(const Op& op, const std::vector<std::string>& fingerprints) const {
-  fail_fingerprint_mismatch(*this, op.seq, fingerprints);
-}
-
-WorkPtr QueuedGroup::issue(Op op, bool collective) {
+WorkPtr QueuedGroup::issue(Op op) {
   // Device tensors are staged through host memory on the communication thread, whose current
   // stream is not the caller's: wait here for the caller's queued work on them (this slow path
   // blocks the caller; the nccl backend orders streams with events instead).
@@ -132,14 +31,15 @@ WorkPtr QueuedGroup::issue(Op op, bool collective) {
   bool run_here = false;
   {
     std::lock_guard issue_lock(issue_mutex_);
-    op.seq = collective ? next_seq_ : next_p2p_;
+    uint64_t& number = next_number(op.kind);
+    op.seq = number;
     op.timeout = timeout();
     std::string what = describe(op);
     op.work = std::make_shared<Work>(what);
     work = op.work;
     {
       std::lock_guard lock(queue_mutex_);
-      TANDEM_CHECK(broken_reason_.empty(), "[dist] cannot run {}: the group is broken ({})", what, broken_reason_);
+      broken().check(what);
       TANDEM_CHECK(!stopping_, "[dist] cannot run {}: the group is shut down", what);
       run_here = (blocking || may_inline) && queue_.empty() && !busy_;
       if (run_here) {
@@ -149,7 +49,7 @@ WorkPtr QueuedGroup::issue(Op op, bool collective) {
         queue_.push_back(std::move(op));
       }
     }
-    (collective ? next_seq_ : next_p2p_)++;
+    ++number;
   }
   if (!run_here) {
     queue_cv_.notify_one();
@@ -169,8 +69,14 @@ void QueuedGroup::run_blocking(Op& op) {
   // This thread does what the communication thread would, with its rules: continuations run
   // here, and a wait() inside one is the same error.
   struct AsCommThread {
-    AsCommThread() { tls_on_comm_thread = tls_caller_runs_op = true; }
-    ~AsCommThread() { tls_on_comm_thread = tls_caller_runs_op = false; }
+    AsCommThread() {
+      set_on_comm_thread(true);
+      set_caller_runs_op(true);
+    }
+    ~AsCommThread() {
+      set_on_comm_thread(false);
+      set_caller_runs_op(false);
+    }
   } as_comm_thread;
   run_one(op);
 }
@@ -244,7 +150,7 @@ void QueuedGroup::run_loop() {
   set_on_comm_thread(true);
   for (;;) {
     Op op;
-    std::string broken;
+    bool broken_group = false;
     {
       std::unique_lock lock(queue_mutex_);
       // busy_: an issuing thread is running an op inline; what is queued comes after it.
@@ -252,12 +158,11 @@ void QueuedGroup::run_loop() {
       if (queue_.empty()) return;  // stopping and drained
       op = std::move(queue_.front());
       queue_.pop_front();
-      broken = broken_reason_;
+      broken_group = broken().is_broken();
       busy_ = true;
     }
-    if (!broken.empty()) {
-      finish_queued(op, std::make_exception_ptr(Error(
-                            fmt::format("[dist] cannot run {}: the group is broken ({})", op.work->description(), broken))));
+    if (broken_group) {
+      finish_queued(op, std::make_exception_ptr(Error(broken().message(op.work->description()))));
     } else {
       run_one(op);
     }
@@ -348,10 +253,7 @@ void QueuedGroup::fail_op(Op& op, std::exception_ptr error) {
   try {
     std::rethrow_exception(error);
   } catch (const TimeoutError& e) {
-    if (!e.group_survives()) {
-      std::lock_guard lock(queue_mutex_);
-      if (broken_reason_.empty()) broken_reason_ = e.what();
-    }
+    if (!e.group_survives()) broken().mark(e.what());
   } catch (...) {
   }
   op.work->mark_failed(std::move(error));
@@ -365,7 +267,7 @@ WorkPtr QueuedGroup::allreduce(const Tensor& tensor, ReduceOp reduce) {
   op.kind = OpKind::allreduce;
   op.reduce = reduce;
   op.inputs = {tensor};
-  return issue(std::move(op), true);
+  return issue(std::move(op));
 }
 
 WorkPtr QueuedGroup::allreduce_coalesced(const TensorList& tensors, ReduceOp reduce) {
@@ -374,7 +276,7 @@ WorkPtr QueuedGroup::allreduce_coalesced(const TensorList& tensors, ReduceOp red
   op.kind = OpKind::allreduce_coalesced;
   op.reduce = reduce;
   op.inputs = tensors;
-  return issue(std::move(op), true);
+  return issue(std::move(op));
 }
 
 WorkPtr QueuedGroup::broadcast(const Tensor& tensor, int root) {
@@ -383,7 +285,7 @@ WorkPtr QueuedGroup::broadcast(const Tensor& tensor, int root) {
   op.kind = OpKind::broadcast;
   op.root = root;
   op.inputs = {tensor};
-  return issue(std::move(op), true);
+  return issue(std::move(op));
 }
 
 WorkPtr QueuedGroup::allgather(const TensorList& outputs, const Tensor& input) {
@@ -392,7 +294,7 @@ WorkPtr QueuedGroup::allgather(const TensorList& outputs, const Tensor& input) {
   op.kind = OpKind::allgather;
   op.inputs = {input};
   op.outputs = outputs;
-  return issue(std::move(op), true);
+  return issue(std::move(op));
 }
 
 WorkPtr QueuedGroup::allgather_into(const Tensor& output, const Tensor& input) {
@@ -401,7 +303,7 @@ WorkPtr QueuedGroup::allgather_into(const Tensor& output, const Tensor& input) {
   op.kind = OpKind::allgather_into;
   op.inputs = {input};
   op.outputs = {output};
-  return issue(std::move(op), true);
+  return issue(std::move(op));
 }
 
 WorkPtr QueuedGroup::reduce_scatter(const Tensor& output, const TensorList& inputs, ReduceOp reduce) {
@@ -411,7 +313,7 @@ WorkPtr QueuedGroup::reduce_scatter(const Tensor& output, const TensorList& inpu
   op.reduce = reduce;
   op.inputs = inputs;
   op.outputs = {output};
-  return issue(std::move(op), true);
+  return issue(std::move(op));
 }
 
 WorkPtr QueuedGroup::reduce_scatter_tensor(const Tensor& output, const Tensor& input, ReduceOp reduce) {
@@ -421,7 +323,7 @@ WorkPtr QueuedGroup::reduce_scatter_tensor(const Tensor& output, const Tensor& i
   op.reduce = reduce;
   op.inputs = {input};
   op.outputs = {output};
-  return issue(std::move(op), true);
+  return issue(std::move(op));
 }
 
 WorkPtr QueuedGroup::all_to_all(const Tensor& output, const Tensor& input, const AllToAllSplits& splits) {
@@ -430,14 +332,14 @@ WorkPtr QueuedGroup::all_to_all(const Tensor& output, const Tensor& input, const
   op.kind = OpKind::all_to_all;
   op.inputs = {input};
   op.outputs = {output};
-  return issue(std::move(op), true);
+  return issue(std::move(op));
 }
 
 WorkPtr QueuedGroup::barrier() {
   Op op;
   op.kind = OpKind::barrier;
   op.fingerprint = "barrier";
-  return issue(std::move(op), true);
+  return issue(std::move(op));
 }
 
 // send and recv share their checks and their op: `peer` is the destination or the source.
@@ -449,7 +351,7 @@ WorkPtr QueuedGroup::issue_p2p(OpKind kind, const char* what, const char* peer_n
   op.root = peer;
   op.tag = tag;
   op.inputs = {tensor};
-  return issue(std::move(op), false);
+  return issue(std::move(op));
 }
 
 WorkPtr QueuedGroup::send(const Tensor& tensor, int dst, int tag) {
@@ -465,7 +367,7 @@ ProcessGroupPtr QueuedGroup::new_group(const std::vector<int>& ranks) {
   op.fingerprint = check_new_group(*this, ranks);
   op.kind = OpKind::new_group;
   op.ranks = ranks;
-  WorkPtr work = issue(std::move(op), true);
+  WorkPtr work = issue(std::move(op));
   work->wait();
   std::lock_guard lock(queue_mutex_);
   auto it = created_.find(work.get());

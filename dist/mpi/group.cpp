@@ -192,26 +192,6 @@ int to_int(int64_t v, const char* what) {
   return static_cast<int>(v);
 }
 
-uint64_t fnv1a(const std::string& s) {
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
-  return h;
-}
-
-// What one rank tells another before a collective in debug mode.
-struct Fingerprint {
-  char desc[232];
-  int64_t seq;
-  int64_t sends_to_you;      // all_to_all rows sent to the receiver, else -1
-  int64_t expects_from_you;  // all_to_all rows expected from the receiver, else -1
-};
-static_assert(sizeof(Fingerprint) == 256);
-
-std::string fit_fingerprint(const std::string& fp) {
-  if (fp.size() < sizeof(Fingerprint::desc)) return fp;
-  return fmt::format("{}... (hash {:016x})", fp.substr(0, 180), fnv1a(fp));
-}
-
 constexpr int kRingTag = 11;
 constexpr int kDebugTag = 12;
 
@@ -591,26 +571,22 @@ class MpiGroup final : public QueuedGroup {
 
   // ---- debug fingerprints ----
 
+  // Every rank sends its packed fingerprint to every other rank, point to point, so that a rank
+  // that never arrives is named; all ranks then hold the same table and reach the same verdict.
   void exchange_fingerprints(const Op& op) {
     const int n = size(), me = rank();
-    std::vector<Fingerprint> out(n), in(n);
-    std::string mine = fit_fingerprint(op.fingerprint);
-    for (int k = 0; k < n; ++k) {
-      Fingerprint& f = out[k];
-      std::memset(&f, 0, sizeof f);
-      std::memcpy(f.desc, mine.data(), mine.size());
-      f.seq = static_cast<int64_t>(op.seq);
-      bool a2a = op.kind == OpKind::all_to_all;
-      f.sends_to_you = a2a ? op.in_splits[k] : -1;
-      f.expects_from_you = a2a ? op.out_splits[k] : -1;
-    }
+    const int64_t words = fingerprint_words();
+    const std::vector<int64_t> mine = pack_fingerprint(op.fingerprint, op.kind, op.in_splits, op.out_splits);
+    std::vector<int64_t> table(n * words);
+    std::copy(mine.begin(), mine.end(), table.begin() + me * words);
+    const int bytes = to_int(words * static_cast<int64_t>(sizeof(int64_t)), "fingerprint bytes");
     std::vector<MPI_Request> recvs(n, MPI_REQUEST_NULL), sends(n, MPI_REQUEST_NULL);
     {
       auto lk = runtime().lock();
       for (int k = 0; k < n; ++k) {
         if (k == me) continue;
-        TANDEM_MPI_CHECK(MPI_Irecv(&in[k], sizeof(Fingerprint), MPI_BYTE, k, kDebugTag, debug_, &recvs[k]));
-        TANDEM_MPI_CHECK(MPI_Isend(&out[k], sizeof(Fingerprint), MPI_BYTE, k, kDebugTag, debug_, &sends[k]));
+        TANDEM_MPI_CHECK(MPI_Irecv(&table[k * words], bytes, MPI_BYTE, k, kDebugTag, debug_, &recvs[k]));
+        TANDEM_MPI_CHECK(MPI_Isend(mine.data(), bytes, MPI_BYTE, k, kDebugTag, debug_, &sends[k]));
       }
     }
     if (!poll(op, recvs.data(), n)) {
@@ -633,35 +609,7 @@ class MpiGroup final : public QueuedGroup {
                          false);
     }
     wait_collective(op, sends.data(), n);
-    std::vector<std::string> fps(n);
-    for (int k = 0; k < n; ++k) fps[k] = k == me ? mine : std::string(in[k].desc);
-    bool mismatch = false;
-    for (int k = 0; k < n; ++k) mismatch |= fps[k] != mine;
-    if (mismatch) fail_mismatch(op, fps);  // every rank sees the same fingerprints: all throw
-    if (op.kind != OpKind::all_to_all) return;
-    // Split consistency is checked pairwise, so agree on a verdict before moving data.
-    std::string local;
-    for (int k = 0; k < n && local.empty(); ++k) {
-      if (k == me) continue;
-      if (in[k].sends_to_you != op.out_splits[k]) {
-        local = fmt::format("rank {} sends {} rows to rank {}, which expects {}", k, in[k].sends_to_you, me,
-                            op.out_splits[k]);
-      } else if (in[k].expects_from_you != op.in_splits[k]) {
-        local = fmt::format("rank {} sends {} rows to rank {}, which expects {}", me, op.in_splits[k], k,
-                            in[k].expects_from_you);
-      }
-    }
-    int bad = local.empty() ? 0 : 1, any = 0;
-    MPI_Request req;
-    {
-      auto lk = runtime().lock();
-      TANDEM_MPI_CHECK(MPI_Iallreduce(&bad, &any, 1, MPI_INT, MPI_MAX, debug_, &req));
-    }
-    wait_collective(op, &req, 1);
-    if (any) {
-      fail("[all_to_all] split mismatch at #{} on group {}: {}", op.seq, name(),
-           local.empty() ? std::string("found by another rank (see its error)") : local);
-    }
+    check_fingerprints(op.seq, op.kind, table.data());
   }
 
   // ---- point to point ----
@@ -767,7 +715,7 @@ class MpiGroup final : public QueuedGroup {
       fps[k] = new_group_fingerprint(theirs);
       mismatch |= theirs != op.ranks;
     }
-    if (mismatch) fail_mismatch(op, fps);
+    if (mismatch) fail_mismatch(op.seq, fps);
     auto it = std::find(op.ranks.begin(), op.ranks.end(), rank());
     int color = it == op.ranks.end() ? MPI_UNDEFINED : 0;
     int key = static_cast<int>(it - op.ranks.begin());
@@ -777,13 +725,11 @@ class MpiGroup final : public QueuedGroup {
       auto lk = runtime().lock();
       TANDEM_MPI_CHECK(MPI_Comm_split(coll_, color, key, &sub));
     }
-    std::string child_name = fmt::format("{}/{}", name(), children_++);
+    std::string child_name = next_child_name();
     ProcessGroupPtr group;
     if (sub != MPI_COMM_NULL) {
-      auto g = std::make_shared<MpiGroup>(sub, child_name);
-      g->set_timeout(timeout());
-      g->set_debug_checks(debug_checks());
-      group = g;
+      group = std::make_shared<MpiGroup>(sub, child_name);
+      configure_child(*group);
     }
     publish_created(op, group);
   }
@@ -804,7 +750,6 @@ class MpiGroup final : public QueuedGroup {
   MPI_Comm p2p_ = MPI_COMM_NULL;    // user send/recv, so their tags never meet the ring's
   MPI_Comm debug_ = MPI_COMM_NULL;  // fingerprints
   std::vector<char> scratch_[2];
-  int children_ = 0;
 };
 
 }  // namespace

@@ -39,7 +39,8 @@ ProcessGroupPtr make_nccl_world(const InitOptions&) {
 #include "cuda/runtime.h"
 #include "dist/detail/comm_thread.h"
 #include "dist/mpi/mpi.h"
-#include "dist/detail/queued_group.h"
+#include "dist/detail/collective_checks.h"
+#include "dist/detail/group_base.h"
 #include "dist/threads/threads.h"
 
 namespace tandem::dist {
@@ -118,14 +119,6 @@ std::string duration_text(Milliseconds t) {
 
 bool is_cpu_tensor(const Tensor& t) { return t.defined() && t.is_cpu(); }
 
-uint64_t fnv1a(const std::string& s) {
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
-  return h;
-}
-
-constexpr size_t kFingerprintBytes = 256;
-constexpr int64_t kFingerprintWords = kFingerprintBytes / 8;
 constexpr int64_t kIdWords = (sizeof(ncclUniqueId) + 7) / 8;
 
 // ---- the communicator, its comm stream and its watchdog ----
@@ -157,7 +150,7 @@ struct NcclComm {
     // Never throws. Once the CUDA runtime is shutting down (a group destroyed at exit) NCCL cannot
     // be torn down safely: the process is ending anyway. A broken communicator is aborted, not flushed.
     if (cudaSetDevice(device) != cudaSuccess) return;
-    if (broken.empty() && ncclCommDestroy(c) == ncclSuccess) return;
+    if (!broken->is_broken() && ncclCommDestroy(c) == ncclSuccess) return;
     (void)ncclCommAbort(c);
   }
 
@@ -166,9 +159,10 @@ struct NcclComm {
     return fmt::format("nccl group of {} rank{} (group {}, rank {})", size, size == 1 ? "" : "s", name, rank);
   }
 
-  std::string broken_reason() {
-    std::lock_guard lock(state_mutex);
-    return broken;
+  // The error of a collective under way when the group broke.
+  std::exception_ptr broken_error(const std::string& what) const {
+    return std::make_exception_ptr(
+        Error(fmt::format("[dist] {} failed: the group is broken ({})", what, broken->reason())));
   }
 
   cuda::Event take_event() {
@@ -181,21 +175,19 @@ struct NcclComm {
 
   // Hands a launched collective to the watchdog, or fails it if the group broke meanwhile.
   void push(Pending p) {
-    std::string reason;
+    bool pushed = false;
     {
       std::lock_guard lock(state_mutex);
-      if (broken.empty()) {
+      if (!broken->is_broken()) {
         pending.push_back(std::move(p));
-      } else {
-        reason = broken;
+        pushed = true;
       }
     }
-    if (reason.empty()) {
+    if (pushed) {
       cv.notify_one();
       return;
     }
-    p.work->mark_failed(std::make_exception_ptr(
-        Error(fmt::format("[dist] {} failed: the group is broken ({})", p.what, reason))));
+    p.work->mark_failed(broken_error(p.what));
   }
 
   void start_watchdog(const std::shared_ptr<NcclComm>& self) {
@@ -221,9 +213,7 @@ struct NcclComm {
   // then fails what is in flight. Never throws.
   void break_group(const std::string& reason, bool holding_issue_lock) noexcept {
     try {
-      std::lock_guard lock(state_mutex);
-      if (broken.empty()) broken = reason;
-      is_broken.store(true);
+      broken->mark(reason);
     } catch (...) {
     }
     abort_comm(holding_issue_lock);
@@ -234,19 +224,14 @@ struct NcclComm {
   // with `front_error` when given.
   void fail_pending(std::exception_ptr front_error) noexcept {
     std::deque<Pending> failed;
-    std::string reason;
     {
       std::lock_guard lock(state_mutex);
       failed.swap(pending);
-      reason = broken;
     }
     bool first = true;
     for (Pending& p : failed) {
       try {
-        std::exception_ptr e = first && front_error ? front_error
-                                                    : std::make_exception_ptr(Error(fmt::format(
-                                                          "[dist] {} failed: the group is broken ({})", p.what, reason)));
-        p.work->mark_failed(e);
+        p.work->mark_failed(first && front_error ? front_error : broken_error(p.what));
       } catch (...) {
       }
       first = false;
@@ -276,14 +261,14 @@ struct NcclComm {
   cuda::Stream stream;  // every collective of the group runs here, in issue order
   cuda::Event ready;    // the caller's stream position, re-recorded per collective (issue lock)
   std::mutex issue_mutex;  // NCCL calls, sequence numbers, `ready`
+  // The group's broken state (GroupBase's), which the watchdog sets too.
+  const std::shared_ptr<BrokenState> broken = std::make_shared<BrokenState>();
 
   std::mutex state_mutex;  // the fields below
   std::condition_variable cv;
   std::deque<Pending> pending;
   std::vector<cuda::Event> free_events;
   bool stopping = false;
-  std::string broken;  // non-empty once broken
-  std::atomic<bool> is_broken{false};  // the same, for polling without the lock
   std::thread watchdog;
 };
 
@@ -298,7 +283,7 @@ void NcclComm::watch() {
       if (pending.empty()) return;  // stopping and drained
       front = &pending.front();  // only this thread pops; push_back keeps references valid
     }
-    if (is_broken.load()) {  // broken by an issuing thread (a launch that failed half-way)
+    if (broken->is_broken()) {  // broken by an issuing thread (a launch that failed half-way)
       fail_pending(nullptr);
       continue;
     }
@@ -317,7 +302,7 @@ void NcclComm::watch() {
       }
       if (done) break;
       if ((spin & 15) == 15) {
-        if (is_broken.load()) break;  // failure stays empty: fail_pending below gives the reason
+        if (broken->is_broken()) break;  // failure stays empty: fail_pending below gives the reason
         ncclResult_t async = ncclSuccess;
         ncclComm_t c = comm.load();
         ncclResult_t rc = c ? ncclCommGetAsyncError(c, &async) : ncclInvalidUsage;
@@ -393,29 +378,24 @@ using Body = std::function<void(ncclComm_t, cudaStream_t, TensorList& keep)>;
 
 std::shared_ptr<ProcessGroup> create_group(ProcessGroupPtr cpu, int device, int local_size);
 
-class NcclGroup final : public ProcessGroup {
+// The settings live here and in the companion group, which carries this group's CPU tensors.
+class NcclGroup final : public GroupBase {
  public:
   NcclGroup(ProcessGroupPtr cpu, std::shared_ptr<NcclComm> comm, int local_size)
-      : cpu_(std::move(cpu)), comm_(std::move(comm)), local_size_(local_size),
-        timeout_ms_(cpu_->timeout().count()), debug_(cpu_->debug_checks()) {}
+      : GroupBase(comm->rank, comm->size, comm->name, cpu->timeout(), cpu->debug_checks(), comm->broken),
+        cpu_(std::move(cpu)), comm_(std::move(comm)), local_size_(local_size) {}
   ~NcclGroup() override { comm_->stop(); }
 
-  int rank() const override { return comm_->rank; }
-  int size() const override { return comm_->size; }
   std::string_view backend() const override { return "nccl"; }
-  std::string name() const override { return comm_->name; }
   void set_timeout(Milliseconds timeout) override {
-    TANDEM_CHECK(timeout.count() > 0, "[dist] timeout must be positive, got {} ms", timeout.count());
-    timeout_ms_.store(timeout.count());
+    GroupBase::set_timeout(timeout);
     cpu_->set_timeout(timeout);
   }
-  Milliseconds timeout() const override { return Milliseconds(timeout_ms_.load()); }
   void set_debug_checks(bool on) override {
-    debug_.store(on);
+    GroupBase::set_debug_checks(on);
     cpu_->set_debug_checks(on);
   }
-  bool debug_checks() const override { return debug_.load(); }
-  bool is_broken() const override { return !comm_->broken_reason().empty() || cpu_->is_broken(); }
+  bool is_broken() const override { return GroupBase::is_broken() || cpu_->is_broken(); }
 
   Device control_device(Device params_device) const override { return params_device; }
 
@@ -639,25 +619,21 @@ class NcclGroup final : public ProcessGroup {
   // The companion group splits first (it checks that every rank listed the same ranks); its
   // members then bootstrap their communicator over it.
   ProcessGroupPtr new_group(const std::vector<int>& ranks) override {
-    std::string reason = comm_->broken_reason();
-    TANDEM_CHECK(reason.empty(), "[dist] cannot run new_group on group {}: the group is broken ({})", name(), reason);
-    ProcessGroupPtr cpu_child = cpu_->new_group(ranks);
+    ProcessGroupPtr cpu_child = cpu("new_group").new_group(ranks);
     {
       std::lock_guard issue(comm_->issue_mutex);
-      ++next_seq_;  // a collective of this group, as on the other backends
+      ++next_number(OpKind::new_group);  // a collective of this group, as on the other backends
     }
     if (!cpu_child) return nullptr;
     ProcessGroupPtr g = create_group(cpu_child, comm_->device, local_size_);
-    g->set_timeout(timeout());
-    g->set_debug_checks(debug_checks());
+    configure_child(*g);
     return g;
   }
 
  private:
   // The companion group, for CPU tensors; fails at once when this group is broken.
   ProcessGroup& cpu(const char* op) {
-    std::string reason = comm_->broken_reason();
-    TANDEM_CHECK(reason.empty(), "[dist] cannot run {} on group {}: the group is broken ({})", op, name(), reason);
+    broken().check(fmt::format("{} on group {}", op, name()));
     return *cpu_;
   }
 
@@ -672,30 +648,20 @@ class NcclGroup final : public ProcessGroup {
     check_device(tensor, what, "tensor");
   }
 
-  std::string describe(const Launch& l, uint64_t seq) const {
-    std::string where = fmt::format("group {} (nccl, rank {} of {})", name(), rank(), size());
-    switch (l.kind) {
-      case OpKind::send: return fmt::format("send #{} to rank {} (tag {}) on {}", seq, l.peer, l.tag, where);
-      case OpKind::recv: return fmt::format("recv #{} from rank {} (tag {}) on {}", seq, l.peer, l.tag, where);
-      default: return fmt::format("{} #{} on {}", op_kind_name(l.kind), seq, where);
-    }
-  }
-
   // Issue path: sequence number, debug fingerprints, then the NCCL calls on the comm stream after
   // the caller's stream; no host synchronisation.
   WorkPtr launch(Launch l, const Body& body) {
     NcclComm& c = *comm_;
     std::lock_guard issue(c.issue_mutex);
-    const bool collective = l.kind != OpKind::send && l.kind != OpKind::recv;
-    uint64_t& counter = collective ? next_seq_ : next_p2p_;
+    const bool collective = !is_p2p(l.kind);
+    uint64_t& counter = next_number(l.kind);
     const uint64_t seq = counter;
-    const std::string what = describe(l, seq);
-    std::string reason = c.broken_reason();
-    TANDEM_CHECK(reason.empty(), "[dist] cannot run {}: the group is broken ({})", what, reason);
+    const std::string what = describe(l.kind, seq, l.peer, l.tag);
+    broken().check(what);
     TANDEM_CHECK(!cpu_->is_broken(), "[dist] cannot run {}: the group is broken (its {} companion group {} is)", what,
                  cpu_->backend(), cpu_->name());
     ++counter;
-    if (collective && debug_checks() && size() > 1) check_fingerprints(l, seq, what);
+    if (collective && debug_checks() && size() > 1) exchange_fingerprints(l, seq, what);
     auto work = std::make_shared<Work>(what);
     Pending p;
     p.what = what;
@@ -709,7 +675,7 @@ class NcclGroup final : public ProcessGroup {
     try {
       cuda::DeviceGuard guard(c.device);
       ncclComm_t nc = c.comm.load();
-      TANDEM_CHECK(nc != nullptr, "[dist] cannot run {}: the group is broken ({})", what, c.broken_reason());
+      if (nc == nullptr) throw Error(broken().message(what));
       cudaStream_t s = c.stream.raw();
       c.ready.record(cuda::current_stream(c.device));  // after everything the caller issued so far
       c.ready.wait(s);
@@ -729,24 +695,15 @@ class NcclGroup final : public ProcessGroup {
     return work;
   }
 
-  // TANDEM_DIST_DEBUG=detail: before the collective, every rank's fingerprint (and all_to_all
-  // splits) goes to every rank over the companion group; all ranks see the same table, so all
-  // throw the same mismatch. Blocks the caller (debug mode only).
-  void check_fingerprints(const Launch& l, uint64_t seq, const std::string& what) {
-    const int n = size();
-    const int64_t words = kFingerprintWords + 2 * n;
-    std::string fp = l.fingerprint;
-    if (fp.size() >= kFingerprintBytes) fp = fmt::format("{}... (hash {:016x})", fp.substr(0, 180), fnv1a(fp));
+  // TANDEM_DIST_DEBUG=detail: before the collective, every rank's packed fingerprint goes to every
+  // rank over the companion group; all ranks see the same table, so all throw the same mismatch.
+  // Blocks the caller (debug mode only).
+  void exchange_fingerprints(const Launch& l, uint64_t seq, const std::string& what) {
+    const int64_t words = fingerprint_words();
+    const std::vector<int64_t> packed = pack_fingerprint(l.fingerprint, l.kind, l.in_splits, l.out_splits);
     Tensor mine = make_empty({words}, i64, kCPU, "dist debug");
-    auto* w = mine.data_ptr<int64_t>();
-    std::memset(w, 0, mine.nbytes());
-    std::memcpy(w, fp.data(), fp.size());
-    const bool a2a = l.kind == OpKind::all_to_all;
-    for (int k = 0; k < n; ++k) {
-      w[kFingerprintWords + k] = a2a ? l.in_splits[k] : -1;       // rows this rank sends to k
-      w[kFingerprintWords + n + k] = a2a ? l.out_splits[k] : -1;  // rows it expects from k
-    }
-    Tensor all = make_empty({n * words}, i64, kCPU, "dist debug");
+    std::memcpy(mine.data_ptr(), packed.data(), mine.nbytes());
+    Tensor all = make_empty({size() * words}, i64, kCPU, "dist debug");
     try {
       cpu_->allgather_into(all, mine)->wait();
     } catch (const std::exception& e) {
@@ -754,33 +711,12 @@ class NcclGroup final : public ProcessGroup {
       comm_->break_group(msg, true);
       throw Error(msg);
     }
-    const int64_t* a = all.data_ptr<int64_t>();
-    std::vector<std::string> fps(n);
-    bool mismatch = false;
-    for (int r = 0; r < n; ++r) {
-      const char* text = reinterpret_cast<const char*>(a + r * words);
-      fps[r] = std::string(text, strnlen(text, kFingerprintBytes));
-      mismatch |= fps[r] != fp;
-    }
-    if (mismatch) fail_fingerprint_mismatch(*this, seq, fps);  // every rank sees the same fingerprints: all throw
-    if (!a2a) return;
-    for (int src = 0; src < n; ++src) {
-      for (int dst = 0; dst < n; ++dst) {
-        int64_t sends = a[src * words + kFingerprintWords + dst];
-        int64_t expects = a[dst * words + kFingerprintWords + n + src];
-        TANDEM_CHECK(sends == expects, "[all_to_all] split mismatch at #{} on group {}: rank {} sends {} rows to rank {}, "
-                     "which expects {}", seq, name(), src, sends, dst, expects);
-      }
-    }
+    check_fingerprints(seq, l.kind, all.data_ptr<int64_t>());
   }
 
   ProcessGroupPtr cpu_;
   std::shared_ptr<NcclComm> comm_;
   int local_size_;
-  std::atomic<int64_t> timeout_ms_;
-  std::atomic<bool> debug_;
-  uint64_t next_seq_ = 0;  // issue lock
-  uint64_t next_p2p_ = 0;
   Tensor barrier_buffer_;  // issue lock
 };
 

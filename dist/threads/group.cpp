@@ -30,7 +30,6 @@ struct Slot {
   std::string error;        // mismatch found while preparing: every rank throws it
   std::vector<char> buffer; // allreduce results, reduced in parallel by rank chunks
   std::shared_ptr<struct GroupShared> child;  // new_group
-  std::string child_name;
 };
 
 struct Message {
@@ -45,7 +44,6 @@ struct GroupShared {
   int size;
   std::map<uint64_t, std::shared_ptr<Slot>> slots;
   std::map<std::tuple<int, int, int>, std::deque<Message>> mail;  // (src, dst, tag)
-  int children = 0;
 };
 
 struct World {
@@ -140,7 +138,7 @@ class ThreadGroup final : public QueuedGroup {
     for (int r = 1; r < n; ++r) {
       if (fps[r] != fps[0]) {
         try {
-          fail_mismatch(op, fps);
+          fail_mismatch(op.seq, fps);
         } catch (const Error& e) {
           s.error = e.what();
         }
@@ -152,8 +150,7 @@ class ThreadGroup final : public QueuedGroup {
         for (int j = 0; j < n; ++j) {
           int64_t sends = s.calls[i]->in_splits[j], expects = s.calls[j]->out_splits[i];
           if (sends != expects) {
-            s.error = fmt::format("[all_to_all] split mismatch at #{} on group {}: rank {} sends {} rows to rank {}, "
-                                  "which expects {}", op.seq, name(), i, sends, j, expects);
+            s.error = split_mismatch(op.seq, i, sends, j, expects);
             break;
           }
         }
@@ -164,10 +161,7 @@ class ThreadGroup final : public QueuedGroup {
       for (const Tensor& t : op.inputs) bytes += t.nbytes();
       s.buffer.resize(bytes);
     }
-    if (op.kind == OpKind::new_group) {
-      s.child = std::make_shared<GroupShared>(static_cast<int>(op.ranks.size()));
-      s.child_name = fmt::format("{}/{}", name(), shared_->children++);
-    }
+    if (op.kind == OpKind::new_group) s.child = std::make_shared<GroupShared>(static_cast<int>(op.ranks.size()));
   }
 
   void collective(Op& op) {
@@ -220,16 +214,14 @@ class ThreadGroup final : public QueuedGroup {
     }
     if (op.kind == OpKind::new_group) {
       std::shared_ptr<GroupShared> child = slot->child;
-      std::string child_name = slot->child_name;
       leave();
       lock.unlock();
+      std::string child_name = next_child_name();
       ProcessGroupPtr group;
       auto it = std::find(op.ranks.begin(), op.ranks.end(), r);
       if (it != op.ranks.end()) {
-        auto g = std::make_shared<ThreadGroup>(static_cast<int>(it - op.ranks.begin()), world_, child, child_name);
-        g->set_timeout(timeout());
-        g->set_debug_checks(debug_checks());
-        group = g;
+        group = std::make_shared<ThreadGroup>(static_cast<int>(it - op.ranks.begin()), world_, child, child_name);
+        configure_child(*group);
       }
       publish_created(op, group);
       return;
