@@ -4,7 +4,6 @@
 
 #include <map>
 
-#include "core/backend.h"
 #include "dist/detail/comm_thread.h"
 
 namespace tandem::dist {
@@ -14,13 +13,7 @@ QueuedGroup::QueuedGroup(int rank, int size, std::string name) : GroupBase(rank,
 QueuedGroup::~QueuedGroup() { stop_comm_thread(); }
 
 WorkPtr QueuedGroup::issue(Op op) {
-  // Device tensors are staged through host memory on the communication thread, whose current
-  // stream is not the caller's: wait here for the caller's queued work on them (this slow path
-  // blocks the caller; the nccl backend orders streams with events instead).
-  for (const TensorList* list : {&op.inputs, &op.outputs}) {
-    for (const Tensor& t : *list)
-      if (!t.is_cpu()) backend_for(t.device(), "dist").synchronize(t.device());
-  }
+  on_issue(op);
   op.debug = debug_checks();
   // Run on this thread only where nothing could be waiting on its progress: not on a
   // communication thread (continuations), not under an AsyncIssueGuard. Blocking runs any op to
@@ -117,7 +110,7 @@ void QueuedGroup::run_inline(Op op) {
       return;
     }
     wait_for_earlier_completions();
-    complete(op, {});
+    complete(op);
   } catch (...) {
     wait_for_earlier_completions();
     fail_op(op, std::current_exception());
@@ -170,33 +163,16 @@ void QueuedGroup::run_loop() {
 }
 
 void QueuedGroup::run_one(Op& op) {
-  std::vector<std::pair<Tensor, Tensor>> staged;  // (device tensor, host copy)
   try {
-    // Device tensors go through host copies (pinned memory where the backend has it): the
-    // collectives below work on CPU memory.
-    TensorList* lists[] = {&op.inputs, &op.outputs};
-    for (TensorList* list : lists) {
-      for (Tensor& t : *list) {
-        if (t.is_cpu()) continue;
-        Backend& backend = backend_for(t.device(), "dist");
-        Tensor host = backend.host_staging(t);  // pinned for CUDA tensors
-        backend.copy_bytes(host.data_ptr(), kCPU, t.data_ptr(), t.device(), t.nbytes());
-        staged.emplace_back(t, host);
-        t = host;
-      }
-    }
     if (!op.started) op.deadline = Clock::now() + op.timeout;  // a started op keeps its deadline
     execute(op);
-    for (auto& [dev, host] : staged) {
-      backend_for(dev.device(), "dist").copy_bytes(dev.data_ptr(), dev.device(), host.data_ptr(), kCPU, host.nbytes());
-    }
   } catch (...) {
     return finish_queued(op, std::current_exception());
   }
-  finish_queued(op, nullptr, staged);
+  finish_queued(op, nullptr);
 }
 
-void QueuedGroup::finish_queued(Op& op, std::exception_ptr error, const std::vector<std::pair<Tensor, Tensor>>& staged) {
+void QueuedGroup::finish_queued(Op& op, std::exception_ptr error) {
   // Give the group's turn back before completing the Work: a caller woken by the completion and
   // issuing its next small op at once then finds the group idle and runs it inline, instead of
   // queueing it behind a turn that is about to end (and so on, never getting back inline).
@@ -213,7 +189,7 @@ void QueuedGroup::finish_queued(Op& op, std::exception_ptr error, const std::vec
     fail_op(op, std::move(error));
   } else {
     try {
-      complete(op, staged);
+      complete(op);
     } catch (...) {
       fail_op(op, std::current_exception());
     }
@@ -221,12 +197,7 @@ void QueuedGroup::finish_queued(Op& op, std::exception_ptr error, const std::vec
   unmarked_.fetch_sub(1);
 }
 
-void QueuedGroup::complete(Op& op, const std::vector<std::pair<Tensor, Tensor>>& staged) {
-  auto original = [&](const Tensor& t) {
-    for (auto& [dev, host] : staged)
-      if (host.is_same(t)) return dev;
-    return t;
-  };
+void QueuedGroup::complete(Op& op) {
   TensorList result;
   switch (op.kind) {
     case OpKind::allreduce:
@@ -234,14 +205,14 @@ void QueuedGroup::complete(Op& op, const std::vector<std::pair<Tensor, Tensor>>&
     case OpKind::broadcast:
     case OpKind::send:
     case OpKind::recv:
-      for (auto& t : op.inputs) result.push_back(original(t));
+      result = op.inputs;
       break;
     case OpKind::allgather:
     case OpKind::allgather_into:
     case OpKind::reduce_scatter:
     case OpKind::reduce_scatter_tensor:
     case OpKind::all_to_all:
-      for (auto& t : op.outputs) result.push_back(original(t));
+      result = op.outputs;
       break;
     case OpKind::barrier:
     case OpKind::new_group: break;

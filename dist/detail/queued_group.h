@@ -32,8 +32,8 @@ class StartedOp {
   virtual bool progress() = 0;
 };
 
-// One operation as issued. Inputs/outputs are CPU tensors (staging of device tensors happens
-// before execute sees them).
+// One operation as issued, with the caller's tensors (a backend that moves host memory only stages
+// device tensors itself: detail/host_staging.h).
 struct Op {
   OpKind kind = OpKind::barrier;
   uint64_t seq = 0;  // collective sequence number, or p2p number for send/recv
@@ -77,6 +77,9 @@ class QueuedGroup : public GroupBase {
   // Runs `op` on the communication thread; returns when done or throws. An op with `started` set
   // was begun by start() and only needs finishing.
   virtual void execute(Op& op) = 0;
+  // Runs on the issuing thread before op is numbered and queued (mpi and threads wait for the
+  // caller's device work on op's tensors here: see detail/host_staging.h).
+  virtual void on_issue(const Op& op) {}
   // The issuing thread's fast path. When the group is idle (nothing queued or running) and
   // can_start(op), the issuing thread calls start(op), which begins it without blocking, and polls
   // progress() for up to kInlineBudget: peers in step finish it before the call returns, saving the
@@ -103,10 +106,10 @@ class QueuedGroup : public GroupBase {
   void run_blocking(Op& op);
   static void wait_quietly(const Work& work);
   // Completes op's Work with its result tensors, or fails it (a TimeoutError may break the group).
-  void complete(Op& op, const std::vector<std::pair<Tensor, Tensor>>& staged);
+  void complete(Op& op);
   void fail_op(Op& op, std::exception_ptr error);
   // The communication thread's end of an op: gives the turn back, then completes or fails it.
-  void finish_queued(Op& op, std::exception_ptr error, const std::vector<std::pair<Tensor, Tensor>>& staged = {});
+  void finish_queued(Op& op, std::exception_ptr error);
   void wait_for_earlier_completions() const;
 
   std::mutex issue_mutex_;  // sequence numbers follow queue order

@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "dist/detail/comm_thread.h"
+#include "dist/detail/host_staging.h"
 #include "dist/detail/queued_group.h"
 #include "dist/detail/reduce_kernels.h"
 
@@ -226,7 +227,16 @@ class MpiGroup final : public QueuedGroup {
   }
 
  protected:
+  // Device tensors go through host copies (detail/host_staging.h).
+  void on_issue(const Op& op) override { sync_device_tensors(op); }
   void execute(Op& op) override {
+    HostStaging staging(op);
+    run(op);
+    staging.finish();
+  }
+
+ private:
+  void run(Op& op) {
     if (op.kind == OpKind::send) return do_send(op);
     if (op.kind == OpKind::recv) return do_recv(op);
     if (op.kind == OpKind::new_group) return do_new_group(op);
@@ -346,7 +356,6 @@ class MpiGroup final : public QueuedGroup {
     }
   }
 
- private:
   static int comm_rank(MPI_Comm c) {
     int r = 0;
     TANDEM_MPI_CHECK(MPI_Comm_rank(c, &r));

@@ -9,6 +9,7 @@
 #include <thread>
 #include <tuple>
 
+#include "dist/detail/host_staging.h"
 #include "dist/detail/queued_group.h"
 #include "dist/detail/reduce_kernels.h"
 
@@ -67,10 +68,18 @@ class ThreadGroup final : public QueuedGroup {
   std::string_view backend() const override { return "threads"; }
 
  protected:
+  // Device tensors go through host copies (detail/host_staging.h).
+  void on_issue(const Op& op) override { sync_device_tensors(op); }
   void execute(Op& op) override {
-    if (op.kind == OpKind::send) return do_send(op);
-    if (op.kind == OpKind::recv) return do_recv(op);
-    collective(op);
+    HostStaging staging(op);
+    if (op.kind == OpKind::send) {
+      do_send(op);
+    } else if (op.kind == OpKind::recv) {
+      do_recv(op);
+    } else {
+      collective(op);
+    }
+    staging.finish();
   }
 
   bool always_fingerprints() const override { return size() > 1; }
