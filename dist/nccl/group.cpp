@@ -1,5 +1,7 @@
-// The nccl backend (see dist/nccl/nccl.h). Compiled to the "needs a CUDA build" stubs unless
-// Tandem is built with CUDA and NCCL (TANDEM_WITH_NCCL).
+// The nccl group (see dist/nccl/nccl.h): the collectives launched on the comm stream of its
+// NcclComm (comm.h), CPU tensors handed to the companion group, and the bootstrap over it.
+// Compiled to the "needs a CUDA build" stubs unless Tandem is built with CUDA and NCCL
+// (TANDEM_WITH_NCCL).
 #include "dist/nccl/nccl.h"
 
 #ifndef TANDEM_WITH_NCCL
@@ -23,346 +25,29 @@ ProcessGroupPtr make_nccl_world(const InitOptions&) {
 #else  // TANDEM_WITH_NCCL
 
 #include <fmt/format.h>
-#include <nccl.h>
 
-#include <algorithm>
-#include <atomic>
-#include <chrono>
-#include <condition_variable>
 #include <cstring>
-#include <deque>
-#include <mutex>
-#include <thread>
+#include <functional>
 
 #include "cuda/allocator.h"
 #include "cuda/check.h"
 #include "cuda/runtime.h"
-#include "dist/detail/comm_thread.h"
-#include "dist/mpi/mpi.h"
 #include "dist/detail/collective_checks.h"
 #include "dist/detail/group_base.h"
+#include "dist/mpi/mpi.h"
+#include "dist/nccl/comm.h"
 #include "dist/threads/threads.h"
 
 namespace tandem::dist {
 
 namespace {
 
-// ---- checked NCCL calls ----
-
-// "[nccl] ncclAllReduce(...) failed at dist/nccl/group.cpp:412: unhandled cuda error (...)"
-[[noreturn]] void throw_nccl_error(ncclResult_t rc, const char* call, const char* file, int line) {
-  std::string_view fn(call);
-  fn = fn.substr(0, fn.find('('));
-  std::string_view where(file);
-  if (size_t p = where.rfind("dist/"); p != std::string_view::npos) where = where.substr(p);
-  const char* detail = ncclGetLastError(nullptr);
-  fail("[nccl] {}(...) failed at {}:{}: {}{}", fn, where, line, ncclGetErrorString(rc),
-       detail && *detail ? fmt::format(" ({})", detail) : std::string());
-}
-
-#define TANDEM_NCCL_CHECK(call)                                                   \
-  do {                                                                            \
-    ncclResult_t tandem_nccl_rc_ = (call);                                        \
-    if (tandem_nccl_rc_ != ncclSuccess) [[unlikely]]                              \
-      throw_nccl_error(tandem_nccl_rc_, #call, __FILE__, __LINE__);               \
-  } while (0)
-
-// ncclGroupStart/End around several calls; the destructor closes a group left open by a throw.
-class NcclCallGroup {
- public:
-  NcclCallGroup() { TANDEM_NCCL_CHECK(ncclGroupStart()); }
-  ~NcclCallGroup() {
-    if (open_) (void)ncclGroupEnd();
-  }
-  NcclCallGroup(const NcclCallGroup&) = delete;
-  NcclCallGroup& operator=(const NcclCallGroup&) = delete;
-  void end() {
-    open_ = false;
-    TANDEM_NCCL_CHECK(ncclGroupEnd());
-  }
-
- private:
-  bool open_ = true;
-};
-
-ncclDataType_t nccl_type(Dtype d) {
-  switch (d) {
-    case f32: return ncclFloat32;
-    case f64: return ncclFloat64;
-    case f16: return ncclFloat16;
-    case bf16: return ncclBfloat16;
-    case i32: return ncclInt32;
-    case i64: return ncclInt64;
-    case boolean: return ncclUint8;  // 0/1 bytes: or = max, and = min
-  }
-  return ncclUint8;
-}
-
-ncclRedOp_t nccl_op(ReduceOp r, Dtype d) {
-  if (d == boolean) return (r == ReduceOp::sum || r == ReduceOp::max) ? ncclMax : ncclMin;
-  switch (r) {
-    case ReduceOp::sum: return ncclSum;
-    case ReduceOp::avg: return ncclAvg;
-    case ReduceOp::min: return ncclMin;
-    case ReduceOp::max: return ncclMax;
-    case ReduceOp::product: return ncclProd;
-  }
-  return ncclSum;
-}
-
-std::string duration_text(Milliseconds t) {
-  return t.count() % 1000 == 0 ? fmt::format("{} s", t.count() / 1000) : fmt::format("{} ms", t.count());
-}
-
-// Argument checks and fingerprints: check_<op> of dist/detail/collective_checks.h, as on the other backends;
-// check_device adds the one rule of this backend.
-
 bool is_cpu_tensor(const Tensor& t) { return t.defined() && t.is_cpu(); }
 
 constexpr int64_t kIdWords = (sizeof(ncclUniqueId) + 7) / 8;
 
-// ---- the communicator, its comm stream and its watchdog ----
-
-// One collective in flight: done when `done` (recorded on the comm stream after it) has fired.
-struct Pending {
-  std::string what;  // "allreduce #3 on group world (nccl, rank 0 of 2)"
-  std::string kind;  // "allreduce"
-  uint64_t seq = 0;
-  WorkPtr work;
-  TensorList result;  // the Work's result
-  TensorList keep;    // inputs and scratch: alive until the collective has finished
-  cuda::Event done;
-  Milliseconds timeout{0};
-  Clock::time_point deadline;
-};
-
-// What the group and its watchdog thread share (the watchdog keeps it alive while it drains).
-struct NcclComm {
-  NcclComm(int rank_, int size_, int device_, std::string name_)
-      : rank(rank_), size(size_), device(device_), name(std::move(name_)) {
-    cuda::DeviceGuard guard(device);
-    stream = cuda::Stream::create(device, -1);  // high priority: gradients leave as soon as ready
-  }
-
-  ~NcclComm() {
-    ncclComm_t c = comm.exchange(nullptr);
-    if (c == nullptr) return;
-    // Never throws. Once the CUDA runtime is shutting down (a group destroyed at exit) NCCL cannot
-    // be torn down safely: the process is ending anyway. A broken communicator is aborted, not flushed.
-    if (cudaSetDevice(device) != cudaSuccess) return;
-    if (!broken->is_broken() && ncclCommDestroy(c) == ncclSuccess) return;
-    (void)ncclCommAbort(c);
-  }
-
-  // "nccl group of 2 ranks (group world, rank 0)"
-  std::string label() const {
-    return fmt::format("nccl group of {} rank{} (group {}, rank {})", size, size == 1 ? "" : "s", name, rank);
-  }
-
-  // The error of a collective under way when the group broke.
-  std::exception_ptr broken_error(const std::string& what) const {
-    return std::make_exception_ptr(
-        Error(fmt::format("[dist] {} failed: the group is broken ({})", what, broken->reason())));
-  }
-
-  cuda::Event take_event() {
-    std::lock_guard lock(state_mutex);
-    if (free_events.empty()) return cuda::Event(false);
-    cuda::Event e = std::move(free_events.back());
-    free_events.pop_back();
-    return e;
-  }
-
-  // Hands a launched collective to the watchdog, or fails it if the group broke meanwhile.
-  void push(Pending p) {
-    bool pushed = false;
-    {
-      std::lock_guard lock(state_mutex);
-      if (!broken->is_broken()) {
-        pending.push_back(std::move(p));
-        pushed = true;
-      }
-    }
-    if (pushed) {
-      cv.notify_one();
-      return;
-    }
-    p.work->mark_failed(broken_error(p.what));
-  }
-
-  void start_watchdog(const std::shared_ptr<NcclComm>& self) {
-    watchdog = std::thread([self] { self->watch(); });
-  }
-
-  // Stops the watchdog once the collectives in flight are done (or failed at their deadline).
-  void stop() noexcept {
-    {
-      std::lock_guard lock(state_mutex);
-      stopping = true;
-    }
-    cv.notify_all();
-    if (!watchdog.joinable()) return;
-    if (std::this_thread::get_id() == watchdog.get_id()) {
-      watchdog.detach();  // the last reference went away in a continuation: the thread finishes alone
-    } else {
-      watchdog.join();
-    }
-  }
-
-  // Marks the group broken (later calls fail at once) and aborts the communicator; the watchdog
-  // then fails what is in flight. Never throws.
-  void break_group(const std::string& reason, bool holding_issue_lock) noexcept {
-    try {
-      broken->mark(reason);
-    } catch (...) {
-    }
-    abort_comm(holding_issue_lock);
-    cv.notify_all();
-  }
-
-  // Watchdog only: fails every collective in flight, the first (the one that timed out or failed)
-  // with `front_error` when given.
-  void fail_pending(std::exception_ptr front_error) noexcept {
-    std::deque<Pending> failed;
-    {
-      std::lock_guard lock(state_mutex);
-      failed.swap(pending);
-    }
-    bool first = true;
-    for (Pending& p : failed) {
-      try {
-        p.work->mark_failed(first && front_error ? front_error : broken_error(p.what));
-      } catch (...) {
-      }
-      first = false;
-    }
-  }
-
-  void abort_comm(bool holding_issue_lock) noexcept {
-    // A thread issuing a collective holds the issue lock; one blocked inside NCCL (a peer that
-    // never connects) only comes back once the communicator is aborted, so wait a little for the
-    // lock, then abort without it.
-    std::unique_lock<std::mutex> issue(issue_mutex, std::defer_lock);
-    if (!holding_issue_lock) {
-      for (int i = 0; i < 200 && !issue.try_lock(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-    ncclComm_t c = comm.exchange(nullptr);
-    if (c != nullptr) {
-      (void)cudaSetDevice(device);
-      (void)ncclCommAbort(c);
-    }
-  }
-
-  void watch();
-
-  const int rank, size, device;
-  const std::string name;
-  std::atomic<ncclComm_t> comm{nullptr};
-  cuda::Stream stream;  // every collective of the group runs here, in issue order
-  cuda::Event ready;    // the caller's stream position, re-recorded per collective (issue lock)
-  std::mutex issue_mutex;  // NCCL calls, sequence numbers, `ready`
-  // The group's broken state (GroupBase's), which the watchdog sets too.
-  const std::shared_ptr<BrokenState> broken = std::make_shared<BrokenState>();
-
-  std::mutex state_mutex;  // the fields below
-  std::condition_variable cv;
-  std::deque<Pending> pending;
-  std::vector<cuda::Event> free_events;
-  bool stopping = false;
-  std::thread watchdog;
-};
-
-void NcclComm::watch() {
-  set_on_comm_thread(true);  // continuations run here: a blocking wait inside one is reported
-  (void)cudaSetDevice(device);
-  for (;;) {
-    Pending* front = nullptr;
-    {
-      std::unique_lock lock(state_mutex);
-      cv.wait(lock, [&] { return stopping || !pending.empty(); });
-      if (pending.empty()) return;  // stopping and drained
-      front = &pending.front();  // only this thread pops; push_back keeps references valid
-    }
-    if (broken->is_broken()) {  // broken by an issuing thread (a launch that failed half-way)
-      fail_pending(nullptr);
-      continue;
-    }
-    // The collectives complete in order on the comm stream: only the oldest needs polling, and
-    // its deadline is the earliest.
-    std::string failure;
-    bool timed_out = false, done = false;
-    const Clock::time_point polling_since = Clock::now();
-    for (uint64_t spin = 0;; ++spin) {
-      try {
-        done = front->done.query();
-      } catch (const std::exception& e) {
-        failure = fmt::format("[dist] {} failed on {}: {}; the communicator was aborted and the group is broken",
-                              front->what, label(), e.what());
-        break;
-      }
-      if (done) break;
-      if ((spin & 15) == 15) {
-        if (broken->is_broken()) break;  // failure stays empty: fail_pending below gives the reason
-        ncclResult_t async = ncclSuccess;
-        ncclComm_t c = comm.load();
-        ncclResult_t rc = c ? ncclCommGetAsyncError(c, &async) : ncclInvalidUsage;
-        if (rc != ncclSuccess || (async != ncclSuccess && async != ncclInProgress)) {
-          ncclResult_t shown = rc != ncclSuccess ? rc : async;
-          const char* detail = c ? ncclGetLastError(c) : nullptr;
-          failure = fmt::format(
-              "[dist] {} #{} failed on {}: NCCL reported an asynchronous error: {}{} (a peer failed or left); the "
-              "communicator was aborted and the group is broken",
-              front->kind, front->seq, label(), ncclGetErrorString(shown),
-              detail && *detail ? fmt::format(" ({})", detail) : std::string());
-          break;
-        }
-        if (Clock::now() > front->deadline) {
-          timed_out = true;
-          failure = fmt::format(
-              "[dist] {} #{} timed out after {} on {}; NCCL cannot tell which ranks did not arrive "
-              "(TANDEM_DIST_DEBUG=detail checks that every rank called it); the communicator was aborted and the "
-              "group is broken",
-              front->kind, front->seq, duration_text(front->timeout), label());
-          break;
-        }
-      }
-      // Spin briefly for small collectives' latency, then poll gently, then lazily (a collective
-      // queued behind a long stretch of the caller's compute).
-      if (spin < 2000) {
-        std::this_thread::yield();
-      } else if (Clock::now() - polling_since < std::chrono::milliseconds(100)) {
-        std::this_thread::sleep_for(std::chrono::microseconds(50));
-      } else {
-        std::this_thread::sleep_for(std::chrono::microseconds(500));
-      }
-    }
-    if (!failure.empty()) {
-      std::exception_ptr e = timed_out ? std::make_exception_ptr(TimeoutError(failure, false))
-                                       : std::make_exception_ptr(Error(failure));
-      break_group(failure, false);
-      fail_pending(e);
-      continue;
-    }
-    if (!done) {  // broken meanwhile by an issuing thread
-      fail_pending(nullptr);
-      continue;
-    }
-    Pending p;
-    {
-      std::lock_guard lock(state_mutex);
-      p = std::move(pending.front());
-      pending.pop_front();
-      free_events.push_back(std::move(p.done));
-    }
-    try {
-      p.work->mark_completed(std::move(p.result));  // runs the continuations, on this thread
-    } catch (...) {
-    }
-  }
-}
-
-// ---- the group ----
-
+// One collective as issued. Its arguments are checked by check_<op> of
+// dist/detail/collective_checks.h, as on the other backends; check_device adds this backend's rule.
 struct Launch {
   OpKind kind = OpKind::barrier;
   int peer = 0;  // broadcast root, send dst, recv src
@@ -663,7 +348,7 @@ class NcclGroup final : public GroupBase {
     ++counter;
     if (collective && debug_checks() && size() > 1) exchange_fingerprints(l, seq, what);
     auto work = std::make_shared<Work>(what);
-    Pending p;
+    NcclPending p;
     p.what = what;
     p.kind = std::string(op_kind_name(l.kind));
     p.seq = seq;
