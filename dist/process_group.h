@@ -120,6 +120,9 @@ class ProcessGroup {
   // The calling thread's current stream waits, on the device and without blocking the host, for
   // everything queued on the communication stream so far (what run_on_comm_stream queued).
   virtual void join_comm_stream() {}
+  // Whether, under a BlockingIssueGuard, a collective on tensors of `device` has finished when
+  // its call returns. False for the nccl group's CUDA tensors: they are ordered on the device.
+  virtual bool supports_blocking_issue(Device device) const { return true; }
 
   // In place: every rank ends with the reduction of all ranks' tensors.
   virtual WorkPtr allreduce(const Tensor& tensor, ReduceOp op = ReduceOp::sum) = 0;
@@ -176,8 +179,9 @@ bool inline_issue_allowed();
 // percent of a 256 KiB CPU allreduce); while the group is busy the call queues it and waits.
 // Use it where each result is needed before the next step (a loss averaged for logging, a
 // parameter broadcast). An AsyncIssueGuard on the same thread takes precedence, and continuations
-// keep running where the op completes (here, on the issuing thread). The nccl group ignores it:
-// its collectives are already stream-ordered, not waited on by the host.
+// keep running where the op completes (here, on the issuing thread). The nccl group ignores it for
+// CUDA tensors (ProcessGroup::supports_blocking_issue): they are stream-ordered, not waited on by
+// the host.
 class BlockingIssueGuard {
  public:
   BlockingIssueGuard();

@@ -155,6 +155,8 @@ TEST_CASE("nccl: world of size 1, every collective x dtype", "[cuda]") {
   REQUIRE(g->size() == 1);
   REQUIRE(g->rank() == 0);
   REQUIRE(nccl_available());
+  REQUIRE_FALSE(g->supports_blocking_issue(Device::cuda(group_device())));  // stream-ordered
+  REQUIRE(g->supports_blocking_issue(kCPU));  // CPU tensors go over the companion group
   OnDevice d(g, Device::cuda(group_device()));
   run_checks("allreduce", [&] { allreduce_all(d); });
   run_checks("allreduce_coalesced", [&] { allreduce_coalesced_all(d); });

@@ -83,6 +83,9 @@ class NcclGroup final : public GroupBase {
   bool is_broken() const override { return GroupBase::is_broken() || cpu_->is_broken(); }
 
   Device control_device(Device params_device) const override { return params_device; }
+  bool supports_blocking_issue(Device device) const override {
+    return device.is_cpu() && cpu_->supports_blocking_issue(device);
+  }
 
   void run_on_comm_stream(const std::function<TensorList()>& fn) override {
     cuda::DeviceGuard device(comm_->device);
