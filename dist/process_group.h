@@ -175,8 +175,8 @@ bool inline_issue_allowed();
 // PyTorch's async_op=False: while a BlockingIssueGuard lives, a collective (or send/recv) issued
 // on this thread has finished, successfully or not, when the call returns; its Work's wait()
 // rethrows any error as usual. While the group is idle the issuing thread runs it itself, from
-// start to end, saving the hand-off to the communication thread and back (about 10 us, a few
-// percent of a 256 KiB CPU allreduce); while the group is busy the call queues it and waits.
+// start to end, saving the hand-off to the communication thread and back (two thread wake-ups);
+// while the group is busy the call queues it and waits.
 // Use it where each result is needed before the next step (a loss averaged for logging, a
 // parameter broadcast). An AsyncIssueGuard on the same thread takes precedence, and continuations
 // keep running where the op completes (here, on the issuing thread). The nccl group ignores it for

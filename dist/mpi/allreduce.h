@@ -22,10 +22,10 @@ namespace tandem::dist {
 // growing steps up to 100 us, so a waiting comm thread does not keep taking the core from the
 // compute threads of its own or another rank. When there is no compute to make room for (a caller
 // running a blocking op itself, or a comm thread while some thread of the process is blocked in
-// Work::wait) it is patient for as long as the op's `bytes` take at 1 GB/s before sleeping: an
-// 8 MiB exchange takes ~3 ms here, and a rank asleep when its peer finishes lost up to 100 us of
-// it (with 1 ms only, the 16 MiB allreduce ran at 0.88 x raw MPI, 0.99 x with this). A comm
-// thread that patient during compute made a DDP step 3-7 % slower (7 A/B runs).
+// Work::wait) it is patient for as long as the op's `bytes` take at 1 GB/s before sleeping: a rank
+// asleep when its peer finishes a large transfer loses up to a sleep of it at every step. During
+// compute it is not that patient: a comm thread spinning that long takes the compute threads'
+// cores and slows the DDP step down more than it speeds the transfer up.
 class Backoff {
  public:
   explicit Backoff(size_t bytes = 0) : transfer_time_(static_cast<int64_t>(bytes)) {}
@@ -35,8 +35,7 @@ class Backoff {
     if (polls_ < 128) return;
     if (polls_ == 128) start_ = std::chrono::steady_clock::now();
     if (!sleeping_) {
-      // The clock is read every 16th pause: a read costs as much as a poll (perf put it at 4 %
-      // of a 256 KiB allreduce when read on every one).
+      // The clock is read every 16th pause: a read costs about as much as a poll.
       if ((polls_ & 15) != 0 || patient(std::chrono::steady_clock::now() - start_)) {
         std::this_thread::yield();
         return;
@@ -135,8 +134,8 @@ class SmallAllreduce final : public StartedOp {
   int nreq_ = 0;
 };
 
-// The largest allreduce the issuing thread starts itself (QueuedGroup::start): ~20 us, well inside
-// QueuedGroup::kInlineBudget.
+// The largest allreduce the issuing thread starts itself (QueuedGroup::start): with the peers in
+// step it finishes well inside QueuedGroup::kInlineBudget.
 constexpr size_t kInlineAllreduceBytes = 32 * 1024;
 
 // acc = op(acc, src) elementwise; p /= divisor (avg after a sum; floating dtypes).
