@@ -277,31 +277,11 @@ class NcclGroup final : public GroupBase {
   }
 
   WorkPtr send(const Tensor& tensor, int dst, int tag) override {
-    if (is_cpu_tensor(tensor)) return cpu("send").send(tensor, dst, tag);
-    check_p2p("send", "dst", tensor, dst, tag);
-    Launch l;
-    l.kind = OpKind::send;
-    l.peer = dst;
-    l.tag = tag;
-    l.result = {tensor};
-    return launch(std::move(l), [tensor, dst](ncclComm_t c, cudaStream_t s, TensorList&) {
-      if (tensor.nbytes() == 0) return;
-      TANDEM_NCCL_CHECK(ncclSend(tensor.data_ptr(), tensor.nbytes(), ncclUint8, dst, c, s));
-    });
+    return p2p(OpKind::send, "send", "dst", tensor, dst, tag);
   }
 
   WorkPtr recv(const Tensor& tensor, int src, int tag) override {
-    if (is_cpu_tensor(tensor)) return cpu("recv").recv(tensor, src, tag);
-    check_p2p("recv", "src", tensor, src, tag);
-    Launch l;
-    l.kind = OpKind::recv;
-    l.peer = src;
-    l.tag = tag;
-    l.result = {tensor};
-    return launch(std::move(l), [tensor, src](ncclComm_t c, cudaStream_t s, TensorList&) {
-      if (tensor.nbytes() == 0) return;
-      TANDEM_NCCL_CHECK(ncclRecv(tensor.data_ptr(), tensor.nbytes(), ncclUint8, src, c, s));
-    });
+    return p2p(OpKind::recv, "recv", "src", tensor, src, tag);
   }
 
   // The companion group splits first (it checks that every rank listed the same ranks); its
@@ -331,9 +311,28 @@ class NcclGroup final : public GroupBase {
                  t.device(), name(), comm_->device);
   }
 
-  void check_p2p(const char* what, const char* peer_name, const Tensor& tensor, int peer, int tag) const {
-    dist::check_p2p(*this, what, peer_name, tensor, peer, tag);
+  // send and recv share their checks and their launch: `peer` is the destination or the source.
+  WorkPtr p2p(OpKind kind, const char* what, const char* peer_name, const Tensor& tensor, int peer, int tag) {
+    const bool sending = kind == OpKind::send;
+    if (is_cpu_tensor(tensor)) {
+      ProcessGroup& g = cpu(what);
+      return sending ? g.send(tensor, peer, tag) : g.recv(tensor, peer, tag);
+    }
+    check_p2p(*this, what, peer_name, tensor, peer, tag);
     check_device(tensor, what, "tensor");
+    Launch l;
+    l.kind = kind;
+    l.peer = peer;
+    l.tag = tag;
+    l.result = {tensor};
+    return launch(std::move(l), [tensor, peer, sending](ncclComm_t c, cudaStream_t s, TensorList&) {
+      if (tensor.nbytes() == 0) return;
+      if (sending) {
+        TANDEM_NCCL_CHECK(ncclSend(tensor.data_ptr(), tensor.nbytes(), ncclUint8, peer, c, s));
+      } else {
+        TANDEM_NCCL_CHECK(ncclRecv(tensor.data_ptr(), tensor.nbytes(), ncclUint8, peer, c, s));
+      }
+    });
   }
 
   // Issue path: sequence number, debug fingerprints, then the NCCL calls on the comm stream after
