@@ -10,7 +10,7 @@
 
 #include "autograd/grad_mode.h"
 #include "autograd/ops.h"
-#include "dist/dist.h"
+#include "dist/init.h"
 
 namespace tandem::dist {
 

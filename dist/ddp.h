@@ -1,6 +1,8 @@
 // DistributedDataParallel: wraps a Module so that N ranks, each training on its shard of the
-// batch, end every step with the parameters one process would get on the whole batch. The
-// semantics are PyTorch DDP's (see DDP_SEMANTICS.md in the design notes):
+// batch, end every step with the parameters one process would get on the whole batch. What a user
+// observes is what PyTorch's DDP does (construction sync, buckets, launch order, averaging,
+// unused parameters, static graph, no_sync, buffer broadcast, comm hooks, the misuse errors);
+// where Tandem differs, the option or method below says how. In use:
 //
 //   auto model = std::make_shared<nn::Sequential>(...);
 //   dist::DistributedDataParallel ddp(model, dist::init(), {.bucket_cap_mb = 4});
@@ -184,8 +186,8 @@ class DistributedDataParallel {
   bool eval_cast_ = false;                 // a NoGradGuard forward runs on the shadows
   bool optimizer_in_backward_ = false;
   bool require_sync_ = true;
-  bool sync_buffers_before_forward_ = true;
-  bool attached_ = true;  // remove_autograd_hooks not called  // the previous grad-mode forward was synchronised
+  bool sync_buffers_before_forward_ = true;  // the previous grad-mode forward was synchronised
+  bool attached_ = true;  // remove_autograd_hooks not called
   double forward_ms_ = 0;
 };
 

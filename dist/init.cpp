@@ -1,10 +1,13 @@
+#include "dist/init.h"
+
 #include <cstdlib>
 #include <map>
 #include <mutex>
 
-#include "dist/dist.h"
+#include "dist/mpi/mpi.h"
+#include "dist/threads/threads.h"
 #ifdef TANDEM_WITH_NCCL
-#include "dist/nccl_backend.h"
+#include "dist/nccl/nccl.h"
 #endif
 
 namespace tandem::dist {

@@ -120,6 +120,9 @@ class ProcessGroup {
   // The calling thread's current stream waits, on the device and without blocking the host, for
   // everything queued on the communication stream so far (what run_on_comm_stream queued).
   virtual void join_comm_stream() {}
+  // Whether, under a BlockingIssueGuard, a collective on tensors of `device` has finished when
+  // its call returns. False for the nccl group's CUDA tensors: they are ordered on the device.
+  virtual bool supports_blocking_issue(Device device) const { return true; }
 
   // In place: every rank ends with the reduction of all ranks' tensors.
   virtual WorkPtr allreduce(const Tensor& tensor, ReduceOp op = ReduceOp::sum) = 0;
@@ -172,12 +175,13 @@ bool inline_issue_allowed();
 // PyTorch's async_op=False: while a BlockingIssueGuard lives, a collective (or send/recv) issued
 // on this thread has finished, successfully or not, when the call returns; its Work's wait()
 // rethrows any error as usual. While the group is idle the issuing thread runs it itself, from
-// start to end, saving the hand-off to the communication thread and back (about 10 us, a few
-// percent of a 256 KiB CPU allreduce); while the group is busy the call queues it and waits.
+// start to end, saving the hand-off to the communication thread and back (two thread wake-ups);
+// while the group is busy the call queues it and waits.
 // Use it where each result is needed before the next step (a loss averaged for logging, a
 // parameter broadcast). An AsyncIssueGuard on the same thread takes precedence, and continuations
-// keep running where the op completes (here, on the issuing thread). The nccl group ignores it:
-// its collectives are already stream-ordered, not waited on by the host.
+// keep running where the op completes (here, on the issuing thread). The nccl group ignores it for
+// CUDA tensors (ProcessGroup::supports_blocking_issue): they are stream-ordered, not waited on by
+// the host.
 class BlockingIssueGuard {
  public:
   BlockingIssueGuard();

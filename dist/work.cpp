@@ -1,6 +1,6 @@
 #include "dist/process_group.h"
 
-#include "dist/comm_thread.h"
+#include "dist/detail/comm_thread.h"
 
 #include <atomic>
 

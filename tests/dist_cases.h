@@ -437,6 +437,7 @@ inline void late_peer(ProcessGroup& pg) {
 inline void blocking_issue(ProcessGroup& pg) {
   using namespace std::chrono;
   const int n = pg.size(), r = pg.rank();
+  expect(pg.supports_blocking_issue(kCPU), "group {} says a BlockingIssueGuard does not hold for CPU tensors", pg.name());
   {
     BlockingIssueGuard blocking;
     for (int64_t numel : {1, 1001, 70001}) {

@@ -6,7 +6,7 @@
 #include "cuda_test_util.h"
 #include "ddp_cases.h"
 #include "ddp_modes_cases.h"
-#include "dist/nccl_backend.h"
+#include "dist/nccl/nccl.h"
 
 using namespace tandem;
 using namespace tandem::dist;

@@ -12,7 +12,7 @@
 #include "cuda/check.h"
 #include "cuda/runtime.h"
 #include "cuda_test_util.h"
-#include "dist/nccl_backend.h"
+#include "dist/nccl/nccl.h"
 #include "dist_cases.h"
 #include "mpi_case.h"
 #include "tandem.h"
@@ -155,6 +155,8 @@ TEST_CASE("nccl: world of size 1, every collective x dtype", "[cuda]") {
   REQUIRE(g->size() == 1);
   REQUIRE(g->rank() == 0);
   REQUIRE(nccl_available());
+  REQUIRE_FALSE(g->supports_blocking_issue(Device::cuda(group_device())));  // stream-ordered
+  REQUIRE(g->supports_blocking_issue(kCPU));  // CPU tensors go over the companion group
   OnDevice d(g, Device::cuda(group_device()));
   run_checks("allreduce", [&] { allreduce_all(d); });
   run_checks("allreduce_coalesced", [&] { allreduce_coalesced_all(d); });

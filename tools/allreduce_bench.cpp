@@ -287,7 +287,7 @@ void sweep(ProcessGroup& pg, const Args& args, bool with_mpi, std::vector<Result
       buf.upload();
       pg.allreduce(t)->wait();
       r.error = check(buf.download(), n);
-      const bool blocking = args.backend != "nccl";  // the nccl group ignores the guard
+      const bool blocking = pg.supports_blocking_issue(t.device());
       if (blocking && r.error.empty()) {
         fill(buf.host, pg.rank());
         buf.upload();

@@ -1,9 +1,10 @@
-// The part every backend shares: argument validation, sequence numbers, fingerprints, the
-// communication thread that runs operations in issue order, and the broken state.
+// A GroupBase that runs its operations on a communication thread, in issue order: the scheduler
+// of the mpi and threads backends. A small operation may start on the issuing thread (start());
+// under a BlockingIssueGuard the issuing thread runs it to its end.
 //
 // A backend derives from QueuedGroup and implements execute(), which runs one operation on the
 // communication thread (with its deadline) and either returns or throws. A TimeoutError marks the
-// group broken unless the backend says the group survived it.
+// group broken unless the backend says the group survived it. Internal to dist (not installed).
 #pragma once
 
 #include <atomic>
@@ -17,27 +18,10 @@
 #include <thread>
 #include <vector>
 
-#include "dist/process_group.h"
+#include "dist/detail/collective_checks.h"
+#include "dist/detail/group_base.h"
 
 namespace tandem::dist {
-
-enum class OpKind : uint8_t {
-  allreduce,
-  allreduce_coalesced,
-  broadcast,
-  allgather,       // list output
-  allgather_into,  // flat output
-  reduce_scatter,  // list input
-  reduce_scatter_tensor,
-  all_to_all,
-  barrier,
-  send,
-  recv,
-  new_group,
-};
-std::string_view op_kind_name(OpKind k);
-
-using Clock = std::chrono::steady_clock;
 
 // An operation started without blocking (QueuedGroup::start): progress() advances it and returns
 // true once it is complete, or throws. Whichever thread owns the group's turn calls it: the issuing
@@ -48,8 +32,8 @@ class StartedOp {
   virtual bool progress() = 0;
 };
 
-// One operation as issued. Inputs/outputs are CPU tensors (staging of device tensors happens
-// before execute sees them).
+// One operation as issued, with the caller's tensors (a backend that moves host memory only stages
+// device tensors itself: detail/host_staging.h).
 struct Op {
   OpKind kind = OpKind::barrier;
   uint64_t seq = 0;  // collective sequence number, or p2p number for send/recv
@@ -68,31 +52,10 @@ struct Op {
   std::unique_ptr<StartedOp> started;  // begun on the issuing thread; the communication thread finishes it
 };
 
-// Thrown by execute() when an operation missed its deadline. `group_survives` is true when the
-// backend could cancel everything (e.g. a receive), so the group stays usable.
-class TimeoutError : public Error {
- public:
-  TimeoutError(std::string message, bool group_survives)
-      : Error(std::move(message)), group_survives_(group_survives) {}
-  bool group_survives() const { return group_survives_; }
-
- private:
-  bool group_survives_;
-};
-
-class QueuedGroup : public ProcessGroup {
+class QueuedGroup : public GroupBase {
  public:
   QueuedGroup(int rank, int size, std::string name);
   ~QueuedGroup() override;
-
-  int rank() const override { return rank_; }
-  int size() const override { return size_; }
-  std::string name() const override { return name_; }
-  void set_timeout(Milliseconds timeout) override;
-  Milliseconds timeout() const override { return Milliseconds(timeout_ms_.load()); }
-  void set_debug_checks(bool on) override { debug_.store(on); }
-  bool debug_checks() const override { return debug_.load(); }
-  bool is_broken() const override;
 
   WorkPtr allreduce(const Tensor& tensor, ReduceOp op) override;
   WorkPtr allreduce_coalesced(const TensorList& tensors, ReduceOp op) override;
@@ -107,15 +70,16 @@ class QueuedGroup : public ProcessGroup {
   WorkPtr recv(const Tensor& tensor, int src, int tag) override;
   ProcessGroupPtr new_group(const std::vector<int>& ranks) override;
 
-  // "allreduce #3 on group world (threads, rank 1 of 4)"
-  std::string describe(const Op& op) const;
-  // The mismatch error every rank raises when fingerprints differ (fingerprints[i] = rank i's).
-  [[noreturn]] void fail_mismatch(const Op& op, const std::vector<std::string>& fingerprints) const;
+  using GroupBase::describe;
+  std::string describe(const Op& op) const { return describe(op.kind, op.seq, op.root, op.tag); }
 
  protected:
   // Runs `op` on the communication thread; returns when done or throws. An op with `started` set
   // was begun by start() and only needs finishing.
   virtual void execute(Op& op) = 0;
+  // Runs on the issuing thread before op is numbered and queued (mpi and threads wait for the
+  // caller's device work on op's tensors here: see detail/host_staging.h).
+  virtual void on_issue(const Op& op) {}
   // The issuing thread's fast path. When the group is idle (nothing queued or running) and
   // can_start(op), the issuing thread calls start(op), which begins it without blocking, and polls
   // progress() for up to kInlineBudget: peers in step finish it before the call returns, saving the
@@ -132,7 +96,7 @@ class QueuedGroup : public ProcessGroup {
   void publish_created(const Op& op, ProcessGroupPtr group);
 
  private:
-  WorkPtr issue(Op op, bool collective);
+  WorkPtr issue(Op op);
   WorkPtr issue_p2p(OpKind kind, const char* what, const char* peer_name, const Tensor& tensor, int peer, int tag);
   void run_loop();
   void run_one(Op& op);
@@ -142,23 +106,13 @@ class QueuedGroup : public ProcessGroup {
   void run_blocking(Op& op);
   static void wait_quietly(const Work& work);
   // Completes op's Work with its result tensors, or fails it (a TimeoutError may break the group).
-  void complete(Op& op, const std::vector<std::pair<Tensor, Tensor>>& staged);
+  void complete(Op& op);
   void fail_op(Op& op, std::exception_ptr error);
   // The communication thread's end of an op: gives the turn back, then completes or fails it.
-  void finish_queued(Op& op, std::exception_ptr error, const std::vector<std::pair<Tensor, Tensor>>& staged = {});
+  void finish_queued(Op& op, std::exception_ptr error);
   void wait_for_earlier_completions() const;
 
-  int rank_;
-  int size_;
-  std::string name_;
-  mutable std::once_flag where_once_;
-  mutable std::string where_;  // "group world (mpi, rank 1 of 2)", for describe()
-  std::atomic<int64_t> timeout_ms_;
-  std::atomic<bool> debug_;
-
   std::mutex issue_mutex_;  // sequence numbers follow queue order
-  uint64_t next_seq_ = 0;
-  uint64_t next_p2p_ = 0;
 
   mutable std::mutex queue_mutex_;
   std::condition_variable queue_cv_;
@@ -166,46 +120,8 @@ class QueuedGroup : public ProcessGroup {
   bool stopping_ = false;
   bool busy_ = false;  // an op is running (on the communication thread or inline on an issuing thread)
   std::atomic<int> unmarked_{0};  // ops whose turn ended but whose Work is not yet marked
-  std::string broken_reason_;  // non-empty once broken
   std::thread thread_;
   std::map<const Work*, ProcessGroupPtr> created_;
 };
-
-// Rows per rank of an equal all_to_all split, validated.
-std::vector<int64_t> equal_splits(int64_t rows, int size, const char* what);
-
-// The argument checks and fingerprints of the collectives, shared by every backend's issue path
-// (QueuedGroup's and the nccl group's): a mistake gets the same message on every backend, and the
-// fingerprints that debug checks compare across ranks are the same. Each check_<op> throws a
-// "[op] ..." Error for bad arguments on group g and returns the op's fingerprint; device checks
-// are the backend's own.
-// (allreduce is the one issued per step in a loop: its fingerprint is formatted only when asked.)
-std::string check_allreduce(const Tensor& tensor, ReduceOp reduce, bool fingerprint = true);
-std::string check_allreduce_coalesced(const TensorList& tensors, ReduceOp reduce);
-std::string check_broadcast(const ProcessGroup& g, const Tensor& tensor, int root);
-std::string check_allgather(const ProcessGroup& g, const TensorList& outputs, const Tensor& input);
-std::string check_allgather_into(const ProcessGroup& g, const Tensor& output, const Tensor& input);
-std::string check_reduce_scatter(const ProcessGroup& g, const Tensor& output, const TensorList& inputs,
-                                 ReduceOp reduce);
-std::string check_reduce_scatter_tensor(const ProcessGroup& g, const Tensor& output, const Tensor& input,
-                                        ReduceOp reduce);
-// Also resolves the splits (empty: equal) into rows per rank.
-std::string check_all_to_all(const ProcessGroup& g, const Tensor& output, const Tensor& input,
-                             const AllToAllSplits& splits, std::vector<int64_t>& in_splits,
-                             std::vector<int64_t>& out_splits);
-// send and recv: `peer` (named peer_name, "dst" or "src") is another rank of g; p2p ops have no
-// fingerprint.
-void check_p2p(const ProcessGroup& g, const char* what, const char* peer_name, const Tensor& tensor, int peer,
-               int tag);
-
-// The error every rank raises when the fingerprints of collective #seq differ
-// (fingerprints[i] = rank i's): which ranks called what. QueuedGroup::fail_mismatch and the nccl
-// group's debug checks.
-[[noreturn]] void fail_fingerprint_mismatch(const ProcessGroup& g, uint64_t seq,
-                                            const std::vector<std::string>& fingerprints);
-
-// The process-wide defaults read from the environment.
-Milliseconds default_timeout();
-bool default_debug_checks();
 
 }  // namespace tandem::dist

@@ -1,4 +1,4 @@
-#include "dist/threads_backend.h"
+#include "dist/threads/threads.h"
 
 #include <fmt/format.h>
 
@@ -9,8 +9,9 @@
 #include <thread>
 #include <tuple>
 
-#include "dist/queued_group.h"
-#include "dist/reduce_kernels.h"
+#include "dist/detail/host_staging.h"
+#include "dist/detail/queued_group.h"
+#include "dist/detail/reduce_kernels.h"
 
 namespace tandem::dist {
 
@@ -30,7 +31,6 @@ struct Slot {
   std::string error;        // mismatch found while preparing: every rank throws it
   std::vector<char> buffer; // allreduce results, reduced in parallel by rank chunks
   std::shared_ptr<struct GroupShared> child;  // new_group
-  std::string child_name;
 };
 
 struct Message {
@@ -45,7 +45,6 @@ struct GroupShared {
   int size;
   std::map<uint64_t, std::shared_ptr<Slot>> slots;
   std::map<std::tuple<int, int, int>, std::deque<Message>> mail;  // (src, dst, tag)
-  int children = 0;
 };
 
 struct World {
@@ -53,8 +52,6 @@ struct World {
   std::condition_variable cv;
   std::string aborted;  // set by run_threads when a rank threw
 };
-
-std::string join(const std::vector<int>& v) { return fmt::format("{}", fmt::join(v, ", ")); }
 
 class ThreadGroup final : public QueuedGroup {
  public:
@@ -71,10 +68,18 @@ class ThreadGroup final : public QueuedGroup {
   std::string_view backend() const override { return "threads"; }
 
  protected:
+  // Device tensors go through host copies (detail/host_staging.h).
+  void on_issue(const Op& op) override { sync_device_tensors(op); }
   void execute(Op& op) override {
-    if (op.kind == OpKind::send) return do_send(op);
-    if (op.kind == OpKind::recv) return do_recv(op);
-    collective(op);
+    HostStaging staging(op);
+    if (op.kind == OpKind::send) {
+      do_send(op);
+    } else if (op.kind == OpKind::recv) {
+      do_recv(op);
+    } else {
+      collective(op);
+    }
+    staging.finish();
   }
 
   bool always_fingerprints() const override { return size() > 1; }
@@ -142,7 +147,7 @@ class ThreadGroup final : public QueuedGroup {
     for (int r = 1; r < n; ++r) {
       if (fps[r] != fps[0]) {
         try {
-          fail_mismatch(op, fps);
+          fail_mismatch(op.seq, fps);
         } catch (const Error& e) {
           s.error = e.what();
         }
@@ -154,8 +159,7 @@ class ThreadGroup final : public QueuedGroup {
         for (int j = 0; j < n; ++j) {
           int64_t sends = s.calls[i]->in_splits[j], expects = s.calls[j]->out_splits[i];
           if (sends != expects) {
-            s.error = fmt::format("[all_to_all] split mismatch at #{} on group {}: rank {} sends {} rows to rank {}, "
-                                  "which expects {}", op.seq, name(), i, sends, j, expects);
+            s.error = split_mismatch(op.seq, i, sends, j, expects);
             break;
           }
         }
@@ -166,10 +170,7 @@ class ThreadGroup final : public QueuedGroup {
       for (const Tensor& t : op.inputs) bytes += t.nbytes();
       s.buffer.resize(bytes);
     }
-    if (op.kind == OpKind::new_group) {
-      s.child = std::make_shared<GroupShared>(static_cast<int>(op.ranks.size()));
-      s.child_name = fmt::format("{}/{}", name(), shared_->children++);
-    }
+    if (op.kind == OpKind::new_group) s.child = std::make_shared<GroupShared>(static_cast<int>(op.ranks.size()));
   }
 
   void collective(Op& op) {
@@ -204,7 +205,7 @@ class ThreadGroup final : public QueuedGroup {
           if (!slot->calls[k]) missing.push_back(k);
         slot->abandoned = fmt::format("{} #{} on group {} ({}) timed out after {} ms: {} {} did not arrive",
                                       op_kind_name(op.kind), op.seq, name(), backend(), op.timeout.count(),
-                                      missing.size() == 1 ? "rank" : "ranks", join(missing));
+                                      missing.size() == 1 ? "rank" : "ranks", join_ranks(missing));
         world_->cv.notify_all();
       }
       slot->calls[r] = nullptr;
@@ -222,16 +223,14 @@ class ThreadGroup final : public QueuedGroup {
     }
     if (op.kind == OpKind::new_group) {
       std::shared_ptr<GroupShared> child = slot->child;
-      std::string child_name = slot->child_name;
       leave();
       lock.unlock();
+      std::string child_name = next_child_name();
       ProcessGroupPtr group;
       auto it = std::find(op.ranks.begin(), op.ranks.end(), r);
       if (it != op.ranks.end()) {
-        auto g = std::make_shared<ThreadGroup>(static_cast<int>(it - op.ranks.begin()), world_, child, child_name);
-        g->set_timeout(timeout());
-        g->set_debug_checks(debug_checks());
-        group = g;
+        group = std::make_shared<ThreadGroup>(static_cast<int>(it - op.ranks.begin()), world_, child, child_name);
+        configure_child(*group);
       }
       publish_created(op, group);
       return;
@@ -326,17 +325,15 @@ class ThreadGroup final : public QueuedGroup {
       }
       case OpKind::all_to_all: {
         const Tensor& out = op.outputs[0];
-        int64_t row_elems = 1;
-        for (int64_t d = 1; d < out.dim(); ++d) row_elems *= out.size(d);
-        const size_t row_bytes = row_elems * out.element_size();
+        const size_t row = row_bytes(out);
         char* dst = static_cast<char*>(out.data_ptr());
         for (int k = 0; k < n; ++k) {
           const Op& src = call(k);
           int64_t src_row = 0;
           for (int j = 0; j < r; ++j) src_row += src.in_splits[j];
-          size_t bytes = src.in_splits[r] * row_bytes;
-          if (bytes) std::memcpy(dst, static_cast<const char*>(src.inputs[0].data_ptr()) + src_row * row_bytes, bytes);
-          dst += op.out_splits[k] * row_bytes;
+          size_t bytes = src.in_splits[r] * row;
+          if (bytes) std::memcpy(dst, static_cast<const char*>(src.inputs[0].data_ptr()) + src_row * row, bytes);
+          dst += op.out_splits[k] * row;
         }
         break;
       }

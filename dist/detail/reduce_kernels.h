@@ -29,9 +29,9 @@ inline auto combine(acc_t<T> a, acc_t<T> b, ReduceOp op) -> acc_t<T> {
 
 // acc[i] = op(acc[i], src[i]). One switch outside the loop so each loop vectorises; built twice,
 // for AVX2 and for the baseline, and picked at load time by the CPU (GCC's target_clones): this
-// loop is the ring allreduce's arithmetic, and the baseline's SSE2 version made it about a tenth
-// slower than Open MPI's own AVX reduction. Not under ThreadSanitizer: the clones' ifunc resolver,
-// run while the program is loaded, crashes there (issue 16), so a TSan build keeps the baseline.
+// loop is the ring allreduce's arithmetic, and the baseline's SSE2 version is slower than Open
+// MPI's own AVX reduction. Not under ThreadSanitizer: the clones' ifunc resolver, run while the
+// program is loaded, crashes there, so a TSan build keeps the baseline.
 #if defined(__SANITIZE_THREAD__)
 #define TANDEM_REDUCE_CLONES
 #elif defined(__has_feature)

@@ -1,5 +1,5 @@
 // Marks communication threads, so that a blocking wait issued on one (from a continuation) is
-// reported instead of deadlocking.
+// reported instead of deadlocking. Internal to dist (not installed).
 #pragma once
 
 namespace tandem::dist {
@@ -11,6 +11,7 @@ void set_on_comm_thread(bool on);
 // nothing else to do until it ends, so a backend may poll it more eagerly than it lets a
 // communication thread poll while the caller computes (see threads_waiting_on_work).
 bool caller_runs_op();
+void set_caller_runs_op(bool on);
 
 // How many threads of this process are blocked in Work::wait. While one is, its core is idle, so
 // a communication thread polling a long transfer may keep spinning instead of sleeping (which

@@ -15,7 +15,7 @@
 // broadcast over it), builds sub-groups and carries the TANDEM_DIST_DEBUG=detail fingerprints.
 #pragma once
 
-#include "dist/dist.h"
+#include "dist/init.h"
 
 namespace tandem::dist {
 

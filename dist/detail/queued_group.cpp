@@ -1,0 +1,355 @@
+#include "dist/detail/queued_group.h"
+
+#include <fmt/format.h>
+
+#include <map>
+
+#include "dist/detail/comm_thread.h"
+
+namespace tandem::dist {
+
+QueuedGroup::QueuedGroup(int rank, int size, std::string name) : GroupBase(rank, size, std::move(name)) {}
+
+QueuedGroup::~QueuedGroup() { stop_comm_thread(); }
+
+WorkPtr QueuedGroup::issue(Op op) {
+  on_issue(op);
+  op.debug = debug_checks();
+  // Run on this thread only where nothing could be waiting on its progress: not on a
+  // communication thread (continuations), not under an AsyncIssueGuard. Blocking runs any op to
+  // its end here; inline starts a small one and hands it over if the peers are late.
+  const bool blocking = !on_comm_thread() && blocking_issue_requested();
+  const bool may_inline = !blocking && !on_comm_thread() && inline_issue_allowed() && can_start(op);
+  WorkPtr work;
+  bool run_here = false;
+  {
+    std::lock_guard issue_lock(issue_mutex_);
+    uint64_t& number = next_number(op.kind);
+    op.seq = number;
+    op.timeout = timeout();
+    std::string what = describe(op);
+    op.work = std::make_shared<Work>(what);
+    work = op.work;
+    {
+      std::lock_guard lock(queue_mutex_);
+      broken().check(what);
+      TANDEM_CHECK(!stopping_, "[dist] cannot run {}: the group is shut down", what);
+      run_here = (blocking || may_inline) && queue_.empty() && !busy_;
+      if (run_here) {
+        busy_ = true;  // the group's turn is ours: later ops queue behind this one
+      } else {
+        if (!thread_.joinable()) thread_ = std::thread([this] { run_loop(); });
+        queue_.push_back(std::move(op));
+      }
+    }
+    ++number;
+  }
+  if (!run_here) {
+    queue_cv_.notify_one();
+    if (blocking) wait_quietly(*work);
+  } else if (blocking) {
+    run_blocking(op);
+  } else {
+    run_inline(std::move(op));
+  }
+  return work;
+}
+
+void QueuedGroup::run_blocking(Op& op) {
+  // The op before ours may have given its turn back and still be marking its Work: ours must
+  // complete after it (and no later op can start before ours ends: the turn is ours).
+  wait_for_earlier_completions();
+  // This thread does what the communication thread would, with its rules: continuations run
+  // here, and a wait() inside one is the same error.
+  struct AsCommThread {
+    AsCommThread() {
+      set_on_comm_thread(true);
+      set_caller_runs_op(true);
+    }
+    ~AsCommThread() {
+      set_on_comm_thread(false);
+      set_caller_runs_op(false);
+    }
+  } as_comm_thread;
+  run_one(op);
+}
+
+void QueuedGroup::wait_quietly(const Work& work) {
+  // Queued behind a running op: the communication thread runs ours next. Its error, if any, stays
+  // in the Work for the caller's wait(); this call only promises it has finished.
+  try {
+    work.wait();
+  } catch (...) {
+  }
+}
+
+void QueuedGroup::run_inline(Op op) {
+  op.deadline = Clock::now() + op.timeout;
+  try {
+    std::unique_ptr<StartedOp> started = start(op);
+    const auto budget_end = std::min(Clock::now() + kInlineBudget, op.deadline);
+    bool done = started->progress();
+    // The clock is read every 16 polls: reading it costs about as much as one poll.
+    for (uint32_t polls = 1; !done; ++polls) {
+      if ((polls & 15) == 0 && Clock::now() >= budget_end) break;
+      done = started->progress();
+    }
+    if (!done) {
+      // The peers are not there yet: the communication thread finishes it (ahead of anything
+      // queued meanwhile, which was issued later) and this call returns.
+      op.started = std::move(started);
+      {
+        std::lock_guard lock(queue_mutex_);
+        TANDEM_CHECK(!stopping_, "[dist] {} was abandoned: the group was shut down while it ran",
+                     op.work->description());
+        if (!thread_.joinable()) thread_ = std::thread([this] { run_loop(); });
+        queue_.push_front(std::move(op));
+        busy_ = false;
+      }
+      queue_cv_.notify_one();
+      return;
+    }
+    wait_for_earlier_completions();
+    complete(op);
+  } catch (...) {
+    wait_for_earlier_completions();
+    fail_op(op, std::current_exception());
+  }
+  bool queued = false;
+  {
+    std::lock_guard lock(queue_mutex_);
+    busy_ = false;
+    queued = !queue_.empty();
+  }
+  if (queued) queue_cv_.notify_one();
+}
+
+void QueuedGroup::wait_for_earlier_completions() const {
+  // The op before this one gave its turn back and is marking its Work (finish_queued), which
+  // includes running its continuations: usually a moment.
+  while (unmarked_.load() != 0) std::this_thread::yield();
+}
+
+void QueuedGroup::stop_comm_thread() {
+  {
+    std::lock_guard lock(queue_mutex_);
+    stopping_ = true;
+  }
+  queue_cv_.notify_all();
+  if (thread_.joinable() && std::this_thread::get_id() != thread_.get_id()) thread_.join();
+}
+
+void QueuedGroup::run_loop() {
+  set_on_comm_thread(true);
+  for (;;) {
+    Op op;
+    bool broken_group = false;
+    {
+      std::unique_lock lock(queue_mutex_);
+      // busy_: an issuing thread is running an op inline; what is queued comes after it.
+      queue_cv_.wait(lock, [&] { return (stopping_ && !busy_) || (!queue_.empty() && !busy_); });
+      if (queue_.empty()) return;  // stopping and drained
+      op = std::move(queue_.front());
+      queue_.pop_front();
+      broken_group = broken().is_broken();
+      busy_ = true;
+    }
+    if (broken_group) {
+      finish_queued(op, std::make_exception_ptr(Error(broken().message(op.work->description()))));
+    } else {
+      run_one(op);
+    }
+  }
+}
+
+void QueuedGroup::run_one(Op& op) {
+  try {
+    if (!op.started) op.deadline = Clock::now() + op.timeout;  // a started op keeps its deadline
+    execute(op);
+  } catch (...) {
+    return finish_queued(op, std::current_exception());
+  }
+  finish_queued(op, nullptr);
+}
+
+void QueuedGroup::finish_queued(Op& op, std::exception_ptr error) {
+  // Give the group's turn back before completing the Work: a caller woken by the completion and
+  // issuing its next small op at once then finds the group idle and runs it inline, instead of
+  // queueing it behind a turn that is about to end (and so on, never getting back inline).
+  // unmarked_ keeps completions in issue order: an inline op completes only after this one.
+  bool queued = false;
+  {
+    std::lock_guard lock(queue_mutex_);
+    busy_ = false;
+    unmarked_.fetch_add(1);
+    queued = !queue_.empty();
+  }
+  if (queued) queue_cv_.notify_one();
+  if (error) {
+    fail_op(op, std::move(error));
+  } else {
+    try {
+      complete(op);
+    } catch (...) {
+      fail_op(op, std::current_exception());
+    }
+  }
+  unmarked_.fetch_sub(1);
+}
+
+void QueuedGroup::complete(Op& op) {
+  TensorList result;
+  switch (op.kind) {
+    case OpKind::allreduce:
+    case OpKind::allreduce_coalesced:
+    case OpKind::broadcast:
+    case OpKind::send:
+    case OpKind::recv:
+      result = op.inputs;
+      break;
+    case OpKind::allgather:
+    case OpKind::allgather_into:
+    case OpKind::reduce_scatter:
+    case OpKind::reduce_scatter_tensor:
+    case OpKind::all_to_all:
+      result = op.outputs;
+      break;
+    case OpKind::barrier:
+    case OpKind::new_group: break;
+  }
+  op.work->mark_completed(std::move(result));
+}
+
+void QueuedGroup::fail_op(Op& op, std::exception_ptr error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const TimeoutError& e) {
+    if (!e.group_survives()) broken().mark(e.what());
+  } catch (...) {
+  }
+  op.work->mark_failed(std::move(error));
+}
+
+// ---- Issue: validation, fingerprint, queue ----
+
+WorkPtr QueuedGroup::allreduce(const Tensor& tensor, ReduceOp reduce) {
+  Op op;
+  op.fingerprint = check_allreduce(tensor, reduce, debug_checks() || always_fingerprints());
+  op.kind = OpKind::allreduce;
+  op.reduce = reduce;
+  op.inputs = {tensor};
+  return issue(std::move(op));
+}
+
+WorkPtr QueuedGroup::allreduce_coalesced(const TensorList& tensors, ReduceOp reduce) {
+  Op op;
+  op.fingerprint = check_allreduce_coalesced(tensors, reduce);
+  op.kind = OpKind::allreduce_coalesced;
+  op.reduce = reduce;
+  op.inputs = tensors;
+  return issue(std::move(op));
+}
+
+WorkPtr QueuedGroup::broadcast(const Tensor& tensor, int root) {
+  Op op;
+  op.fingerprint = check_broadcast(*this, tensor, root);
+  op.kind = OpKind::broadcast;
+  op.root = root;
+  op.inputs = {tensor};
+  return issue(std::move(op));
+}
+
+WorkPtr QueuedGroup::allgather(const TensorList& outputs, const Tensor& input) {
+  Op op;
+  op.fingerprint = check_allgather(*this, outputs, input);
+  op.kind = OpKind::allgather;
+  op.inputs = {input};
+  op.outputs = outputs;
+  return issue(std::move(op));
+}
+
+WorkPtr QueuedGroup::allgather_into(const Tensor& output, const Tensor& input) {
+  Op op;
+  op.fingerprint = check_allgather_into(*this, output, input);
+  op.kind = OpKind::allgather_into;
+  op.inputs = {input};
+  op.outputs = {output};
+  return issue(std::move(op));
+}
+
+WorkPtr QueuedGroup::reduce_scatter(const Tensor& output, const TensorList& inputs, ReduceOp reduce) {
+  Op op;
+  op.fingerprint = check_reduce_scatter(*this, output, inputs, reduce);
+  op.kind = OpKind::reduce_scatter;
+  op.reduce = reduce;
+  op.inputs = inputs;
+  op.outputs = {output};
+  return issue(std::move(op));
+}
+
+WorkPtr QueuedGroup::reduce_scatter_tensor(const Tensor& output, const Tensor& input, ReduceOp reduce) {
+  Op op;
+  op.fingerprint = check_reduce_scatter_tensor(*this, output, input, reduce);
+  op.kind = OpKind::reduce_scatter_tensor;
+  op.reduce = reduce;
+  op.inputs = {input};
+  op.outputs = {output};
+  return issue(std::move(op));
+}
+
+WorkPtr QueuedGroup::all_to_all(const Tensor& output, const Tensor& input, const AllToAllSplits& splits) {
+  Op op;
+  op.fingerprint = check_all_to_all(*this, output, input, splits, op.in_splits, op.out_splits);
+  op.kind = OpKind::all_to_all;
+  op.inputs = {input};
+  op.outputs = {output};
+  return issue(std::move(op));
+}
+
+WorkPtr QueuedGroup::barrier() {
+  Op op;
+  op.kind = OpKind::barrier;
+  op.fingerprint = "barrier";
+  return issue(std::move(op));
+}
+
+// send and recv share their checks and their op: `peer` is the destination or the source.
+WorkPtr QueuedGroup::issue_p2p(OpKind kind, const char* what, const char* peer_name, const Tensor& tensor, int peer,
+                               int tag) {
+  check_p2p(*this, what, peer_name, tensor, peer, tag);
+  Op op;
+  op.kind = kind;
+  op.root = peer;
+  op.tag = tag;
+  op.inputs = {tensor};
+  return issue(std::move(op));
+}
+
+WorkPtr QueuedGroup::send(const Tensor& tensor, int dst, int tag) {
+  return issue_p2p(OpKind::send, "send", "dst", tensor, dst, tag);
+}
+
+WorkPtr QueuedGroup::recv(const Tensor& tensor, int src, int tag) {
+  return issue_p2p(OpKind::recv, "recv", "src", tensor, src, tag);
+}
+
+ProcessGroupPtr QueuedGroup::new_group(const std::vector<int>& ranks) {
+  Op op;
+  op.fingerprint = check_new_group(*this, ranks);
+  op.kind = OpKind::new_group;
+  op.ranks = ranks;
+  WorkPtr work = issue(std::move(op));
+  work->wait();
+  std::lock_guard lock(queue_mutex_);
+  auto it = created_.find(work.get());
+  ProcessGroupPtr group = it == created_.end() ? nullptr : it->second;
+  if (it != created_.end()) created_.erase(it);
+  return group;
+}
+
+void QueuedGroup::publish_created(const Op& op, ProcessGroupPtr group) {
+  std::lock_guard lock(queue_mutex_);
+  created_[op.work.get()] = std::move(group);
+}
+
+}  // namespace tandem::dist

@@ -1,0 +1,412 @@
+// The mpi group: the collectives over MPI (the allreduce algorithms are in allreduce.cpp), point
+// to point, the debug fingerprint exchange and sub-groups; make_mpi_world and mpi_finalize.
+#include "dist/mpi/mpi.h"
+
+#include <mpi.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "dist/detail/host_staging.h"
+#include "dist/detail/queued_group.h"
+#include "dist/mpi/allreduce.h"
+#include "dist/mpi/runtime.h"
+
+namespace tandem::dist {
+
+namespace {
+constexpr int kDebugTag = 12;  // fingerprints, on the group's debug communicator
+}  // namespace
+
+// A group over a communicator of its own; its operations run on QueuedGroup's communication thread
+// with nonblocking MPI calls polled against the deadline (poll_until).
+class MpiGroup final : public QueuedGroup {
+ public:
+  // Takes ownership of `comm` (a communicator private to this group).
+  MpiGroup(MPI_Comm comm, std::string name)
+      : QueuedGroup(comm_rank(comm), comm_size(comm), std::move(name)), comm_(comm), coll_(comm, rank(), size()) {
+    TANDEM_MPI_CHECK(MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN));
+    TANDEM_MPI_CHECK(MPI_Comm_dup(comm, &p2p_));
+    TANDEM_MPI_CHECK(MPI_Comm_dup(comm, &debug_));
+    std::lock_guard lock(mpi_runtime().groups_mutex);
+    mpi_runtime().groups.insert(this);
+  }
+  ~MpiGroup() override {
+    {
+      std::lock_guard lock(mpi_runtime().groups_mutex);
+      mpi_runtime().groups.erase(this);
+    }
+    shutdown();
+  }
+  std::string_view backend() const override { return "mpi"; }
+
+  // Stops the thread and frees the communicators (no throw: runs from destructors and finalize).
+  void shutdown() noexcept {
+    stop_comm_thread();
+    if (comm_ == MPI_COMM_NULL || mpi_runtime().finalized) return;
+    for (MPI_Comm* c : {&comm_, &p2p_, &debug_}) {
+      if (*c != MPI_COMM_NULL) MPI_Comm_free(c);
+      *c = MPI_COMM_NULL;
+    }
+  }
+
+ protected:
+  // Device tensors go through host copies (detail/host_staging.h).
+  void on_issue(const Op& op) override { sync_device_tensors(op); }
+  void execute(Op& op) override {
+    HostStaging staging(op);
+    run(op);
+    staging.finish();
+  }
+
+ private:
+  void run(Op& op) {
+    if (op.kind == OpKind::send) return do_send(op);
+    if (op.kind == OpKind::recv) return do_recv(op);
+    if (op.kind == OpKind::new_group) return do_new_group(op);
+    if (op.debug && size() > 1) exchange_fingerprints(op);
+    switch (op.kind) {
+      case OpKind::allreduce: {
+        if (op.started) {
+          finish(op, *op.started);  // begun by the issuing thread
+          break;
+        }
+        const Tensor& t = op.inputs[0];
+        allreduce(op, t.data_ptr(), t.numel(), t.dtype());
+        break;
+      }
+      case OpKind::allreduce_coalesced: {
+        int64_t total = 0;
+        for (const Tensor& t : op.inputs) total += t.numel();
+        const Dtype dt = op.inputs[0].dtype();
+        char* buf = coll_.scratch(0, total * itemsize(dt));
+        size_t off = 0;
+        for (const Tensor& t : op.inputs) {
+          if (t.nbytes()) std::memcpy(buf + off, t.data_ptr(), t.nbytes());
+          off += t.nbytes();
+        }
+        allreduce(op, buf, total, dt);
+        off = 0;
+        for (const Tensor& t : op.inputs) {
+          if (t.nbytes()) std::memcpy(t.data_ptr(), buf + off, t.nbytes());
+          off += t.nbytes();
+        }
+        break;
+      }
+      case OpKind::broadcast: {
+        const Tensor& t = op.inputs[0];
+        MPI_Request req;
+        {
+          auto lk = mpi_runtime().lock();
+          TANDEM_MPI_CHECK(MPI_Ibcast(t.data_ptr(), mpi_int(t.nbytes(), "broadcast bytes"), MPI_BYTE, op.root, comm_, &req));
+        }
+        wait_collective(op, &req, 1, t.nbytes());
+        break;
+      }
+      case OpKind::allgather:
+      case OpKind::allgather_into: {
+        const Tensor& in = op.inputs[0];
+        const int bytes = mpi_int(in.nbytes(), "allgather bytes per rank");
+        char* out = op.kind == OpKind::allgather_into ? static_cast<char*>(op.outputs[0].data_ptr())
+                                                      : coll_.scratch(0, static_cast<size_t>(bytes) * size());
+        const void* send = in.data_ptr() == out + static_cast<size_t>(bytes) * rank() ? MPI_IN_PLACE : in.data_ptr();
+        MPI_Request req;
+        {
+          auto lk = mpi_runtime().lock();
+          TANDEM_MPI_CHECK(MPI_Iallgather(send, bytes, MPI_BYTE, out, bytes, MPI_BYTE, comm_, &req));
+        }
+        wait_collective(op, &req, 1, static_cast<size_t>(bytes) * size());
+        if (op.kind == OpKind::allgather) {
+          for (int k = 0; k < size(); ++k)
+            if (bytes) std::memcpy(op.outputs[k].data_ptr(), out + static_cast<size_t>(bytes) * k, bytes);
+        }
+        break;
+      }
+      case OpKind::reduce_scatter:
+      case OpKind::reduce_scatter_tensor: {
+        const Tensor& out = op.outputs[0];
+        const Dtype dt = out.dtype();
+        const void* in = op.inputs[0].data_ptr();
+        if (op.kind == OpKind::reduce_scatter) {
+          char* buf = coll_.scratch(0, out.nbytes() * size());
+          for (int k = 0; k < size(); ++k)
+            if (out.nbytes()) std::memcpy(buf + out.nbytes() * k, op.inputs[k].data_ptr(), out.nbytes());
+          in = buf;
+        }
+        MPI_Request req;
+        {
+          auto lk = mpi_runtime().lock();
+          TANDEM_MPI_CHECK(MPI_Ireduce_scatter_block(in, out.data_ptr(), mpi_int(out.numel(), "reduce_scatter count"),
+                                                     mpi_type(dt), mpi_op(op.reduce, dt), comm_, &req));
+        }
+        wait_collective(op, &req, 1, out.nbytes() * size());
+        if (op.reduce == ReduceOp::avg) divide_buffer(out.data_ptr(), out.numel(), dt, size());
+        break;
+      }
+      case OpKind::all_to_all: {
+        const Tensor& in = op.inputs[0];
+        const Tensor& out = op.outputs[0];
+        const int64_t row = static_cast<int64_t>(row_bytes(out));
+        const int n = size();
+        std::vector<int> sc(n), sd(n), rc(n), rd(n);
+        int64_t soff = 0, roff = 0;
+        for (int k = 0; k < n; ++k) {
+          sc[k] = mpi_int(op.in_splits[k] * row, "all_to_all bytes");
+          sd[k] = mpi_int(soff, "all_to_all offset");
+          rc[k] = mpi_int(op.out_splits[k] * row, "all_to_all bytes");
+          rd[k] = mpi_int(roff, "all_to_all offset");
+          soff += sc[k];
+          roff += rc[k];
+        }
+        MPI_Request req;
+        {
+          auto lk = mpi_runtime().lock();
+          TANDEM_MPI_CHECK(MPI_Ialltoallv(in.data_ptr(), sc.data(), sd.data(), MPI_BYTE, out.data_ptr(), rc.data(),
+                                          rd.data(), MPI_BYTE, comm_, &req));
+        }
+        wait_collective(op, &req, 1, static_cast<size_t>(soff + roff));
+        break;
+      }
+      case OpKind::barrier: {
+        MPI_Request req;
+        {
+          auto lk = mpi_runtime().lock();
+          TANDEM_MPI_CHECK(MPI_Ibarrier(comm_, &req));
+        }
+        wait_collective(op, &req, 1);
+        break;
+      }
+      default: break;
+    }
+  }
+
+  static int comm_rank(MPI_Comm c) {
+    int r = 0;
+    TANDEM_MPI_CHECK(MPI_Comm_rank(c, &r));
+    return r;
+  }
+  static int comm_size(MPI_Comm c) {
+    int s = 0;
+    TANDEM_MPI_CHECK(MPI_Comm_size(c, &s));
+    return s;
+  }
+
+  [[noreturn]] void collective_timeout(const Op& op) {
+    throw TimeoutError(fmt::format("[dist] {} timed out after {} ms; the group is broken. The mpi backend cannot "
+                                   "tell which ranks did not arrive unless TANDEM_DIST_DEBUG=detail is set",
+                                   describe(op), op.timeout.count()),
+                       false);
+  }
+
+  void wait_collective(const Op& op, MPI_Request* reqs, int n, size_t bytes = 0) {
+    if (!wait_requests(reqs, n, op.deadline, bytes)) collective_timeout(op);
+  }
+
+  // ---- allreduce ----
+
+  void allreduce(const Op& op, void* data, int64_t count, Dtype dt) {
+    if (!allreduce_buffer(coll_, static_cast<char*>(data), count, dt, op.reduce, op.deadline)) collective_timeout(op);
+  }
+
+  // The issuing thread's fast path (QueuedGroup::start): one small CPU tensor, no debug exchange.
+  bool can_start(const Op& op) const override {
+    if (op.kind != OpKind::allreduce || op.debug) return false;
+    const Tensor& t = op.inputs[0];
+    return t.is_cpu() && t.nbytes() <= kInlineAllreduceBytes;
+  }
+
+  std::unique_ptr<StartedOp> start(Op& op) override {
+    const Tensor& t = op.inputs[0];
+    return std::make_unique<SmallAllreduce>(coll_, op.reduce, static_cast<char*>(t.data_ptr()), t.numel(), t.dtype());
+  }
+
+  // Polls an op the issuing thread started to completion; a TimeoutError at the deadline.
+  void finish(const Op& op, StartedOp& started) {
+    if (!poll_until(op.deadline, 0, [&] { return started.progress(); })) collective_timeout(op);
+  }
+
+  // ---- debug fingerprints ----
+
+  // Every rank sends its packed fingerprint to every other rank, point to point, so that a rank
+  // that never arrives is named; all ranks then hold the same table and reach the same verdict.
+  void exchange_fingerprints(const Op& op) {
+    const int n = size(), me = rank();
+    const int64_t words = fingerprint_words();
+    const std::vector<int64_t> mine = pack_fingerprint(op.fingerprint, op.kind, op.in_splits, op.out_splits);
+    std::vector<int64_t> table(n * words);
+    std::copy(mine.begin(), mine.end(), table.begin() + me * words);
+    const int bytes = mpi_int(words * static_cast<int64_t>(sizeof(int64_t)), "fingerprint bytes");
+    std::vector<MPI_Request> recvs(n, MPI_REQUEST_NULL), sends(n, MPI_REQUEST_NULL);
+    {
+      auto lk = mpi_runtime().lock();
+      for (int k = 0; k < n; ++k) {
+        if (k == me) continue;
+        TANDEM_MPI_CHECK(MPI_Irecv(&table[k * words], bytes, MPI_BYTE, k, kDebugTag, debug_, &recvs[k]));
+        TANDEM_MPI_CHECK(MPI_Isend(mine.data(), bytes, MPI_BYTE, k, kDebugTag, debug_, &sends[k]));
+      }
+    }
+    if (!wait_requests(recvs.data(), n, op.deadline)) {
+      std::vector<int> missing;
+      auto lk = mpi_runtime().lock();
+      for (int k = 0; k < n; ++k) {
+        if (recvs[k] == MPI_REQUEST_NULL) continue;
+        int done = 0;
+        MPI_Test(&recvs[k], &done, MPI_STATUS_IGNORE);
+        if (done) continue;
+        missing.push_back(k);
+        MPI_Cancel(&recvs[k]);
+        MPI_Request_free(&recvs[k]);
+      }
+      for (auto& s : sends)
+        if (s != MPI_REQUEST_NULL) MPI_Request_free(&s);
+      throw TimeoutError(fmt::format("[dist] {} timed out after {} ms: {} {} did not arrive", describe(op),
+                                     op.timeout.count(), missing.size() == 1 ? "rank" : "ranks",
+                                     join_ranks(missing)),
+                         false);
+    }
+    wait_collective(op, sends.data(), n);
+    check_fingerprints(op.seq, op.kind, table.data());
+  }
+
+  // ---- point to point ----
+
+  void do_send(Op& op) {
+    const Tensor& t = op.inputs[0];
+    MPI_Request req;
+    {
+      auto lk = mpi_runtime().lock();
+      TANDEM_MPI_CHECK(MPI_Isend(t.data_ptr(), mpi_int(t.nbytes(), "send bytes"), MPI_BYTE, op.root, op.tag, p2p_, &req));
+    }
+    if (wait_requests(&req, 1, op.deadline)) return;
+    bool cancelled = cancel(req);
+    throw TimeoutError(fmt::format("[dist] {} timed out after {} ms: rank {} did not receive{}", describe(op),
+                                   op.timeout.count(), op.root, cancelled ? "" : "; the group is broken"),
+                       cancelled);
+  }
+
+  void do_recv(Op& op) {
+    const Tensor& t = op.inputs[0];
+    MPI_Request req;
+    MPI_Status status;
+    {
+      auto lk = mpi_runtime().lock();
+      TANDEM_MPI_CHECK(MPI_Irecv(t.data_ptr(), mpi_int(t.nbytes(), "recv bytes"), MPI_BYTE, op.root, op.tag, p2p_, &req));
+    }
+    int rc = MPI_SUCCESS;  // an error ends the wait too: reported below with the status
+    const bool done = poll_until(op.deadline, 0, [&] {
+      int flag = 0;
+      auto lk = mpi_runtime().lock();
+      rc = MPI_Test(&req, &flag, &status);
+      return rc != MPI_SUCCESS || flag;
+    });
+    if (!done) {
+      bool cancelled = cancel(req);
+      throw TimeoutError(fmt::format("[dist] {} timed out after {} ms: rank {} did not send{}", describe(op),
+                                     op.timeout.count(), op.root, cancelled ? "" : "; the group is broken"),
+                         cancelled);
+    }
+    int err_class = MPI_SUCCESS;
+    if (rc != MPI_SUCCESS) MPI_Error_class(rc, &err_class);
+    TANDEM_CHECK(err_class != MPI_ERR_TRUNCATE && status.MPI_ERROR != MPI_ERR_TRUNCATE,
+                 "[recv] rank {} sent more than the receive tensor on rank {} holds ({} {}, {} bytes, tag {})", op.root,
+                 rank(), t.dtype(), t.shape(), t.nbytes(), op.tag);
+    TANDEM_MPI_CHECK(rc);
+    int count = 0;
+    TANDEM_MPI_CHECK(MPI_Get_count(&status, MPI_BYTE, &count));
+    TANDEM_CHECK(static_cast<size_t>(count) == t.nbytes(),
+                 "[recv] rank {} sent {} bytes but the receive tensor on rank {} is {} {} ({} bytes, tag {})", op.root,
+                 count, rank(), t.dtype(), t.shape(), t.nbytes(), op.tag);
+  }
+
+  // True when the pending request was cancelled (nothing of it remains in flight).
+  bool cancel(MPI_Request& req) {
+    auto lk = mpi_runtime().lock();
+    if (MPI_Cancel(&req) != MPI_SUCCESS) return false;
+    MPI_Status st;
+    if (MPI_Wait(&req, &st) != MPI_SUCCESS) return false;
+    int cancelled = 0;
+    MPI_Test_cancelled(&st, &cancelled);
+    return cancelled != 0;
+  }
+
+  // ---- sub-groups ----
+
+  void do_new_group(Op& op) {
+    const int n = size();
+    // Every rank must list the same ranks: gather the lists and compare.
+    int len = static_cast<int>(op.ranks.size());
+    std::vector<int> lens(n);
+    MPI_Request req;
+    {
+      auto lk = mpi_runtime().lock();
+      TANDEM_MPI_CHECK(MPI_Iallgather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, comm_, &req));
+    }
+    wait_collective(op, &req, 1);
+    std::vector<int> displs(n);
+    int total = 0;
+    for (int k = 0; k < n; ++k) {
+      displs[k] = total;
+      total += lens[k];
+    }
+    std::vector<int> all(total);
+    {
+      auto lk = mpi_runtime().lock();
+      TANDEM_MPI_CHECK(MPI_Iallgatherv(op.ranks.data(), len, MPI_INT, all.data(), lens.data(), displs.data(), MPI_INT,
+                                       comm_, &req));
+    }
+    wait_collective(op, &req, 1);
+    std::vector<std::string> fps(n);
+    bool mismatch = false;
+    for (int k = 0; k < n; ++k) {
+      std::vector<int> theirs(all.begin() + displs[k], all.begin() + displs[k] + lens[k]);
+      fps[k] = new_group_fingerprint(theirs);
+      mismatch |= theirs != op.ranks;
+    }
+    if (mismatch) fail_mismatch(op.seq, fps);
+    auto it = std::find(op.ranks.begin(), op.ranks.end(), rank());
+    int color = it == op.ranks.end() ? MPI_UNDEFINED : 0;
+    int key = static_cast<int>(it - op.ranks.begin());
+    MPI_Comm sub = MPI_COMM_NULL;
+    {
+      // Blocking, but every rank has just passed the gathers above, so none is missing.
+      auto lk = mpi_runtime().lock();
+      TANDEM_MPI_CHECK(MPI_Comm_split(comm_, color, key, &sub));
+    }
+    std::string child_name = next_child_name();
+    ProcessGroupPtr group;
+    if (sub != MPI_COMM_NULL) {
+      group = std::make_shared<MpiGroup>(sub, child_name);
+      configure_child(*group);
+    }
+    publish_created(op, group);
+  }
+
+  MPI_Comm comm_ = MPI_COMM_NULL;   // collectives (and the allreduce algorithms' messages)
+  CollectiveComm coll_;             // comm_ as the algorithms use it, with the scratch areas
+  MPI_Comm p2p_ = MPI_COMM_NULL;    // user send/recv, so their tags never meet the algorithms'
+  MPI_Comm debug_ = MPI_COMM_NULL;  // fingerprints
+};
+
+ProcessGroupPtr make_mpi_world(std::optional<Milliseconds> timeout, std::optional<bool> debug_checks) {
+  ensure_mpi_initialized();
+  MPI_Comm comm = MPI_COMM_NULL;
+  TANDEM_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &comm));
+  auto g = std::make_shared<MpiGroup>(comm, "world");
+  if (timeout) g->set_timeout(*timeout);
+  if (debug_checks) g->set_debug_checks(*debug_checks);
+  return g;
+}
+
+void mpi_finalize() {
+  MpiRuntime& rt = mpi_runtime();
+  std::lock_guard lock(rt.init_mutex);
+  if (!rt.initialized || rt.finalized) return;
+  {
+    std::lock_guard glock(rt.groups_mutex);
+    for (MpiGroup* g : rt.groups) g->shutdown();
+  }
+  rt.finalized = true;
+  if (rt.we_initialized) MPI_Finalize();
+}
+
+}  // namespace tandem::dist

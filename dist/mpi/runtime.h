@@ -1,0 +1,51 @@
+// The mpi backend's process-wide state and vocabulary: start-up (MPI_Init_thread, or adopting an
+// MPI the program already initialised), the lock every MPI call takes when MPI is only
+// SERIALIZED, the live groups (so finalize stops them first), checked MPI calls, and the mapping
+// of dtypes and reduce ops to MPI's, with user ops for f16/bf16 that combine in float element by
+// element. Internal to the mpi backend (not installed).
+#pragma once
+
+#include <mpi.h>
+
+#include <mutex>
+#include <set>
+
+#include "dist/mpi/mpi.h"
+#include "dist/process_group.h"
+
+namespace tandem::dist {
+
+// Throws "[mpi] <call> failed: <MPI's error string> (<file>:<line>)" unless rc is MPI_SUCCESS.
+void check_mpi(int rc, const char* call, const char* file, int line);
+#define TANDEM_MPI_CHECK(...) ::tandem::dist::check_mpi((__VA_ARGS__), #__VA_ARGS__, __FILE__, __LINE__)
+
+class MpiGroup;
+
+// Process-wide MPI state: initialisation, the lock used when MPI is only SERIALIZED, and the live
+// groups (so finalize can stop them first).
+struct MpiRuntime {
+  std::mutex init_mutex;
+  bool initialized = false;
+  bool finalized = false;
+  bool we_initialized = false;
+  bool serialized = false;
+  MpiInfo info;
+  std::mutex call_mutex;
+  std::mutex groups_mutex;
+  std::set<MpiGroup*> groups;
+
+  std::unique_lock<std::mutex> lock() {
+    return serialized ? std::unique_lock<std::mutex>(call_mutex) : std::unique_lock<std::mutex>();
+  }
+};
+
+MpiRuntime& mpi_runtime();  // never destroyed: groups may outlive static destruction
+// Initialises MPI on first use (or adopts the program's MPI); throws once it was finalised.
+void ensure_mpi_initialized();
+
+MPI_Datatype mpi_type(Dtype d);  // f16/bf16 travel as their bit patterns (MPI_UINT16_T)
+MPI_Op mpi_op(ReduceOp r, Dtype d);  // avg is a sum here: the caller divides
+// v as an MPI count (an int), or "[mpi] <what> of <v> exceeds MPI's int count limit".
+int mpi_int(int64_t v, const char* what);
+
+}  // namespace tandem::dist

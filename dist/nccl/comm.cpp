@@ -1,0 +1,255 @@
+// The nccl communicator and its watchdog (see comm.h). Only compiled with TANDEM_WITH_NCCL.
+#ifdef TANDEM_WITH_NCCL
+
+#include "dist/nccl/comm.h"
+
+#include <fmt/format.h>
+
+#include <chrono>
+
+#include "dist/detail/comm_thread.h"
+
+namespace tandem::dist {
+
+namespace {
+
+std::string duration_text(Milliseconds t) {
+  return t.count() % 1000 == 0 ? fmt::format("{} s", t.count() / 1000) : fmt::format("{} ms", t.count());
+}
+
+}  // namespace
+
+void throw_nccl_error(ncclResult_t rc, const char* call, const char* file, int line) {
+  std::string_view fn(call);
+  fn = fn.substr(0, fn.find('('));
+  std::string_view where(file);
+  if (size_t p = where.rfind("dist/"); p != std::string_view::npos) where = where.substr(p);
+  const char* detail = ncclGetLastError(nullptr);
+  fail("[nccl] {}(...) failed at {}:{}: {}{}", fn, where, line, ncclGetErrorString(rc),
+       detail && *detail ? fmt::format(" ({})", detail) : std::string());
+}
+
+ncclDataType_t nccl_type(Dtype d) {
+  switch (d) {
+    case f32: return ncclFloat32;
+    case f64: return ncclFloat64;
+    case f16: return ncclFloat16;
+    case bf16: return ncclBfloat16;
+    case i32: return ncclInt32;
+    case i64: return ncclInt64;
+    case boolean: return ncclUint8;  // 0/1 bytes: or = max, and = min
+  }
+  return ncclUint8;
+}
+
+ncclRedOp_t nccl_op(ReduceOp r, Dtype d) {
+  if (d == boolean) return (r == ReduceOp::sum || r == ReduceOp::max) ? ncclMax : ncclMin;
+  switch (r) {
+    case ReduceOp::sum: return ncclSum;
+    case ReduceOp::avg: return ncclAvg;
+    case ReduceOp::min: return ncclMin;
+    case ReduceOp::max: return ncclMax;
+    case ReduceOp::product: return ncclProd;
+  }
+  return ncclSum;
+}
+
+NcclComm::NcclComm(int rank_, int size_, int device_, std::string name_)
+    : rank(rank_), size(size_), device(device_), name(std::move(name_)) {
+  cuda::DeviceGuard guard(device);
+  stream = cuda::Stream::create(device, -1);  // high priority: gradients leave as soon as ready
+}
+
+NcclComm::~NcclComm() {
+  ncclComm_t c = comm.exchange(nullptr);
+  if (c == nullptr) return;
+  // Never throws. Once the CUDA runtime is shutting down (a group destroyed at exit) NCCL cannot
+  // be torn down safely: the process is ending anyway. A broken communicator is aborted, not flushed.
+  if (cudaSetDevice(device) != cudaSuccess) return;
+  if (!broken->is_broken() && ncclCommDestroy(c) == ncclSuccess) return;
+  (void)ncclCommAbort(c);
+}
+
+std::string NcclComm::label() const {
+  return fmt::format("nccl group of {} rank{} (group {}, rank {})", size, size == 1 ? "" : "s", name, rank);
+}
+
+std::exception_ptr NcclComm::broken_error(const std::string& what) const {
+  return std::make_exception_ptr(
+      Error(fmt::format("[dist] {} failed: the group is broken ({})", what, broken->reason())));
+}
+
+cuda::Event NcclComm::take_event() {
+  std::lock_guard lock(state_mutex);
+  if (free_events.empty()) return cuda::Event(false);
+  cuda::Event e = std::move(free_events.back());
+  free_events.pop_back();
+  return e;
+}
+
+void NcclComm::push(NcclPending p) {
+  bool pushed = false;
+  {
+    std::lock_guard lock(state_mutex);
+    if (!broken->is_broken()) {
+      pending.push_back(std::move(p));
+      pushed = true;
+    }
+  }
+  if (pushed) {
+    cv.notify_one();
+    return;
+  }
+  p.work->mark_failed(broken_error(p.what));
+}
+
+void NcclComm::start_watchdog(const std::shared_ptr<NcclComm>& self) {
+  watchdog = std::thread([self] { self->watch(); });
+}
+
+void NcclComm::stop() noexcept {
+  {
+    std::lock_guard lock(state_mutex);
+    stopping = true;
+  }
+  cv.notify_all();
+  if (!watchdog.joinable()) return;
+  if (std::this_thread::get_id() == watchdog.get_id()) {
+    watchdog.detach();  // the last reference went away in a continuation: the thread finishes alone
+  } else {
+    watchdog.join();
+  }
+}
+
+void NcclComm::break_group(const std::string& reason, bool holding_issue_lock) noexcept {
+  try {
+    broken->mark(reason);
+  } catch (...) {
+  }
+  abort_comm(holding_issue_lock);
+  cv.notify_all();
+}
+
+void NcclComm::fail_pending(std::exception_ptr front_error) noexcept {
+  std::deque<NcclPending> failed;
+  {
+    std::lock_guard lock(state_mutex);
+    failed.swap(pending);
+  }
+  bool first = true;
+  for (NcclPending& p : failed) {
+    try {
+      p.work->mark_failed(first && front_error ? front_error : broken_error(p.what));
+    } catch (...) {
+    }
+    first = false;
+  }
+}
+
+void NcclComm::abort_comm(bool holding_issue_lock) noexcept {
+  // A thread issuing a collective holds the issue lock; one blocked inside NCCL (a peer that
+  // never connects) only comes back once the communicator is aborted, so wait a little for the
+  // lock, then abort without it.
+  std::unique_lock<std::mutex> issue(issue_mutex, std::defer_lock);
+  if (!holding_issue_lock) {
+    for (int i = 0; i < 200 && !issue.try_lock(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ncclComm_t c = comm.exchange(nullptr);
+  if (c != nullptr) {
+    (void)cudaSetDevice(device);
+    (void)ncclCommAbort(c);
+  }
+}
+
+void NcclComm::watch() {
+  set_on_comm_thread(true);  // continuations run here: a blocking wait inside one is reported
+  (void)cudaSetDevice(device);
+  for (;;) {
+    NcclPending* front = nullptr;
+    {
+      std::unique_lock lock(state_mutex);
+      cv.wait(lock, [&] { return stopping || !pending.empty(); });
+      if (pending.empty()) return;  // stopping and drained
+      front = &pending.front();  // only this thread pops; push_back keeps references valid
+    }
+    if (broken->is_broken()) {  // broken by an issuing thread (a launch that failed half-way)
+      fail_pending(nullptr);
+      continue;
+    }
+    // The collectives complete in order on the comm stream: only the oldest needs polling, and
+    // its deadline is the earliest.
+    std::string failure;
+    bool timed_out = false, done = false;
+    const Clock::time_point polling_since = Clock::now();
+    for (uint64_t spin = 0;; ++spin) {
+      try {
+        done = front->done.query();
+      } catch (const std::exception& e) {
+        failure = fmt::format("[dist] {} failed on {}: {}; the communicator was aborted and the group is broken",
+                              front->what, label(), e.what());
+        break;
+      }
+      if (done) break;
+      if ((spin & 15) == 15) {
+        if (broken->is_broken()) break;  // failure stays empty: fail_pending below gives the reason
+        ncclResult_t async = ncclSuccess;
+        ncclComm_t c = comm.load();
+        ncclResult_t rc = c ? ncclCommGetAsyncError(c, &async) : ncclInvalidUsage;
+        if (rc != ncclSuccess || (async != ncclSuccess && async != ncclInProgress)) {
+          ncclResult_t shown = rc != ncclSuccess ? rc : async;
+          const char* detail = c ? ncclGetLastError(c) : nullptr;
+          failure = fmt::format(
+              "[dist] {} #{} failed on {}: NCCL reported an asynchronous error: {}{} (a peer failed or left); the "
+              "communicator was aborted and the group is broken",
+              front->kind, front->seq, label(), ncclGetErrorString(shown),
+              detail && *detail ? fmt::format(" ({})", detail) : std::string());
+          break;
+        }
+        if (Clock::now() > front->deadline) {
+          timed_out = true;
+          failure = fmt::format(
+              "[dist] {} #{} timed out after {} on {}; NCCL cannot tell which ranks did not arrive "
+              "(TANDEM_DIST_DEBUG=detail checks that every rank called it); the communicator was aborted and the "
+              "group is broken",
+              front->kind, front->seq, duration_text(front->timeout), label());
+          break;
+        }
+      }
+      // Spin briefly for small collectives' latency, then poll gently, then lazily (a collective
+      // queued behind a long stretch of the caller's compute).
+      if (spin < 2000) {
+        std::this_thread::yield();
+      } else if (Clock::now() - polling_since < std::chrono::milliseconds(100)) {
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
+      } else {
+        std::this_thread::sleep_for(std::chrono::microseconds(500));
+      }
+    }
+    if (!failure.empty()) {
+      std::exception_ptr e = timed_out ? std::make_exception_ptr(TimeoutError(failure, false))
+                                       : std::make_exception_ptr(Error(failure));
+      break_group(failure, false);
+      fail_pending(e);
+      continue;
+    }
+    if (!done) {  // broken meanwhile by an issuing thread
+      fail_pending(nullptr);
+      continue;
+    }
+    NcclPending p;
+    {
+      std::lock_guard lock(state_mutex);
+      p = std::move(pending.front());
+      pending.pop_front();
+      free_events.push_back(std::move(p.done));
+    }
+    try {
+      p.work->mark_completed(std::move(p.result));  // runs the continuations, on this thread
+    } catch (...) {
+    }
+  }
+}
+
+}  // namespace tandem::dist
+
+#endif  // TANDEM_WITH_NCCL

@@ -1,0 +1,118 @@
+// The nccl backend's communicator: checked NCCL calls, the dtype and reduce-op mapping, and
+// NcclComm, which owns the communicator, its comm stream and the watchdog thread that completes
+// the collectives in flight. Internal to the nccl backend (not installed); only compiled with
+// TANDEM_WITH_NCCL.
+#pragma once
+
+#include <nccl.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cuda/runtime.h"
+#include "dist/detail/group_base.h"
+
+namespace tandem::dist {
+
+// ---- checked NCCL calls ----
+
+// "[nccl] ncclAllReduce(...) failed at dist/nccl/group.cpp:412: unhandled cuda error (...)"
+[[noreturn]] void throw_nccl_error(ncclResult_t rc, const char* call, const char* file, int line);
+
+#define TANDEM_NCCL_CHECK(call)                                                   \
+  do {                                                                            \
+    ncclResult_t tandem_nccl_rc_ = (call);                                        \
+    if (tandem_nccl_rc_ != ncclSuccess) [[unlikely]]                              \
+      ::tandem::dist::throw_nccl_error(tandem_nccl_rc_, #call, __FILE__, __LINE__); \
+  } while (0)
+
+// ncclGroupStart/End around several calls; the destructor closes a group left open by a throw.
+class NcclCallGroup {
+ public:
+  NcclCallGroup() { TANDEM_NCCL_CHECK(ncclGroupStart()); }
+  ~NcclCallGroup() {
+    if (open_) (void)ncclGroupEnd();
+  }
+  NcclCallGroup(const NcclCallGroup&) = delete;
+  NcclCallGroup& operator=(const NcclCallGroup&) = delete;
+  void end() {
+    open_ = false;
+    TANDEM_NCCL_CHECK(ncclGroupEnd());
+  }
+
+ private:
+  bool open_ = true;
+};
+
+ncclDataType_t nccl_type(Dtype d);
+ncclRedOp_t nccl_op(ReduceOp r, Dtype d);
+
+// ---- the communicator, its comm stream and its watchdog ----
+
+// One collective in flight: done when `done` (recorded on the comm stream after it) has fired.
+struct NcclPending {
+  std::string what;  // "allreduce #3 on group world (nccl, rank 0 of 2)"
+  std::string kind;  // "allreduce"
+  uint64_t seq = 0;
+  WorkPtr work;
+  TensorList result;  // the Work's result
+  TensorList keep;    // inputs and scratch: alive until the collective has finished
+  cuda::Event done;
+  Milliseconds timeout{0};
+  Clock::time_point deadline;
+};
+
+// What the group and its watchdog thread share (the watchdog keeps it alive while it drains).
+struct NcclComm {
+  NcclComm(int rank, int size, int device, std::string name);
+  // Never throws; a broken communicator is aborted, not flushed.
+  ~NcclComm();
+
+  // "nccl group of 2 ranks (group world, rank 0)"
+  std::string label() const;
+  // The error of a collective under way when the group broke.
+  std::exception_ptr broken_error(const std::string& what) const;
+  // A completion event, reused once the watchdog is done with it.
+  cuda::Event take_event();
+  // Hands a launched collective to the watchdog, or fails it if the group broke meanwhile.
+  void push(NcclPending p);
+  void start_watchdog(const std::shared_ptr<NcclComm>& self);
+  // Stops the watchdog once the collectives in flight are done (or failed at their deadline).
+  void stop() noexcept;
+  // Marks the group broken (later calls fail at once) and aborts the communicator; the watchdog
+  // then fails what is in flight. Never throws.
+  void break_group(const std::string& reason, bool holding_issue_lock) noexcept;
+
+  const int rank, size, device;
+  const std::string name;
+  std::atomic<ncclComm_t> comm{nullptr};
+  cuda::Stream stream;  // every collective of the group runs here, in issue order
+  cuda::Event ready;    // the caller's stream position, re-recorded per collective (issue lock)
+  std::mutex issue_mutex;  // NCCL calls, sequence numbers, `ready`
+  // The group's broken state (GroupBase's), which the watchdog sets too.
+  const std::shared_ptr<BrokenState> broken = std::make_shared<BrokenState>();
+
+ private:
+  // The watchdog thread: polls the oldest collective's completion event and the communicator's
+  // asynchronous error against its deadline, completes or fails its Work.
+  void watch();
+  // Watchdog only: fails every collective in flight, the first (the one that timed out or failed)
+  // with `front_error` when given.
+  void fail_pending(std::exception_ptr front_error) noexcept;
+  void abort_comm(bool holding_issue_lock) noexcept;
+
+  std::mutex state_mutex;  // the fields below
+  std::condition_variable cv;
+  std::deque<NcclPending> pending;
+  std::vector<cuda::Event> free_events;
+  bool stopping = false;
+  std::thread watchdog;
+};
+
+}  // namespace tandem::dist
