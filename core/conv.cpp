@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -52,14 +53,71 @@ void valid_columns(int64_t off, const Window2d& w, int64_t& lo, int64_t& hi) {
   hi = std::max(hi, lo);
 }
 
+// dst[0, n) = src[0, n) for the short runs of im2col, inline: 32-byte blocks, the last one
+// overlapping the one before (a call to memmove per row of a 28-wide image cost a third of im2col).
+template <class T>
+inline void copy_run(T* __restrict dst, const T* __restrict src, int64_t n) {
+  constexpr int64_t kBlock = 32 / sizeof(T);
+  if (n < kBlock) {
+    for (int64_t i = 0; i < n; ++i) dst[i] = src[i];
+    return;
+  }
+  int64_t i = 0;
+  for (; i + kBlock <= n; i += kBlock) std::memcpy(dst + i, src + i, 32);
+  if (i < n) std::memcpy(dst + n - kBlock, src + n - kBlock, 32);
+}
+
+// Stride-1 windows whose output is as wide as the input (the "same" convolutions: 3x3 with
+// padding 1, ...): each tap's row of the column matrix is then the input plane shifted by a
+// constant, one contiguous copy (or add, for col2im) over the output rows that stay inside the
+// input, with the few positions that wrap around a row edge zeroed.
+bool shifts_plane(const Window2d& w) { return w.sh == 1 && w.sw == 1 && w.OW == w.W; }
+
+struct TapSpan {
+  int64_t oh_lo, oh_hi;  // output rows whose input row is inside the input
+  int64_t lo, hi;        // output columns likewise
+  int64_t shift;         // input index - output index (shifts_plane only)
+};
+
+TapSpan tap_span(const Window2d& w, int64_t ki, int64_t kj) {
+  TapSpan t;
+  const int64_t voff = ki * w.dh - w.ph, off = kj * w.dw - w.pw;
+  t.oh_lo = std::clamp<int64_t>(-voff, 0, w.OH);
+  t.oh_hi = std::clamp<int64_t>(w.H - voff, t.oh_lo, w.OH);
+  valid_columns(off, w, t.lo, t.hi);
+  t.shift = voff * w.W + off;
+  return t;
+}
+
+// Zeroes the wrapped positions (columns outside [lo, hi)) of output rows [oh_lo, oh_hi).
+template <class T>
+void zero_wrapped(T* row, const TapSpan& t, int64_t W) {
+  for (int64_t oh = t.oh_lo; oh < t.oh_hi; ++oh) {
+    std::fill(row + oh * W, row + oh * W + t.lo, T(0));
+    std::fill(row + oh * W + t.hi, row + (oh + 1) * W, T(0));
+  }
+}
+
 template <class T>
 void im2col_cpu(const T* x, T* col, int64_t C, const Window2d& w) {
   const int64_t ohw = w.OH * w.OW;
+  const bool shifted = shifts_plane(w);
   for (int64_t c = 0; c < C; ++c) {
     const T* xc = x + c * w.H * w.W;
     for (int64_t ki = 0; ki < w.kh; ++ki) {
       for (int64_t kj = 0; kj < w.kw; ++kj) {
         T* row = col + ((c * w.kh + ki) * w.kw + kj) * ohw;
+        if (shifted) {
+          const TapSpan t = tap_span(w, ki, kj);
+          std::fill(row, row + t.oh_lo * w.W, T(0));
+          std::fill(row + t.oh_hi * w.W, row + ohw, T(0));
+          if (t.oh_lo < t.oh_hi && t.lo < t.hi) {
+            const int64_t first = t.oh_lo * w.W + t.lo, last = (t.oh_hi - 1) * w.W + t.hi;
+            std::memcpy(row + first, xc + first + t.shift, static_cast<size_t>(last - first) * sizeof(T));
+          }
+          zero_wrapped(row, t, w.W);
+          continue;
+        }
         const int64_t off = kj * w.dw - w.pw;
         int64_t lo, hi;
         valid_columns(off, w, lo, hi);
@@ -73,7 +131,7 @@ void im2col_cpu(const T* x, T* col, int64_t C, const Window2d& w) {
           const T* xr = xc + ih * w.W + off;
           std::fill(r, r + lo, T(0));
           if (w.sw == 1) {
-            std::copy(xr + lo, xr + hi, r + lo);
+            copy_run(r + lo, xr + lo, hi - lo);
           } else {
             for (int64_t ow = lo; ow < hi; ++ow) r[ow] = xr[ow * w.sw];
           }
@@ -84,15 +142,26 @@ void im2col_cpu(const T* x, T* col, int64_t C, const Window2d& w) {
   }
 }
 
+// `col` is scratch: the shifted path zeroes its entries that fall in the padding.
 template <class T>
-void col2im_cpu(const T* col, T* x, int64_t C, const Window2d& w) {
+void col2im_cpu(T* col, T* x, int64_t C, const Window2d& w) {
   const int64_t ohw = w.OH * w.OW;
+  const bool shifted = shifts_plane(w);
   std::fill(x, x + C * w.H * w.W, T(0));
   for (int64_t c = 0; c < C; ++c) {
     T* xc = x + c * w.H * w.W;
     for (int64_t ki = 0; ki < w.kh; ++ki) {
       for (int64_t kj = 0; kj < w.kw; ++kj) {
-        const T* row = col + ((c * w.kh + ki) * w.kw + kj) * ohw;
+        T* row = col + ((c * w.kh + ki) * w.kw + kj) * ohw;
+        if (shifted) {
+          const TapSpan t = tap_span(w, ki, kj);
+          if (t.oh_lo >= t.oh_hi || t.lo >= t.hi) continue;
+          zero_wrapped(row, t, w.W);
+          const int64_t first = t.oh_lo * w.W + t.lo, last = (t.oh_hi - 1) * w.W + t.hi;
+          T* dst = xc + t.shift;
+          for (int64_t d = first; d < last; ++d) dst[d] += row[d];
+          continue;
+        }
         const int64_t off = kj * w.dw - w.pw;
         int64_t lo, hi;
         valid_columns(off, w, lo, hi);
@@ -147,7 +216,7 @@ void col2im(const Tensor& col, const Tensor& gx, int64_t n0, int64_t n, const Co
   }
   dispatch_f32_f64(gx.dtype(), [&](auto zero) {
     using T = decltype(zero);
-    const T* cp = static_cast<const T*>(col.data_ptr());
+    T* cp = static_cast<T*>(col.data_ptr());
     T* xp = static_cast<T*>(gx.data_ptr()) + n0 * per_sample;
     for (int64_t i = 0; i < n; ++i) col2im_cpu(cp + i * g.col_rows() * g.out_plane(), xp + i * per_sample, g.C, w);
   });
@@ -180,6 +249,36 @@ ConvOperands conv_operands(const Conv2dGeometry& g) {
   o.col_batch = Strides{g.col_rows() * o.ohw, o.Kg * o.ohw};
   o.out_batch = Strides{g.O * o.ohw, o.Og * o.ohw};
   return o;
+}
+
+// The nb samples' output planes at c (contiguous [nb, O, ohw]) set to their channel's bias.
+void fill_bias_cpu(const Tensor& bias, void* c, int64_t nb, int64_t O, int64_t ohw) {
+  dispatch_f32_f64(bias.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    const T* b = static_cast<const T*>(bias.data_ptr());
+    T* out = static_cast<T*>(c);
+    for (int64_t n = 0; n < nb; ++n)
+      for (int64_t o = 0; o < O; ++o) std::fill_n(out + (n * O + o) * ohw, ohw, b[o * bias.stride(0)]);
+  });
+}
+
+// grad_bias[o] = the sum of g[n, o] over n and the plane: a pairwise sum per plane, the planes
+// summed in f64.
+Tensor bias_grad_cpu(const Tensor& g, int64_t N, int64_t O, int64_t ohw, const char* op) {
+  Tensor out = make_empty(Shape{O}, g.dtype(), g.device(), op);
+  dispatch_f32_f64(g.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    const T* gp = static_cast<const T*>(g.data_ptr());
+    std::vector<double> acc(O, 0.0);
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t o = 0; o < O; ++o) {
+        const T* plane = gp + (n * O + o) * ohw;
+        acc[o] += pairwise_sum<T>(0, ohw, [plane](int64_t i) { return plane[i]; });
+      }
+    T* op_ = static_cast<T*>(out.data_ptr());
+    for (int64_t o = 0; o < O; ++o) op_[o] = static_cast<T>(acc[o]);
+  });
+  return out;
 }
 
 // The CPU computes f16/bf16 convolutions in f32 (converted once each way).
@@ -252,9 +351,10 @@ Tensor conv2d_kernel(const Tensor& input, const Tensor& weight, const Tensor& bi
   const Tensor x = materialize(input, op), w = materialize(weight, op);
   Tensor out = make_empty(Shape{g.N, g.O, g.win.OH, g.win.OW}, x.dtype(), x.device(), op);
   if (out.numel() == 0) return out;
+  // Every output plane starts as its channel's bias; the GEMMs add to it (beta = 1). The CPU
+  // fills each chunk's planes just before its GEMM, while they are in cache.
   const bool has_bias = bias.defined();
-  if (has_bias) {
-    // Every output plane starts as its channel's bias; the GEMMs add to it (beta = 1).
+  if (has_bias && !x.is_cpu()) {
     Tensor b = make_view(bias, Shape{g.O, 1, 1}, Strides{bias.stride(0), 0, 0}, bias.storage_offset());
     ew::copy(out, b, op);
   }
@@ -273,6 +373,7 @@ Tensor conv2d_kernel(const Tensor& input, const Tensor& weight, const Tensor& bi
     MatOperand A{w.data_ptr(), o.w_batch, o.Kg, 1};
     MatOperand B{cols, o.col_batch, o.ohw, 1};
     void* C = static_cast<char*>(out.data_ptr()) + n0 * g.O * o.ohw * es;
+    if (has_bias && x.is_cpu()) fill_bias_cpu(bias, C, nb, g.O, o.ohw);
     batched_gemm(x.device(), x.dtype(), Shape{nb, g.groups}, o.Og, o.ohw, o.Kg, A, B, C, o.out_batch,
                  nb * g.O * o.ohw, has_bias, op);
   }
@@ -299,7 +400,10 @@ std::array<Tensor, 3> conv2d_backward_kernel(const Tensor& grad, const Tensor& i
   }
   std::array<Tensor, 3> out;
   const Tensor gy = materialize(grad, op);
-  if (need_bias) out[2] = sum_kernel(gy, plan_reduction(gy, Shape{0, 2, 3}, false, op));
+  if (need_bias) {
+    out[2] = gy.is_cpu() ? bias_grad_cpu(gy, g.N, g.O, g.out_plane(), op)
+                         : sum_kernel(gy, plan_reduction(gy, Shape{0, 2, 3}, false, op));
+  }
   if (!need_input && !need_weight) return out;
   const Tensor x = materialize(input, op), w = materialize(weight, op);
   const Device dev = x.device();

@@ -171,6 +171,12 @@ const ConvCase kConvCases[] = {
     {{2, 2, 5, 6}, {2, 2, 1, 1}, false, 2, 1, 1, 1},      // 1x1 with stride and padding
     {{1, 1, 4, 4}, {2, 1, 4, 4}, true, 1, 0, 1, 1},       // kernel covers the input
     {{2, 6, 4, 5}, {6, 2, 2, 3}, true, {1, 2}, {0, 1}, {2, 1}, 3},
+    // Stride 1, output as wide as the input: im2col/col2im shift whole planes.
+    {{1, 2, 7, 6}, {3, 2, 3, 3}, true, 1, 2, 2, 1},          // dilated
+    {{2, 3, 6, 5}, {2, 3, 5, 3}, true, 1, {2, 1}, 1, 1},     // 5x3
+    {{1, 2, 6, 5}, {2, 2, 3, 1}, false, 1, 0, 1, 1},         // fewer output rows than input rows
+    {{1, 1, 3, 2}, {2, 1, 3, 3}, true, 1, 1, 1, 1},          // a kernel wider than the input
+    {{1, 2, 4, 4}, {2, 1, 3, 3}, true, 1, {3, 1}, {1, 1}, 2},  // rows entirely in the padding
 };
 
 }  // namespace
