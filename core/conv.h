@@ -15,6 +15,7 @@
 #include <optional>
 #include <utility>
 
+#include "core/macros.h"
 #include "core/tensor.h"
 
 namespace tandem {
@@ -100,8 +101,10 @@ Tensor avg_pool2d_backward_kernel(const Tensor& g, const Tensor& input, const Po
 
 // Output cell o of n covers input [start(o), end(o)) of in: PyTorch's floor(o in / n) and
 // ceil((o + 1) in / n).
-inline int64_t adaptive_start(int64_t o, int64_t n, int64_t in) { return (o / n) * in + ((o % n) * in) / n; }
-inline int64_t adaptive_end(int64_t o, int64_t n, int64_t in) { return 1 + ((o + 1) * in - 1) / n; }
+TANDEM_HOST_DEVICE inline int64_t adaptive_start(int64_t o, int64_t n, int64_t in) {
+  return (o / n) * in + ((o % n) * in) / n;
+}
+TANDEM_HOST_DEVICE inline int64_t adaptive_end(int64_t o, int64_t n, int64_t in) { return 1 + ((o + 1) * in - 1) / n; }
 Tensor adaptive_avg_pool2d_kernel(const Tensor& input, Size2 output_size);
 Tensor adaptive_avg_pool2d_backward_kernel(const Tensor& g, const Tensor& input);
 
