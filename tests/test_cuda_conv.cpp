@@ -100,10 +100,12 @@ TEST_CASE("cuda conv modules train like the CPU ones", "[cuda][conv][nn]") {
   };
   auto cpu = make(), gpu = make();
   gpu->to(kGPU);
+  optim::SGD opt_cpu(cpu->parameters(), optim::SGDOptions{.lr = 0.05, .momentum = 0.9});
+  optim::SGD opt_gpu(gpu->parameters(), optim::SGDOptions{.lr = 0.05, .momentum = 0.9});
   Tensor x = random({6, 3, 16, 16}, f32), y = randint(0, 4, {6});
   for (int step = 0; step < 3; ++step) {
-    cpu->zero_grad();
-    gpu->zero_grad();
+    opt_cpu.zero_grad();
+    opt_gpu.zero_grad();
     Tensor lc = nn::cross_entropy((*cpu)(x), y);
     Tensor lg = nn::cross_entropy((*gpu)(x.to(kGPU)), y.to(kGPU));
     REQUIRE(lg.to(kCPU).item<float>() == Approx(lc.item<float>()).epsilon(1e-4));
@@ -111,9 +113,11 @@ TEST_CASE("cuda conv modules train like the CPU ones", "[cuda][conv][nn]") {
     lg.backward();
     auto pc = cpu->named_parameters(), pg = gpu->named_parameters();
     for (const auto& [name, p] : pc) {
-      INFO("gradient of " << name);
+      INFO("step " << step << ", gradient of " << name);
       cuda_test::require_match(pg.at(name).grad(), p.grad(), 1e-3);
     }
+    opt_cpu.step();
+    opt_gpu.step();
   }
   auto bc = cpu->named_buffers(), bg = gpu->named_buffers();
   for (const auto& [name, b] : bc) {
