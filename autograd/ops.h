@@ -5,6 +5,7 @@
 #include <optional>
 #include <vector>
 
+#include "core/conv.h"
 #include "core/tensor.h"
 
 namespace tandem {
@@ -176,6 +177,26 @@ Tensor log_softmax(const Tensor& a, int64_t dim);
 Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight = Tensor(),
                   const Tensor& bias = Tensor(), double eps = 1e-5);
 Tensor dropout(const Tensor& x, double p, bool training);
+
+// ---- convolution and pooling (core/conv.cpp, autograd/conv_grad.cpp) ----
+// Inputs are [N, C, H, W], or [C, H, W] for one unbatched sample (the result is then unbatched).
+// A Size2 is one value for both spatial dims or {h, w}. Semantics and output sizes are PyTorch's.
+// weight [out_channels, in_channels / groups, kh, kw], bias [out_channels] or undefined.
+Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias = Tensor(), Size2 stride = 1,
+              Size2 padding = 0, Size2 dilation = 1, int64_t groups = 1);
+// stride defaults to kernel_size; padding at most half the kernel. The gradient goes to the first
+// maximum of each window (row-major order); a NaN is a maximum.
+Tensor max_pool2d(const Tensor& input, Size2 kernel_size, std::optional<Size2> stride = std::nullopt,
+                  Size2 padding = 0, Size2 dilation = 1, bool ceil_mode = false);
+// Also the i64 index (h * W + w within its plane) of each maximum.
+std::pair<Tensor, Tensor> max_pool2d_with_indices(const Tensor& input, Size2 kernel_size,
+                                                  std::optional<Size2> stride = std::nullopt, Size2 padding = 0,
+                                                  Size2 dilation = 1, bool ceil_mode = false);
+Tensor avg_pool2d(const Tensor& input, Size2 kernel_size, std::optional<Size2> stride = std::nullopt,
+                  Size2 padding = 0, bool ceil_mode = false, bool count_include_pad = true,
+                  std::optional<int64_t> divisor_override = std::nullopt);
+// Output cell (i, j) averages input rows [floor(i H / OH), ceil((i + 1) H / OH)) and likewise columns.
+Tensor adaptive_avg_pool2d(const Tensor& input, Size2 output_size);
 
 // ---- indexing and joining (core/index.cpp, autograd/index_grad.cpp) ----
 Tensor embedding(const Tensor& weight, const Tensor& indices);

@@ -12,6 +12,7 @@ void install_nn_kernels();           // cuda/nn_ops.cu
 void install_index_kernels();        // cuda/index.cu
 void install_random_kernels();       // cuda/random.cu
 void install_creation_kernels();     // cuda/creation.cu
+void install_conv_kernels();         // cuda/conv.cu
 
 void install() {
   install_backend();
@@ -23,6 +24,7 @@ void install() {
   install_index_kernels();
   install_random_kernels();
   install_creation_kernels();
+  install_conv_kernels();
 }
 
 }  // namespace tandem::cuda

@@ -85,13 +85,13 @@ std::string LayerNorm::extra_repr() const {
   return fmt::format("{}, eps={}, elementwise_affine={}", normalized_shape, eps, elementwise_affine);
 }
 
-// ---- BatchNorm1d ----
+// ---- BatchNorm1d, BatchNorm2d ----
 
-BatchNorm1d::BatchNorm1d(int64_t num_features, BatchNormOptions options)
-    : Module("BatchNorm1d"), num_features(num_features), options(options) {
-  TANDEM_CHECK(num_features > 0, "[BatchNorm1d] num_features must be positive, got {}", num_features);
+BatchNormBase::BatchNormBase(std::string type_name, int64_t num_features, BatchNormOptions options)
+    : Module(std::move(type_name)), num_features(num_features), options(options) {
+  TANDEM_CHECK(num_features > 0, "[{}] num_features must be positive, got {}", this->type_name(), num_features);
   TANDEM_CHECK(!options.momentum || (*options.momentum >= 0 && *options.momentum <= 1),
-               "[BatchNorm1d] momentum must be in [0, 1], got {}", options.momentum.value_or(0));
+               "[{}] momentum must be in [0, 1], got {}", this->type_name(), options.momentum.value_or(0));
   if (options.affine) {
     weight = register_parameter("weight", empty({num_features}));
     bias = register_parameter("bias", empty({num_features}));
@@ -104,21 +104,41 @@ BatchNorm1d::BatchNorm1d(int64_t num_features, BatchNormOptions options)
   reset_parameters();
 }
 
+BatchNorm1d::BatchNorm1d(int64_t num_features, BatchNormOptions options)
+    : BatchNormBase("BatchNorm1d", num_features, options) {}
+
 BatchNorm1d::BatchNorm1d(int64_t num_features, double eps, std::optional<double> momentum, bool affine,
                          bool track_running_stats)
     : BatchNorm1d(num_features, BatchNormOptions{eps, momentum, affine, track_running_stats}) {}
 
-Tensor BatchNorm1d::running_mean() const {
+void BatchNorm1d::check_input(const Tensor& input) const {
+  TANDEM_CHECK((input.dim() == 2 || input.dim() == 3) && input.size(1) == num_features,
+               "[BatchNorm1d] expected input of shape [N, {0}] or [N, {0}, L], got {1}", num_features, input.shape());
+}
+
+BatchNorm2d::BatchNorm2d(int64_t num_features, BatchNormOptions options)
+    : BatchNormBase("BatchNorm2d", num_features, options) {}
+
+BatchNorm2d::BatchNorm2d(int64_t num_features, double eps, std::optional<double> momentum, bool affine,
+                         bool track_running_stats)
+    : BatchNorm2d(num_features, BatchNormOptions{eps, momentum, affine, track_running_stats}) {}
+
+void BatchNorm2d::check_input(const Tensor& input) const {
+  TANDEM_CHECK(input.dim() == 4 && input.size(1) == num_features,
+               "[BatchNorm2d] expected input of shape [N, {}, H, W], got {}", num_features, input.shape());
+}
+
+Tensor BatchNormBase::running_mean() const {
   return options.track_running_stats ? own_buffers().at("running_mean") : Tensor();
 }
-Tensor BatchNorm1d::running_var() const {
+Tensor BatchNormBase::running_var() const {
   return options.track_running_stats ? own_buffers().at("running_var") : Tensor();
 }
-Tensor BatchNorm1d::num_batches_tracked() const {
+Tensor BatchNormBase::num_batches_tracked() const {
   return options.track_running_stats ? own_buffers().at("num_batches_tracked") : Tensor();
 }
 
-void BatchNorm1d::reset_running_stats() {
+void BatchNormBase::reset_running_stats() {
   if (!options.track_running_stats) return;
   NoGradGuard guard;
   running_mean().zero_();
@@ -126,7 +146,7 @@ void BatchNorm1d::reset_running_stats() {
   num_batches_tracked().zero_();
 }
 
-void BatchNorm1d::reset_parameters() {
+void BatchNormBase::reset_parameters() {
   reset_running_stats();
   if (options.affine) {
     init::ones_(weight);
@@ -134,21 +154,24 @@ void BatchNorm1d::reset_parameters() {
   }
 }
 
-Tensor BatchNorm1d::forward(const Tensor& input) {
-  TANDEM_CHECK((input.dim() == 2 || input.dim() == 3) && input.size(1) == num_features,
-               "[BatchNorm1d] expected input of shape [N, {0}] or [N, {0}, L], got {1}", num_features, input.shape());
-  TANDEM_CHECK(input.is_floating_point(), "[BatchNorm1d] expected a floating input, got {}", input.dtype());
-  // Statistics reduce over every dim but the channel dim; they broadcast back as [C] against
-  // [N, C] and as [C, 1] against [N, C, L].
-  Shape reduce_dims = input.dim() == 2 ? Shape{0} : Shape{0, 2};
-  Shape stat_shape = input.dim() == 2 ? Shape{num_features} : Shape{num_features, 1};
+Tensor BatchNormBase::forward(const Tensor& input) {
+  check_input(input);
+  TANDEM_CHECK(input.is_floating_point(), "[{}] expected a floating input, got {}", type_name(), input.dtype());
+  // Statistics reduce over every dim but the channel dim; they broadcast back as [C, 1, ...]
+  // (one 1 per trailing dim) against [N, C, ...].
+  Shape reduce_dims{0};
+  Shape stat_shape{num_features};
+  for (int64_t d = 2; d < input.dim(); ++d) {
+    reduce_dims.push_back(d);
+    stat_shape.push_back(1);
+  }
   const bool use_batch_stats = is_training() || !options.track_running_stats;
 
   Tensor normalized;
   if (use_batch_stats) {
     const int64_t n = input.numel() / num_features;
     TANDEM_CHECK(!is_training() || n > 1,
-                 "[BatchNorm1d] expected more than 1 value per channel when training, got input of shape {}",
+                 "[{}] expected more than 1 value per channel when training, got input of shape {}", type_name(),
                  input.shape());
     Tensor mean_b = mean(input, reduce_dims);
     Tensor centered = input - mean_b.view(stat_shape);
@@ -174,11 +197,109 @@ Tensor BatchNorm1d::forward(const Tensor& input) {
   return normalized;
 }
 
-std::string BatchNorm1d::extra_repr() const {
+std::string BatchNormBase::extra_repr() const {
   return fmt::format("{}, eps={}, momentum={}, affine={}, track_running_stats={}", num_features, options.eps,
                      options.momentum ? fmt::format("{}", *options.momentum) : "None", options.affine,
                      options.track_running_stats);
 }
+
+// ---- Conv2d and pooling ----
+
+namespace {
+std::string pair_str(Size2 s) { return fmt::format("({}, {})", s.h, s.w); }
+}  // namespace
+
+Conv2d::Conv2d(int64_t in_channels, int64_t out_channels, Size2 kernel_size, Size2 stride, Size2 padding,
+               Size2 dilation, int64_t groups, bool bias)
+    : Module("Conv2d"), in_channels(in_channels), out_channels(out_channels), kernel_size(kernel_size),
+      stride(stride), padding(padding), dilation(dilation), groups(groups) {
+  TANDEM_CHECK(in_channels > 0 && out_channels > 0, "[Conv2d] channels must be positive, got in={} out={}",
+               in_channels, out_channels);
+  TANDEM_CHECK(groups > 0, "[Conv2d] groups must be positive, got {}", groups);
+  TANDEM_CHECK(in_channels % groups == 0 && out_channels % groups == 0,
+               "[Conv2d] groups {} must divide in_channels {} and out_channels {}", groups, in_channels, out_channels);
+  TANDEM_CHECK(kernel_size.h > 0 && kernel_size.w > 0, "[Conv2d] kernel_size must be positive, got {}", kernel_size);
+  TANDEM_CHECK(stride.h > 0 && stride.w > 0, "[Conv2d] stride must be positive, got {}", stride);
+  TANDEM_CHECK(padding.h >= 0 && padding.w >= 0, "[Conv2d] padding must be non-negative, got {}", padding);
+  TANDEM_CHECK(dilation.h > 0 && dilation.w > 0, "[Conv2d] dilation must be positive, got {}", dilation);
+  weight = register_parameter("weight", empty({out_channels, in_channels / groups, kernel_size.h, kernel_size.w}));
+  if (bias) this->bias = register_parameter("bias", empty({out_channels}));
+  reset_parameters();
+}
+
+void Conv2d::reset_parameters() {
+  // PyTorch's _ConvNd.reset_parameters: kaiming_uniform(a = sqrt(5)) for the weight, and the
+  // bias U(-1/sqrt(fan_in), 1/sqrt(fan_in)) with fan_in = in_channels / groups * kh * kw.
+  init::kaiming_uniform_(weight, std::sqrt(5.0));
+  if (bias.defined()) {
+    const double fan_in = static_cast<double>(init::calculate_fan_in_and_fan_out(weight).first);
+    const double bound = 1.0 / std::sqrt(fan_in);
+    init::uniform_(bias, -bound, bound);
+  }
+}
+
+Tensor Conv2d::forward(const Tensor& input) {
+  TANDEM_CHECK((input.dim() == 4 || input.dim() == 3) && input.size(-3) == in_channels,
+               "[Conv2d] expected input [N, {0}, H, W] or [{0}, H, W] (in_channels {0}), got {1}", in_channels,
+               input.shape());
+  return conv2d(input, weight, bias, stride, padding, dilation, groups);
+}
+
+std::string Conv2d::extra_repr() const {
+  std::string s = fmt::format("{}, {}, kernel_size={}, stride={}", in_channels, out_channels, pair_str(kernel_size),
+                              pair_str(stride));
+  if (padding != Size2(0)) s += fmt::format(", padding={}", pair_str(padding));
+  if (dilation != Size2(1)) s += fmt::format(", dilation={}", pair_str(dilation));
+  if (groups != 1) s += fmt::format(", groups={}", groups);
+  if (!bias.defined()) s += ", bias=False";
+  return s;
+}
+
+MaxPool2d::MaxPool2d(Size2 kernel_size, std::optional<Size2> stride, Size2 padding, Size2 dilation, bool ceil_mode)
+    : Module("MaxPool2d"), kernel_size(kernel_size), stride(stride.value_or(kernel_size)), padding(padding),
+      dilation(dilation), ceil_mode(ceil_mode) {}
+
+Tensor MaxPool2d::forward(const Tensor& input) {
+  return max_pool2d(input, kernel_size, stride, padding, dilation, ceil_mode);
+}
+
+std::string MaxPool2d::extra_repr() const {
+  return fmt::format("kernel_size={}, stride={}, padding={}, dilation={}, ceil_mode={}", pair_str(kernel_size),
+                     pair_str(stride), pair_str(padding), pair_str(dilation), ceil_mode);
+}
+
+AvgPool2d::AvgPool2d(Size2 kernel_size, std::optional<Size2> stride, Size2 padding, bool ceil_mode,
+                     bool count_include_pad, std::optional<int64_t> divisor_override)
+    : Module("AvgPool2d"), kernel_size(kernel_size), stride(stride.value_or(kernel_size)), padding(padding),
+      ceil_mode(ceil_mode), count_include_pad(count_include_pad), divisor_override(divisor_override) {}
+
+Tensor AvgPool2d::forward(const Tensor& input) {
+  return avg_pool2d(input, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override);
+}
+
+std::string AvgPool2d::extra_repr() const {
+  std::string s = fmt::format("kernel_size={}, stride={}, padding={}", pair_str(kernel_size), pair_str(stride),
+                              pair_str(padding));
+  if (ceil_mode) s += ", ceil_mode=True";
+  if (!count_include_pad) s += ", count_include_pad=False";
+  if (divisor_override) s += fmt::format(", divisor_override={}", *divisor_override);
+  return s;
+}
+
+AdaptiveAvgPool2d::AdaptiveAvgPool2d(Size2 output_size) : Module("AdaptiveAvgPool2d"), output_size(output_size) {
+  TANDEM_CHECK(output_size.h > 0 && output_size.w > 0, "[AdaptiveAvgPool2d] output_size must be positive, got {}",
+               output_size);
+}
+
+Tensor AdaptiveAvgPool2d::forward(const Tensor& input) { return adaptive_avg_pool2d(input, output_size); }
+
+std::string AdaptiveAvgPool2d::extra_repr() const { return fmt::format("output_size={}", pair_str(output_size)); }
+
+Flatten::Flatten(int64_t start_dim, int64_t end_dim) : Module("Flatten"), start_dim(start_dim), end_dim(end_dim) {}
+
+Tensor Flatten::forward(const Tensor& input) { return flatten(input, start_dim, end_dim); }
+
+std::string Flatten::extra_repr() const { return fmt::format("start_dim={}, end_dim={}", start_dim, end_dim); }
 
 // ---- Dropout and activations ----
 

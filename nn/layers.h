@@ -1,6 +1,6 @@
-// The built-in layers: Linear, Embedding, LayerNorm, BatchNorm1d, Dropout, the activations and
-// Sequential. Construction and initialisation follow PyTorch, so a model built here starts from
-// the same distribution as its PyTorch twin.
+// The built-in layers: Linear, Embedding, LayerNorm, BatchNorm1d/2d, Conv2d, the pooling layers,
+// Flatten, Dropout, the activations and Sequential. Construction and initialisation follow
+// PyTorch, so a model built here starts from the same distribution as its PyTorch twin.
 #pragma once
 
 #include <concepts>
@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/conv.h"
 #include "nn/module.h"
 
 namespace tandem::nn {
@@ -64,15 +65,13 @@ struct BatchNormOptions {
   bool track_running_stats = true;
 };
 
-// Batch normalisation over N (and L) for inputs [N, C] or [N, C, L]. Training normalises with
-// the batch statistics (biased variance) and updates the running mean and the running
-// *unbiased* variance; eval normalises with the running statistics when they are tracked.
+// Batch normalisation per channel (dim 1) over every other dim, the part BatchNorm1d and
+// BatchNorm2d share. Training normalises with the batch statistics (biased variance) and updates
+// the running mean and the running *unbiased* variance; eval normalises with the running
+// statistics when they are tracked.
 // Buffers: running_mean [C] (zeros), running_var [C] (ones), num_batches_tracked (0-dim i64).
-class BatchNorm1d : public Module {
+class BatchNormBase : public Module {
  public:
-  explicit BatchNorm1d(int64_t num_features, BatchNormOptions options = {});
-  BatchNorm1d(int64_t num_features, double eps, std::optional<double> momentum = 0.1, bool affine = true,
-              bool track_running_stats = true);
   Tensor forward(const Tensor& input) override;
   void reset_running_stats();
   void reset_parameters();
@@ -86,6 +85,96 @@ class BatchNorm1d : public Module {
   int64_t num_features;
   BatchNormOptions options;
   Tensor weight, bias;  // undefined without affine
+
+ protected:
+  BatchNormBase(std::string type_name, int64_t num_features, BatchNormOptions options);
+  // Throws "[BatchNorm1d] expected input of shape ..." unless the input's rank and channels fit.
+  virtual void check_input(const Tensor& input) const = 0;
+};
+
+// Inputs [N, C] or [N, C, L]: statistics over N (and L).
+class BatchNorm1d : public BatchNormBase {
+ public:
+  explicit BatchNorm1d(int64_t num_features, BatchNormOptions options = {});
+  BatchNorm1d(int64_t num_features, double eps, std::optional<double> momentum = 0.1, bool affine = true,
+              bool track_running_stats = true);
+
+ protected:
+  void check_input(const Tensor& input) const override;
+};
+
+// Inputs [N, C, H, W]: statistics over N, H and W.
+class BatchNorm2d : public BatchNormBase {
+ public:
+  explicit BatchNorm2d(int64_t num_features, BatchNormOptions options = {});
+  BatchNorm2d(int64_t num_features, double eps, std::optional<double> momentum = 0.1, bool affine = true,
+              bool track_running_stats = true);
+
+ protected:
+  void check_input(const Tensor& input) const override;
+};
+
+// y = conv2d(x, weight, bias) over inputs [N, C, H, W] or [C, H, W]. weight
+// [out_channels, in_channels / groups, kh, kw] ~ kaiming_uniform(a = sqrt(5)); bias
+// [out_channels] ~ U(-1/sqrt(fan_in), 1/sqrt(fan_in)), fan_in = in_channels / groups * kh * kw.
+class Conv2d : public Module {
+ public:
+  Conv2d(int64_t in_channels, int64_t out_channels, Size2 kernel_size, Size2 stride = 1, Size2 padding = 0,
+         Size2 dilation = 1, int64_t groups = 1, bool bias = true);
+  Tensor forward(const Tensor& input) override;
+  void reset_parameters();
+  std::string extra_repr() const override;
+
+  int64_t in_channels, out_channels;
+  Size2 kernel_size, stride, padding, dilation;
+  int64_t groups;
+  Tensor weight;
+  Tensor bias;  // undefined without bias
+};
+
+// max_pool2d as a module; stride defaults to kernel_size.
+class MaxPool2d : public Module {
+ public:
+  explicit MaxPool2d(Size2 kernel_size, std::optional<Size2> stride = std::nullopt, Size2 padding = 0,
+                     Size2 dilation = 1, bool ceil_mode = false);
+  Tensor forward(const Tensor& input) override;
+  std::string extra_repr() const override;
+
+  Size2 kernel_size, stride, padding, dilation;
+  bool ceil_mode;
+};
+
+// avg_pool2d as a module; stride defaults to kernel_size.
+class AvgPool2d : public Module {
+ public:
+  explicit AvgPool2d(Size2 kernel_size, std::optional<Size2> stride = std::nullopt, Size2 padding = 0,
+                     bool ceil_mode = false, bool count_include_pad = true,
+                     std::optional<int64_t> divisor_override = std::nullopt);
+  Tensor forward(const Tensor& input) override;
+  std::string extra_repr() const override;
+
+  Size2 kernel_size, stride, padding;
+  bool ceil_mode, count_include_pad;
+  std::optional<int64_t> divisor_override;
+};
+
+class AdaptiveAvgPool2d : public Module {
+ public:
+  explicit AdaptiveAvgPool2d(Size2 output_size);
+  Tensor forward(const Tensor& input) override;
+  std::string extra_repr() const override;
+
+  Size2 output_size;
+};
+
+// Flattens dims start_dim..end_dim into one (a view when the strides allow).
+class Flatten : public Module {
+ public:
+  explicit Flatten(int64_t start_dim = 1, int64_t end_dim = -1);
+  Tensor forward(const Tensor& input) override;
+  std::string extra_repr() const override;
+
+  int64_t start_dim, end_dim;
 };
 
 // Zeroes elements with probability p in training (scaling the rest by 1 / (1 - p)); identity in eval.

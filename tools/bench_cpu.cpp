@@ -4,7 +4,8 @@
 //
 // Rows: mlp_step (64x784-512-512-10 MLP, cross-entropy, SGD momentum, one step), tiny_op (one
 // 1-element add recorded and backwarded), matmul_512 / matmul_2048 (f32 GEMM GFLOP/s against
-// OpenBLAS called directly), rss_growth (RSS after 20,000 vs 1,000 MLP steps).
+// OpenBLAS called directly), conv2d_fwd_bwd (a 64x32x28x28 input through a 3x3 conv to 64 channels,
+// padding 1, forward and backward of the sum), rss_growth (RSS after 20,000 vs 1,000 MLP steps).
 #include "cli.h"
 #include <cblas.h>
 
@@ -51,6 +52,21 @@ std::pair<double, double> matmul_gflops(int64_t n, int runs) {
   return {flops / ours / 1e9, flops / peer / 1e9};
 }
 
+// One forward and backward of nn::Conv2d(32, 64, 3, padding 1) on a 64x32x28x28 input, gradients
+// cleared first (as the peer does), in ms.
+double conv2d_fwd_bwd_ms(int runs) {
+  nn::Conv2d conv(32, 64, 3, 1, 1);
+  Tensor x = randn({64, 32, 28, 28}).requires_grad_();
+  double s = bench::median_seconds(
+      [&] {
+        conv.zero_grad(true);
+        x.set_grad(Tensor());
+        sum(conv(x)).backward();
+      },
+      3, runs, 2);
+  return s * 1e3;
+}
+
 // The PyTorch peer's rows; nullopt (silently) where it cannot run.
 std::optional<nlohmann::json> run_peer(int runs) {
   return bench::run_json(fmt::format("/usr/bin/python3 {}/bench_cpu_peer.py {} 2>/dev/null", TANDEM_TOOLS_DIR, runs));
@@ -86,6 +102,8 @@ int main(int argc, char** argv) {
     auto [ours, blas] = matmul_gflops(n, runs);
     rows.push_back({fmt::format("matmul_{}", n), ours, blas, "GFLOP/s", "ratio >= 0.9", "peer: cblas_sgemm"});
   }
+  rows.push_back({"conv2d_fwd_bwd", conv2d_fwd_bwd_ms(runs), std::nullopt, "ms", "ratio <= 1.0",
+                  "64x32x28x28, 3x3 to 64, pad 1"});
   if (!quick) {
     MlpBench mlp(64, 784, 512, 10);
     for (int i = 0; i < 1000; ++i) mlp.step();

@@ -57,5 +57,17 @@ def tiny_op():
     return median_time(chain, 5, 2) / n * 1e6  # us per op
 
 
-out = {"mlp_step": mlp_step(), "tiny_op": tiny_op()}
+def conv2d_fwd_bwd():
+    torch.manual_seed(0)
+    conv = torch.nn.Conv2d(32, 64, 3, padding=1)
+    x = torch.randn(64, 32, 28, 28, requires_grad=True)
+
+    def step():
+        conv.zero_grad(set_to_none=True)
+        x.grad = None
+        conv(x).sum().backward()
+    return median_time(step, 3, 2) * 1e3  # ms
+
+
+out = {"mlp_step": mlp_step(), "tiny_op": tiny_op(), "conv2d_fwd_bwd": conv2d_fwd_bwd()}
 print(json.dumps(out))

@@ -1,0 +1,135 @@
+// Convolution and pooling over [N, C, H, W] tensors (conv2d, max/avg pooling, adaptive average
+// pooling): argument checks, output geometry, forward kernels and the raw backward kernels their
+// autograd rules use (autograd/conv_grad.cpp).
+//
+// conv2d is im2col + GEMM on every device: a chunk of samples is unfolded into column matrices
+// [C kh kw, OH OW] (a 1x1 convolution with stride 1 and no padding reads the input as its own
+// column matrix), and core/matmul.h's batched_gemm multiplies them by the weight, one GEMM per
+// sample and group (OpenBLAS on the CPU, cuBLAS on CUDA). Backward: grad_input = col2im(W^T g),
+// grad_weight = sum over the batch of g col^T, grad_bias = the sum of g over N, OH, OW.
+// f16/bf16 go through f32 where the GEMM does (see core/matmul.h); pooling accumulates in acc_t.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <utility>
+
+#include "core/macros.h"
+#include "core/tensor.h"
+
+namespace tandem {
+
+// Two sizes of a 2-D window or output, height then width. One value stands for both, as with
+// PyTorch's int-or-tuple arguments: conv2d(x, w, b, /*stride=*/2) or conv2d(x, w, b, {2, 1}).
+struct Size2 {
+  int64_t h = 0, w = 0;
+  constexpr Size2(int64_t v) : h(v), w(v) {}  // NOLINT: implicit, as PyTorch's ExpandingArray
+  constexpr Size2(int64_t h, int64_t w) : h(h), w(w) {}
+  bool operator==(const Size2&) const = default;
+};
+
+}  // namespace tandem
+
+template <>
+struct fmt::formatter<tandem::Size2> : fmt::formatter<std::string_view> {
+  auto format(const tandem::Size2& s, format_context& ctx) const {
+    return fmt::format_to(ctx.out(), "[{}, {}]", s.h, s.w);
+  }
+};
+
+namespace tandem::detail {
+
+// A sliding window over an H x W plane giving an OH x OW one: output (oh, ow) reads input rows
+// oh * sh - ph + i * dh (i < kh) and columns likewise.
+struct Window2d {
+  int64_t H = 0, W = 0, OH = 0, OW = 0;
+  int64_t kh = 1, kw = 1, sh = 1, sw = 1, ph = 0, pw = 0, dh = 1, dw = 1;
+};
+
+struct Conv2dArgs {
+  Size2 stride = 1, padding = 0, dilation = 1;
+  int64_t groups = 1;
+};
+
+// Validated geometry of a conv2d: input [N, C, H, W], weight [O, C / groups, kh, kw].
+struct Conv2dGeometry {
+  int64_t N = 0, C = 0, O = 0, groups = 1;
+  Window2d win;
+  int64_t col_rows() const { return C * win.kh * win.kw; }  // of one sample, all groups
+  int64_t out_plane() const { return win.OH * win.OW; }
+  // A 1x1, stride-1, unpadded convolution: the input is its own column matrix.
+  bool direct() const {
+    return win.kh == 1 && win.kw == 1 && win.sh == 1 && win.sw == 1 && win.ph == 0 && win.pw == 0;
+  }
+};
+
+// Throws "[conv2d] ..." for every malformed argument; input must be 4-D here (the public op
+// adds the unbatched 3-D form).
+Conv2dGeometry conv2d_geometry(const Tensor& input, const Tensor& weight, const Tensor& bias, const Conv2dArgs& args);
+Tensor conv2d_kernel(const Tensor& input, const Tensor& weight, const Tensor& bias, const Conv2dArgs& args);
+// {grad_input, grad_weight, grad_bias}, undefined where not needed.
+std::array<Tensor, 3> conv2d_backward_kernel(const Tensor& g, const Tensor& input, const Tensor& weight,
+                                             const Conv2dArgs& args, bool need_input, bool need_weight,
+                                             bool need_bias);
+
+struct Pool2dArgs {
+  Size2 kernel = 1;
+  std::optional<Size2> stride;  // nullopt: the kernel size
+  Size2 padding = 0, dilation = 1;
+  bool ceil_mode = false;
+};
+
+// The window of a max/avg pool over input [N, C, H, W], with PyTorch's checks and output size
+// (ceil_mode: the last window must start inside the input or its left padding).
+Window2d pool2d_window(const Tensor& input, const Pool2dArgs& args, const char* op);
+
+// Values and i64 indices (h * W + w within each plane) of the window maxima: the first maximum
+// in the window's row-major order, a NaN wins (PyTorch's rule).
+std::pair<Tensor, Tensor> max_pool2d_kernel(const Tensor& input, const Pool2dArgs& args);
+// g placed at the saved indices (summed where windows overlap), zero elsewhere.
+Tensor max_pool2d_backward_kernel(const Tensor& g, const Tensor& indices, const Tensor& input,
+                                  const Pool2dArgs& args);
+
+struct AvgPoolOptions {
+  bool count_include_pad = true;
+  std::optional<int64_t> divisor_override;
+};
+Tensor avg_pool2d_kernel(const Tensor& input, const Pool2dArgs& args, const AvgPoolOptions& avg);
+Tensor avg_pool2d_backward_kernel(const Tensor& g, const Tensor& input, const Pool2dArgs& args,
+                                  const AvgPoolOptions& avg);
+
+// Output cell o of n covers input [start(o), end(o)) of in: PyTorch's floor(o in / n) and
+// ceil((o + 1) in / n).
+TANDEM_HOST_DEVICE inline int64_t adaptive_start(int64_t o, int64_t n, int64_t in) {
+  return (o / n) * in + ((o % n) * in) / n;
+}
+TANDEM_HOST_DEVICE inline int64_t adaptive_end(int64_t o, int64_t n, int64_t in) { return 1 + ((o + 1) * in - 1) / n; }
+Tensor adaptive_avg_pool2d_kernel(const Tensor& input, Size2 output_size);
+Tensor adaptive_avg_pool2d_backward_kernel(const Tensor& g, const Tensor& input);
+
+// Device kernels (CUDA: cuda/conv.cu). Core validates, makes every input contiguous and
+// allocates the outputs; the GEMMs of conv2d go through MatmulDeviceKernels. Planes are the
+// N * C images of an [N, C, H, W] tensor; `w` gives their geometry.
+struct ConvDeviceKernels {
+  virtual ~ConvDeviceKernels() = default;
+  // col [n, C kh kw, OH OW] from x [n, C, H, W]: zero where the window is in the padding.
+  virtual void im2col(const Tensor& x, const Tensor& col, int64_t n, int64_t C, const Window2d& w) = 0;
+  // x [n, C, H, W] (overwritten) = the sum of the col entries that im2col would copy from each element.
+  virtual void col2im(const Tensor& col, const Tensor& x, int64_t n, int64_t C, const Window2d& w) = 0;
+  virtual void max_pool2d(const Tensor& x, const Tensor& out, const Tensor& indices, int64_t planes,
+                          const Window2d& w) = 0;
+  // gx overwritten.
+  virtual void max_pool2d_backward(const Tensor& g, const Tensor& indices, const Tensor& gx, int64_t planes,
+                                   const Window2d& w) = 0;
+  virtual void avg_pool2d(const Tensor& x, const Tensor& out, int64_t planes, const Window2d& w,
+                          const AvgPoolOptions& avg) = 0;
+  virtual void avg_pool2d_backward(const Tensor& g, const Tensor& gx, int64_t planes, const Window2d& w,
+                                   const AvgPoolOptions& avg) = 0;
+  // Only w.H, w.W, w.OH, w.OW are meaningful.
+  virtual void adaptive_avg_pool2d(const Tensor& x, const Tensor& out, int64_t planes, const Window2d& w) = 0;
+  virtual void adaptive_avg_pool2d_backward(const Tensor& g, const Tensor& gx, int64_t planes,
+                                            const Window2d& w) = 0;
+};
+
+}  // namespace tandem::detail
