@@ -4,6 +4,7 @@
 set -euo pipefail
 packages=(build-essential cmake pkg-config ccache catch2 libopenblas-dev libopenmpi-dev openmpi-bin
           nlohmann-json3-dev libfmt-dev libcli11-dev python3
+          clang-14 libfuzzer-14-dev  # tools/sanitize.sh fuzz: the libFuzzer targets of tools/fuzz/
           python3-torch)  # PyTorch 1.13 (CPU) for tests/test_parity.cpp, run with /usr/bin/python3
 missing=()
 for p in "${packages[@]}"; do
