@@ -7,6 +7,9 @@ that each break one rule the loader checks.
 ops, collectives: small programs in the byte encodings that fuzz_ops.cpp and fuzz_collectives.cpp
 read (each helper below mirrors one op's reads; a reader past the end yields zeros).
 
+crash-*: minimal inputs reproducing what the fuzzers found, each named by the regression test
+that covers it (tests/test_*.cpp, tagged [fuzz]); they run with the other seeds every time.
+
 Run it again only to change the seeds; the bytes are committed.
 """
 import json
@@ -131,13 +134,21 @@ ops_seeds = {
     # nn: layer_norm over the last dim with new weight and bias, linear, dropout, cat, stack of
     # mismatched shapes, split.
     "nn": [5] + leaf([2, 4]) + leaf([3, 4]) + [34, 0, 1, 1, 1, 0, 3, 1, 1, 0, 0, 1, 0] + [31, 0, 1, 0]
-          + [35, 3, 0, 1] + [40, 2, 0, 2, dim(0, 2), 1] + [40, 2, 0, 1, dim(0, 2), 0] + [41, 5, dim(0, 2), 0, 0, 1, 1, 1],
+          + [35, 3, 0, 1] + [40, 2, 0, 2, dim(0, 2), 1] + [40, 2, 0, 1, dim(0, 2), 0]
+          + [41, 5, dim(0, 2), 0, 0, 1, 1, 1],
     # in place: on a leaf that requires grad (refused), fill_ of a plain leaf, a new leaf from a
     # detached copy, addcmul_, an in-place select of a non-leaf, a second backward, then no_grad.
     "inplace": [6] + leaf([3]) + leaf([3], grad=False) + [43, 0, 1, 4, 3, 0] + [44, 1, 1, 4, 0] + [47, 0, 3]
                + [45, 1, 2, 0, 0, 4, 0] + [46, 2, 3, 1] + [48, 3, 0, 1] + [49] + [43, 0, 1, 0, 3, 0],
     # dtypes: an i32 and a bool leaf, i32 * f16, casts, where, integer clamp, a bool-only op on
     # integers (refused), integer pow.
+    # Findings (fixed): each converted an out-of-range double (undefined behaviour).
+    "crash-arange-count": [0, 3, 0, 8, 4, 0, 1],                # arange(0.0, 1e30, 2.0)
+    "crash-full-inf-i32": [0, 0, 1, 0, 5, 1, 16, 0],            # full([1], inf, i32)
+    "crash-fill-inf-i32": [0] + int_leaf([1], "i32")[:-1] + [0] + [44, 0, 1, 16, 0],   # fill_(inf)
+    "crash-masked-fill-inf-i32": [0] + int_leaf([1], "i32")[:-1] + [0] + [39, 0, 0, 100, 16, 0],
+    "crash-clamp-bound-i32": [0] + int_leaf([1], "i32")[:-1] + [0] + [20, 0, 1, 1, 8, 0],  # clamp(lo=1e30)
+    "crash-linspace-i32": [0, 4, 5, 0, 0, 5, 8, 9],             # linspace(1e30, -1e30, 5, i32)
     "dtypes": [8] + int_leaf([2, 3], "i32") + [0] + shape(3) + [DTYPE["bool"], 3] + leaf([2, 3], "f16")
               + [16, 0, 2, 2] + [21, 3, 6] + [19, 0, 2, 0, 1, 100, 0] + [20, 0, 1, 1, 2, 1, 6]
               + [22, 0, 1, 5] + [17, 0, 4, 1, 4],
