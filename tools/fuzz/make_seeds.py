@@ -142,13 +142,16 @@ ops_seeds = {
                + [45, 1, 2, 0, 0, 4, 0] + [46, 2, 3, 1] + [48, 3, 0, 1] + [49] + [43, 0, 1, 0, 3, 0],
     # dtypes: an i32 and a bool leaf, i32 * f16, casts, where, integer clamp, a bool-only op on
     # integers (refused), integer pow.
-    # Findings (fixed): each converted an out-of-range double (undefined behaviour).
+    # Findings (fixed): each converted an out-of-range double, or (softmax) sized scratch by a
+    # dim of an empty view [0, 2^62] and let std::length_error escape.
     "crash-arange-count": [0, 3, 0, 8, 4, 0, 1],                # arange(0.0, 1e30, 2.0)
     "crash-full-inf-i32": [0, 0, 1, 0, 5, 1, 16, 0],            # full([1], inf, i32)
     "crash-fill-inf-i32": [0] + int_leaf([1], "i32")[:-1] + [0] + [44, 0, 1, 16, 0],   # fill_(inf)
     "crash-masked-fill-inf-i32": [0] + int_leaf([1], "i32")[:-1] + [0] + [39, 0, 0, 100, 16, 0],
     "crash-clamp-bound-i32": [0] + int_leaf([1], "i32")[:-1] + [0] + [20, 0, 1, 1, 8, 0],  # clamp(lo=1e30)
     "crash-linspace-i32": [0, 4, 5, 0, 0, 5, 8, 9],             # linspace(1e30, -1e30, 5, i32)
+    "crash-softmax-empty-huge-dim": [0] + leaf([0], grad=False, kind=0) + [14, 0, dim(-1, 1)]
+                                    + [12, 1, 0, 0, 240, 6] + [33, 2, dim(-1, 2), 1],
     "dtypes": [8] + int_leaf([2, 3], "i32") + [0] + shape(3) + [DTYPE["bool"], 3] + leaf([2, 3], "f16")
               + [16, 0, 2, 2] + [21, 3, 6] + [19, 0, 2, 0, 1, 100, 0] + [20, 0, 1, 1, 2, 1, 6]
               + [22, 0, 1, 5] + [17, 0, 4, 1, 4],
