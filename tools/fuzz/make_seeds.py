@@ -201,6 +201,9 @@ collectives_seeds = {
     "wild_splits_3": world(3, 1) + call("all_to_all_splits", "f32", 0, split_seed=2) + KEEP + change(6, 1, 221)
                      + KEEP,
     "count_mismatch": world(2, 1) + call("reduce_scatter_tensor", "f32", 3) + KEEP + change(2, 4),
+    # Finding (fixed): rank 0's input splits [INT64_MAX, 1] overflowed their sum.
+    "crash-all-to-all-split-overflow": world(2, 1) + call("all_to_all_splits", "f32", 0, split_seed=2)
+                                       + change(6, 0, 221) + KEEP,
 }
 
 for name, table in [("safetensors", safetensors_seeds), ("ops", ops_seeds), ("collectives", collectives_seeds)]:
