@@ -71,7 +71,9 @@ if [ "$kind" = fuzz ]; then
   # fuzz_common.h sets allocator_may_return_null and max_allocation_size_mb; these add to it.
   export ASAN_OPTIONS="detect_leaks=1 ${ASAN_OPTIONS:-}"
   export UBSAN_OPTIONS="print_stacktrace=1 halt_on_error=1 suppressions=$fuzz_dir/ubsan.supp ${UBSAN_OPTIONS:-}"
-  report_pattern='^==[0-9]+==ERROR: (AddressSanitizer|LeakSanitizer|libFuzzer)|runtime error:|^SUMMARY: |deadly signal|fuzz_[a-z]+: '
+  # Sanitizer and libFuzzer reports, and the fuzzers' own findings ("fuzz_ops: expectation failed").
+  report_pattern='^==[0-9]+==ERROR: (AddressSanitizer|LeakSanitizer|libFuzzer)|runtime error:|^SUMMARY: '
+  report_pattern+='|deadly signal|^fuzz_[a-z]+: '
   status=0
   for t in "${tests[@]}"; do
     name=${t#fuzz_}

@@ -152,6 +152,8 @@ ops_seeds = {
     "crash-linspace-i32": [0, 4, 5, 0, 0, 5, 8, 9],             # linspace(1e30, -1e30, 5, i32)
     "crash-softmax-empty-huge-dim": [0] + leaf([0], grad=False, kind=0) + [14, 0, dim(-1, 1)]
                                     + [12, 1, 0, 0, 240, 6] + [33, 2, dim(-1, 2), 1],
+    # Finding (fixed): slice(dim 0, step INT64_MAX) multiplied the stride 3 by the step.
+    "crash-slice-huge-step": [0] + leaf([2, 3]) + [10, 0, dim(0, 2), 0, 10, 255, 11],
     "dtypes": [8] + int_leaf([2, 3], "i32") + [0] + shape(3) + [DTYPE["bool"], 3] + leaf([2, 3], "f16")
               + [16, 0, 2, 2] + [21, 3, 6] + [19, 0, 2, 0, 1, 100, 0] + [20, 0, 1, 1, 2, 1, 6]
               + [22, 0, 1, 5] + [17, 0, 4, 1, 4],
