@@ -7,6 +7,7 @@
 // does, so every device gets the same numbers. requires_grad is applied last.
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "core/backend.h"
 #include "core/creation.h"
@@ -35,6 +36,7 @@ Tensor finish(Tensor t, const TensorOptions& opts, const char* op) {
 }
 
 void fill_contiguous(const Tensor& t, const Scalar& value, const char* op) {
+  check_scalar_fits(value.value, t.dtype(), op);
   if (t.numel() == 0) return;
   if (!t.is_cpu()) [[unlikely]] {
     ew::fill(t, value, op);  // the same conversion of value as below
@@ -103,14 +105,29 @@ Tensor arange(const Scalar& start, const Scalar& end, const Scalar& step, Tensor
                "[arange] upper bound and lower bound are inconsistent with the step sign: start={} end={} step={}",
                a, b, s);
   TANDEM_CHECK(opts.dtype != boolean, "[arange] dtype bool is not supported");
+  // Every value lies between the bounds, so the bounds fitting the dtype is enough.
+  check_scalar_fits(a, opts.dtype, "arange");
+  check_scalar_fits(b, opts.dtype, "arange");
   const bool integral = start.integral && end.integral && step.integral;
-  // Integral bounds: integer length and values, no accumulated floating error.
+  // Integral bounds: integer length and values, no accumulated floating error. The count is
+  // computed where it cannot overflow and checked before it is converted ("invalid size" in
+  // PyTorch); a Scalar holds its integer as a double, so INT64_MAX arrives as 2^63.
+  constexpr double kTwo63 = 9223372036854775808.0;
   int64_t n;
   if (integral) {
-    auto ia = static_cast<int64_t>(a), ib = static_cast<int64_t>(b), is = static_cast<int64_t>(s);
-    n = is > 0 ? (ib - ia + is - 1) / is : (ia - ib - is - 1) / -is;
+    TANDEM_CHECK(a >= -kTwo63 && a < kTwo63 && b >= -kTwo63 && b < kTwo63 && s >= -kTwo63 && s < kTwo63,
+                 "[arange] integral start={} end={} step={} must fit in int64", a, b, s);
+    const auto ia = static_cast<int64_t>(a), ib = static_cast<int64_t>(b), is = static_cast<int64_t>(s);
+    const __int128 count = is > 0 ? (static_cast<__int128>(ib) - ia + is - 1) / is
+                                   : (static_cast<__int128>(ia) - ib - is - 1) / -static_cast<__int128>(is);
+    TANDEM_CHECK(count <= std::numeric_limits<int64_t>::max(),
+                 "[arange] start={} end={} step={} gives more elements than int64 can count", a, b, s);
+    n = static_cast<int64_t>(count);
   } else {
-    n = static_cast<int64_t>(std::ceil((b - a) / s));
+    const double count = std::ceil((b - a) / s);  // b - a may overflow to inf
+    TANDEM_CHECK(count >= 0 && count < kTwo63,
+                 "[arange] start={} end={} step={} gives {} elements, more than int64 can count", a, b, s, count);
+    n = static_cast<int64_t>(count);
   }
   Tensor t = new_empty({n}, opts, "arange");
   if (!t.is_cpu()) [[unlikely]] {
@@ -122,8 +139,13 @@ Tensor arange(const Scalar& start, const Scalar& end, const Scalar& step, Tensor
   TANDEM_DISPATCH_NUMERIC(t.dtype(), "arange", [&] {
     scalar_t* p = static_cast<scalar_t*>(t.data_ptr());
     if (integral) {
-      auto ia = static_cast<int64_t>(a), is = static_cast<int64_t>(s);
-      for (int64_t i = 0; i < n; ++i) p[i] = static_cast<scalar_t>(static_cast<acc_t<scalar_t>>(ia + i * is));
+      // Each value lies between the bounds, but i * step alone may not fit: wrap-free in uint64.
+      const auto ua = static_cast<uint64_t>(static_cast<int64_t>(a));
+      const auto us = static_cast<uint64_t>(static_cast<int64_t>(s));
+      for (int64_t i = 0; i < n; ++i) {
+        const auto v = static_cast<int64_t>(ua + static_cast<uint64_t>(i) * us);
+        p[i] = static_cast<scalar_t>(static_cast<acc_t<scalar_t>>(v));
+      }
     } else {
       for (int64_t i = 0; i < n; ++i) p[i] = static_cast<scalar_t>(static_cast<acc_t<scalar_t>>(a + i * s));
     }
@@ -141,6 +163,8 @@ Tensor arange(const Scalar& end) { return arange(0, end, 1, arange_dtype(0, end,
 Tensor linspace(double start, double end, int64_t steps, TensorOptions opts) {
   TANDEM_CHECK(steps >= 0, "[linspace] number of steps must be non-negative, got {}", steps);
   TANDEM_CHECK(opts.dtype != boolean, "[linspace] dtype bool is not supported");
+  check_scalar_fits(start, opts.dtype, "linspace");  // every value lies between the two
+  check_scalar_fits(end, opts.dtype, "linspace");
   Tensor t = new_empty({steps}, opts, "linspace");
   const double step = steps > 1 ? (end - start) / static_cast<double>(steps - 1) : 0.0;
   // Like PyTorch: the first half counts up from start, the second half down from end, so both

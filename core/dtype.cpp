@@ -25,6 +25,14 @@ Dtype promote_types(Dtype a, Dtype b) {
   return rank_of(a) >= rank_of(b) ? a : b;
 }
 
+void check_scalar_fits(double value, Dtype d, const char* op) {
+  // Conversion truncates toward zero: i32 takes (-2^31 - 1, 2^31), i64 [-2^63, 2^63).
+  bool fits = true;
+  if (d == i32) fits = value > -2147483649.0 && value < 2147483648.0;
+  if (d == i64) fits = value >= -9223372036854775808.0 && value < 9223372036854775808.0;
+  TANDEM_CHECK(fits, "[{}] value {} cannot be converted to {} without overflow", op, value, d);
+}
+
 std::ostream& operator<<(std::ostream& os, Dtype d) { return os << dtype_name(d); }
 
 }  // namespace tandem

@@ -47,6 +47,12 @@ constexpr bool is_integral(Dtype d, bool include_bool = false) {
 // the wider wins, and f16 with bf16 gives f32.
 Dtype promote_types(Dtype a, Dtype b);
 
+// Refuses a value that no element of integer dtype d can hold (NaN, an infinity, or out of its
+// range): "[op] value inf cannot be converted to i32 without overflow", as PyTorch does for the
+// Scalars it stores (full, fill_, masked_fill, clamp bounds, arange and linspace bounds);
+// converting it would be undefined behaviour. Floating and bool dtypes take any value.
+void check_scalar_fits(double value, Dtype d, const char* op);
+
 // Dtype of `default float` results (mean of an integer tensor is an error, as in PyTorch; this is
 // used by ops such as division that promote integers to the default float type).
 inline constexpr Dtype kDefaultFloat = f32;

@@ -455,6 +455,7 @@ void copy_divided(const Tensor& self, const Tensor& src_in, double divisor, cons
 void fill(const Tensor& self, const Scalar& value, const char* name) {
   TANDEM_CHECK(self.defined(), "[{}] undefined tensor", name);
   check_writable(self, name);
+  check_scalar_fits(value.value, self.dtype(), name);
   if (self.numel() == 0) return;
   if (!self.is_cpu()) [[unlikely]]
     return device_table(self, name).fill(self, value);
@@ -700,6 +701,8 @@ Tensor clamp(const Tensor& a, std::optional<double> lo, std::optional<double> hi
   TANDEM_CHECK(!(lo && std::isnan(*lo)) && !(hi && std::isnan(*hi)), "[{}] bounds must not be NaN", op);
   Dtype ct = clamp_dtype(a, lo, hi);
   TANDEM_CHECK(ct != boolean, "[{}] not supported for bool tensors", op);
+  for (auto bound : {lo, hi})
+    if (bound) check_scalar_fits(*bound, ct, op);  // a whole bound keeps an integer dtype
   Tensor A = cast(a, ct, op);
   Tensor out = make_empty(a.shape(), ct, a.device(), op);
   if (!out.is_cpu()) [[unlikely]] {
@@ -719,6 +722,8 @@ void clamp_(const Tensor& self, std::optional<double> lo, std::optional<double> 
   Dtype ct = clamp_dtype(self, lo, hi);
   check_cast(ct, self.dtype(), "clamp_");
   TANDEM_CHECK(ct != boolean, "[clamp_] not supported for bool tensors");
+  for (auto bound : {lo, hi})
+    if (bound) check_scalar_fits(*bound, ct, "clamp_");
   check_writable(self, "clamp_");
   if (!self.is_cpu()) [[unlikely]] {
     if (self.numel() > 0) device_table(self, "clamp_").clamp(self, self, lo, hi);

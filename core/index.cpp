@@ -472,6 +472,7 @@ Tensor masked_fill(const Tensor& a, const Tensor& mask, const Scalar& value) {
   }
   TANDEM_CHECK(fits, "[masked_fill] mask of shape {} cannot be broadcast to the input's shape {}", mask.shape(),
                a.shape());
+  check_scalar_fits(value.value, a.dtype(), op);
   Tensor out = make_empty(a.shape(), a.dtype(), a.device(), op);
   if (!dev.is_cpu()) [[unlikely]] {
     kernels_for(dev, op).masked_fill(out, a, mask, value);

@@ -50,6 +50,12 @@ Tensor softmax_kernel(const Tensor& a_in, int64_t dim, bool log, const char* op)
     if (a.numel() > 0) device_table(a, op).softmax(a, y, sg.outer, n, inner, log);
     return y;
   }
+  // Nothing to compute, and the scratch below is sized by a dim, which an empty tensor may have
+  // huge ([0, 2^62]): return before allocating it.
+  if (a.numel() == 0) {
+    require_floating_input(a, op);
+    return y;
+  }
   TANDEM_DISPATCH_FLOATING(a.dtype(), op, [&] {
     using T = scalar_t;
     using Acc = A<T>;
@@ -117,6 +123,10 @@ Tensor softmax_backward_kernel(const Tensor& g_in, const Tensor& y_in, int64_t d
     TANDEM_CHECK(g.dtype() == y.dtype() && g.shape() == y.shape(), "[{}] gradient {} {} does not match output {} {}",
                  op, g.dtype(), g.shape(), y.dtype(), y.shape());
     if (y.numel() > 0) device_table(y, op).softmax_backward(g, y, gx, sg.outer, n, inner, log);
+    return gx;
+  }
+  if (y.numel() == 0) {  // as in the forward: no scratch sized by a dim of an empty tensor
+    require_floating_input(y, op);
     return gx;
   }
   TANDEM_DISPATCH_FLOATING(y.dtype(), op, [&] {

@@ -139,7 +139,9 @@ Tensor slice_view(const Tensor& a, const SliceArgs& s) {
   Strides strides = a.strides();
   // (end - start - 1) / step + 1 cannot overflow for any step, unlike end - start + step - 1.
   shape[s.dim] = s.end > s.start ? (s.end - s.start - 1) / s.step + 1 : 0;
-  strides[s.dim] = a.strides()[s.dim] * s.step;
+  // Only a dim of 2 or more elements steps by it, and then step < size keeps the product in range;
+  // with one element (any step up to INT64_MAX) the stride is never used, so it is left as is.
+  if (shape[s.dim] > 1) strides[s.dim] = a.strides()[s.dim] * s.step;
   return make_view(a, shape, strides, a.storage_offset() + s.start * a.strides()[s.dim]);
 }
 }  // namespace

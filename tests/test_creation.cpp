@@ -2,6 +2,9 @@
 // ownership, device moves, and their error messages.
 #include <catch2/catch.hpp>
 
+#include <cmath>
+#include <limits>
+
 #include "tandem.h"
 
 using namespace tandem;
@@ -63,6 +66,34 @@ TEST_CASE("arange picks i64 or f32 from its bounds, like PyTorch", "[creation]")
   REQUIRE(arange(0, 7, 3).numel() == 3);  // ceil(7 / 3)
   REQUIRE_THROWS_WITH(arange(0, 5, 0), Catch::Contains("[arange] step must be nonzero"));
   REQUIRE_THROWS_WITH(arange(0, 5, -1), Catch::Contains("[arange]") && Catch::Contains("step sign"));
+}
+
+// Found by tools/fuzz/fuzz_ops (corpus/ops/crash-arange-count, crash-full-inf-i32,
+// crash-linspace-i32): each converted an out-of-range double (undefined behaviour).
+TEST_CASE("creation refuses element counts and values that do not fit", "[creation][fuzz]") {
+  using Catch::Contains;
+  // The count of a floating arange is checked before it becomes an int64.
+  REQUIRE_THROWS_WITH(arange(0.0, 1e30, 2.0), Contains("[arange]") && Contains("more than int64 can count"));
+  REQUIRE_THROWS_WITH(arange(-1e308, 1e308, 1e-300), Contains("[arange]"));  // end - start overflows to inf
+  // Integral bounds: INT64_MAX arrives as 2^63 (a Scalar holds a double), and counts past int64.
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max(), kMin = std::numeric_limits<int64_t>::min();
+  REQUIRE_THROWS_WITH(arange(kMax), Contains("[arange] value") && Contains("cannot be converted to i64"));
+  REQUIRE_THROWS_WITH(arange(kMax, f32), Contains("[arange]") && Contains("must fit in int64"));
+  REQUIRE_THROWS_WITH(arange(kMin, int64_t{1} << 62, 1), Contains("[arange]") && Contains("more elements"));
+  // A span wider than 2^63 with few elements: each value fits though i * step alone does not.
+  REQUIRE(arange(kMin, int64_t{1} << 62, int64_t{1} << 62).to_vector<int64_t>() ==
+          std::vector<int64_t>{kMin, -(int64_t{1} << 62), 0});
+  // Values an integer dtype cannot hold, as PyTorch refuses them.
+  REQUIRE_THROWS_WITH(full({2}, INFINITY, i32), Contains("[full] value inf cannot be converted to i32"));
+  REQUIRE_THROWS_WITH(full({2}, NAN, i64), Contains("[full]") && Contains("i64"));
+  REQUIRE_THROWS_WITH(full({0}, 3e9, i32), Contains("[full] value 3000000000"));
+  REQUIRE_THROWS_WITH(scalar_tensor(1e30, i64), Contains("[scalar_tensor]"));
+  REQUIRE(full({1}, 2147483647.0, i32).item<int32_t>() == 2147483647);
+  REQUIRE(full({1}, -2147483648.9, i32).item<int32_t>() == -2147483648);  // truncates toward zero
+  REQUIRE(std::isinf(full({1}, INFINITY, f16).to(f32).item<float>()));    // floating dtypes take anything
+  REQUIRE(full({1}, NAN, boolean).item<bool>());                          // NaN is true
+  REQUIRE_THROWS_WITH(linspace(1e30, -1e30, 5, i32), Contains("[linspace] value 1e+30 cannot be converted to i32"));
+  REQUIRE_THROWS_WITH(arange(0.5, 1e10, 1e9, i32), Contains("[arange] value 10000000000 cannot be converted to i32"));
 }
 
 TEST_CASE("linspace, eye, scalar_tensor", "[creation]") {

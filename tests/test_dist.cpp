@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <limits>
 
 #include "dist_cases.h"
 #include "tandem.h"
@@ -47,6 +48,30 @@ TEST_CASE("dist threads: argument errors", "[dist]") {
   for (int n : {1, 2, 3}) {
     INFO("ranks: " << n);
     REQUIRE_NOTHROW(run_threads(n, [](ProcessGroup& pg) { argument_errors(pg); }, test_options()));
+  }
+}
+
+// Found by tools/fuzz/fuzz_collectives (corpus/collectives/crash-all-to-all-split-overflow): splits
+// that sum past int64 overflowed the total (undefined behaviour) before it was compared with the
+// rows; now the issuing rank is refused, and its peers stop at once.
+TEST_CASE("dist threads: all_to_all splits that sum past int64", "[dist][fuzz]") {
+  const int64_t big = std::numeric_limits<int64_t>::max();
+  for (int n : {2, 3}) {
+    INFO("ranks: " << n);
+    std::string in_error, out_error;
+    REQUIRE_THROWS_WITH(run_threads(n, [&](ProcessGroup& pg) {
+      Tensor t = zeros({2 * n, 2});  // equal splits of 2 rows work; the listed ones overflow
+      std::vector<int64_t> wild(n, 2);
+      wild[n - 1] = big;
+      if (pg.rank() == 0) {
+        in_error = error_of([&] { pg.all_to_all(t, t, {{}, wild}); });
+        out_error = error_of([&] { pg.all_to_all(t, t, {wild, {}}); });
+        throw Error("rank 0 gives up");
+      }
+      pg.barrier()->wait();  // fails as soon as rank 0 throws
+    }, test_options()), Catch::Contains("rank 0 gives up"));
+    REQUIRE_THAT(in_error, Catch::Contains("[all_to_all] input splits") && Catch::Contains("sum past int64"));
+    REQUIRE_THAT(out_error, Catch::Contains("[all_to_all] output splits") && Catch::Contains("sum past int64"));
   }
 }
 

@@ -189,6 +189,24 @@ TEST_CASE("unary math values", "[elementwise]") {
   REQUIRE(clamp(ints, 0.5, std::nullopt).dtype() == f32);
 }
 
+// Found by tools/fuzz/fuzz_ops (corpus/ops/crash-fill-inf-i32, crash-clamp-bound-i32): the value
+// was converted to the integer type unchecked (undefined behaviour); PyTorch refuses it.
+TEST_CASE("fill_ and integer clamp bounds refuse values the dtype cannot hold", "[elementwise][fuzz]") {
+  using Catch::Contains;
+  Tensor i = zeros({3}, i32);
+  REQUIRE_THROWS_WITH(fill_(i, INFINITY), Contains("[fill_] value inf cannot be converted to i32"));
+  REQUIRE_THROWS_WITH(fill_(i, 1e10), Contains("[fill_]") && Contains("i32"));
+  REQUIRE_THROWS_WITH(fill_(zeros({2}, i64), NAN), Contains("[fill_] value nan cannot be converted to i64"));
+  REQUIRE(i.to_vector<int32_t>() == std::vector<int32_t>{0, 0, 0});  // untouched
+  fill_(i, -7.9);
+  REQUIRE(i.to_vector<int32_t>() == std::vector<int32_t>{-7, -7, -7});
+  // A whole bound keeps an integer tensor's dtype, so it has to fit it.
+  REQUIRE_THROWS_WITH(clamp(i, 1e30, std::nullopt), Contains("[clamp] value 1e+30 cannot be converted to i32"));
+  REQUIRE_THROWS_WITH(clamp(from_vector<int64_t>({1}), std::nullopt, 1e19), Contains("[clamp]") && Contains("i64"));
+  REQUIRE_THROWS_WITH(clamp_(i, -1e12, 0.0), Contains("[clamp_]") && Contains("i32"));
+  REQUIRE(clamp(i, -2147483648.0, 2147483647.0).to_vector<int32_t>() == std::vector<int32_t>{-7, -7, -7});
+}
+
 TEST_CASE("pow with scalar and tensor exponents", "[elementwise]") {
   Tensor x = T({1, 2, 3});
   require_close(vals(pow(x, 2)), {1, 4, 9});

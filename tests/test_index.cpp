@@ -238,6 +238,16 @@ TEST_CASE("masked_fill broadcasts a bool mask over the input", "[index][masked_f
   REQUIRE(vals(masked_fill(a.to(bf16), mask, 0.5)) == std::vector<double>{0.5, 1, 0.5, 0.5, 4, 0.5});
 }
 
+// Found by tools/fuzz/fuzz_ops (corpus/ops/crash-masked-fill-inf-i32): the value was converted
+// to the integer type unchecked (undefined behaviour); PyTorch refuses it.
+TEST_CASE("masked_fill refuses a value the integer dtype cannot hold", "[index][masked_fill][fuzz]") {
+  Tensor a = iota({2, 3}).to(i32);
+  Tensor mask = boolv({true, false, true}, {3});
+  REQUIRE_THROWS_WITH(masked_fill(a, mask, INFINITY), Contains("[masked_fill] value inf cannot be converted to i32"));
+  REQUIRE_THROWS_WITH(masked_fill(a.to(i64), mask, 1e19), Contains("[masked_fill]") && Contains("i64"));
+  REQUIRE(masked_fill(a.to(f16), mask, INFINITY).dtype() == f16);  // floating dtypes take any value
+}
+
 TEST_CASE("masked_fill gradient is zero where masked", "[index][masked_fill][grad]") {
   Tensor mask = boolv({true, false, false, true, true, false}, {2, 3});
   check_grad([&](const TensorList& in) { return masked_fill(in[0], mask, 3.0); }, {leaf({2, 3})});

@@ -72,6 +72,21 @@ TEST_CASE("softmax is stable for large inputs and exact on a known example") {
   REQUIRE_THROWS_WITH(log_softmax(zeros({2}, i64), 0), Contains("[log_softmax]") && Contains("i64"));
 }
 
+// Found by tools/fuzz/fuzz_ops (corpus/ops/crash-softmax-empty-huge-dim): an empty tensor may
+// have a huge dim ([0, 2^62], a view), and the kernel sized its scratch by it first
+// (std::length_error escaped instead of a result).
+TEST_CASE("softmax and log_softmax of an empty tensor with a huge dim") {
+  Tensor x = zeros({0, 1}).requires_grad_();
+  Tensor e = expand(x, {0, int64_t{1} << 62});
+  for (bool log : {false, true}) {
+    Tensor y = log ? log_softmax(e, -1) : softmax(e, 1);
+    REQUIRE(y.shape() == Shape{0, int64_t{1} << 62});
+    sum(y).backward();
+    REQUIRE(x.grad().shape() == Shape{0, 1});
+  }
+  REQUIRE_THROWS_WITH(softmax(zeros({0, 3}, i64), 0), Contains("[softmax]") && Contains("floating"));
+}
+
 TEST_CASE("gradcheck: softmax and log_softmax") {
   manual_seed(2);
   Tensor a = leaf(randn({3, 4, 2}, f64));

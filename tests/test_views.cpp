@@ -2,6 +2,8 @@
 // error messages, and gradcheck of every op (f64, including non-contiguous inputs).
 #include <catch2/catch.hpp>
 
+#include <limits>
+
 #include "tandem.h"
 
 using namespace tandem;
@@ -100,6 +102,23 @@ TEST_CASE("slice and narrow follow Python's rules", "[views]") {
   REQUIRE_THROWS_WITH(a.slice(0, 0, 5, 0), Catch::Contains("[slice] step must be positive"));
   REQUIRE_THROWS_WITH(m.narrow(0, 3, 2), Catch::Contains("[narrow] start 3 + length 2 exceeds dim 0 of size 4"));
   REQUIRE_THROWS_WITH(m.slice(2, 0, 1), Catch::Contains("[slice] dim 2 out of range"));
+}
+
+// Found by tools/fuzz/fuzz_ops (corpus/ops/crash-slice-huge-step): a step past the dim's size
+// leaves one element, but the stride was still multiplied by it (3 * INT64_MAX overflowed).
+TEST_CASE("slice with a step past the end of the dim", "[views][fuzz]") {
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  Tensor m = iota({2, 3});
+  Tensor s = m.slice(0, 0, 100, kMax);
+  REQUIRE(s.shape() == Shape{1, 3});
+  REQUIRE(s.to_vector<float>() == std::vector<float>{0, 1, 2});
+  Tensor t = m.slice(1, 1, kMax, kMax);
+  REQUIRE(t.shape() == Shape{2, 1});
+  REQUIRE(t.to_vector<float>() == std::vector<float>{1, 4});
+  REQUIRE(m.slice(1, 3, kMax, kMax).numel() == 0);
+  Tensor g = leaf64({2, 3});
+  sum(g.slice(0, 1, 2, kMax)).backward();
+  REQUIRE(g.grad().to_vector<double>() == std::vector<double>{0, 0, 0, 1, 1, 1});
 }
 
 TEST_CASE("select and operator[]", "[views]") {

@@ -1,15 +1,27 @@
 #!/usr/bin/env bash
-# Sanitizer runs of the CPU tests. Not part of CI (yet).
+# Sanitizer runs of the CPU tests, and the fuzzers.
 #
 #   tools/sanitize.sh tsan   ThreadSanitizer over the tests that run several threads (the threads
 #                            backend's ranks, its comm threads, DDP's reducer, hooks from workers):
 #                            test_autograd test_dist test_ddp test_readme test_optim_in_backward
 #   tools/sanitize.sh asan   AddressSanitizer + UndefinedBehaviorSanitizer over the same tests
+#   tools/sanitize.sh fuzz   the libFuzzer targets of tools/fuzz/ (fuzz_safetensors, fuzz_ops,
+#                            fuzz_collectives), built with clang-14 under ASan + UBSan, each run for
+#                            a fixed number of inputs from its committed seed corpus
 #
-# Either builds a CPU-only tree (build-tsan / build-asan beside build/; -g -O1, ccache when there)
-# and exits non-zero when a test fails or the sanitizer reports anything. Extra arguments name the
-# test programs to run instead of the default set. JOBS sets the build's parallelism (default 2);
-# TANDEM_SANITIZE_BUILD_DIR overrides the build folder.
+# Each builds a CPU-only tree (build-tsan / build-asan / build-fuzz beside build/; -g -O1, ccache
+# when there) and exits non-zero when a test fails, a fuzzer finds a crash, or a sanitizer reports
+# anything. Extra arguments name the test programs (fuzz targets) to run instead of the default
+# set. JOBS sets the build's parallelism (default 2); TANDEM_SANITIZE_BUILD_DIR overrides the build
+# folder.
+#
+# fuzz: FUZZ_RUNS sets the inputs per target (default 100000; fuzz_collectives, which starts a
+# world of threads per input, 20000), FUZZ_RUNS_<target> one target's; FUZZ_TIME caps each
+# target's seconds (default 600: a run that stops there says so and fails); FUZZ_SEED fixes
+# libFuzzer's seed (default: a random one, printed). Seeds are copied from tools/fuzz/corpus/<name>/
+# to build-fuzz/fuzz-corpus/<name>/ (the committed corpus is never written to); logs and any
+# crashing input (crash-*, timeout-*, oom-*, leak-*) land in build-fuzz/fuzz-logs/. Reproduce one
+# with `build-fuzz/tools/fuzz/fuzz_<name> build-fuzz/fuzz-logs/<name>/crash-...`.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 kind=${1:-}
@@ -23,18 +35,83 @@ case "$kind" in
     flags="-fsanitize=address,undefined -fno-sanitize-recover=undefined -g -O1 -fno-omit-frame-pointer"
     link="-fsanitize=address,undefined"
     ;;
+  fuzz)
+    # Coverage instrumentation everywhere (fuzzer-no-link); only the fuzzers link libFuzzer's main
+    # (tools/fuzz/CMakeLists.txt adds -fsanitize=fuzzer to them). UBSan checks are recoverable so
+    # tools/fuzz/ubsan.supp can suppress the element-value ones; halt_on_error=1 below still stops
+    # at the first report that is not suppressed.
+    flags="-fsanitize=fuzzer-no-link,address,undefined -fsanitize-recover=undefined -g -O1 -fno-omit-frame-pointer"
+    link="-fsanitize=address,undefined"
+    ;;
   *)
-    echo "usage: $0 tsan|asan [test_program...]" >&2
+    echo "usage: $0 tsan|asan|fuzz [test_program|fuzz_target...]" >&2
     exit 2
     ;;
 esac
 tests=("$@")
-[ ${#tests[@]} -gt 0 ] || tests=(test_autograd test_dist test_ddp test_readme test_optim_in_backward)
 build=${TANDEM_SANITIZE_BUILD_DIR:-$root/build-$kind}
 jobs=${JOBS:-2}
 
 launcher=()
 command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+if [ "$kind" = fuzz ]; then
+  # clang for libFuzzer; tests and tools off: only the library and the fuzz targets are built.
+  fuzz_dir=$root/tools/fuzz
+  # The IDX reader's fuzzer (fuzz_idx, seeds in tools/fuzz/corpus/idx/) joins this list once the
+  # reader exists; tools/fuzz/CMakeLists.txt already builds every tools/fuzz/fuzz_*.cpp.
+  [ ${#tests[@]} -gt 0 ] || tests=(fuzz_safetensors fuzz_ops fuzz_collectives)
+  CC=${CC:-clang-14} CXX=${CXX:-clang++-14} cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=None \
+    -DTANDEM_CUDA=OFF -DTANDEM_BUILD_TOOLS=OFF -DTANDEM_BUILD_TESTS=OFF -DTANDEM_FUZZ=ON \
+    "-DCMAKE_CXX_FLAGS=$flags" "-DCMAKE_EXE_LINKER_FLAGS=$link" "-DCMAKE_SHARED_LINKER_FLAGS=$link" \
+    "${launcher[@]}" >/dev/null
+  cmake --build "$build" -j "$jobs" --target "${tests[@]}"
+
+  logs=$build/fuzz-logs
+  export TANDEM_NUM_THREADS=1
+  # fuzz_common.h sets allocator_may_return_null and max_allocation_size_mb; these add to it.
+  export ASAN_OPTIONS="detect_leaks=1 ${ASAN_OPTIONS:-}"
+  export UBSAN_OPTIONS="print_stacktrace=1 halt_on_error=1 suppressions=$fuzz_dir/ubsan.supp ${UBSAN_OPTIONS:-}"
+  # Sanitizer and libFuzzer reports, and the fuzzers' own findings ("fuzz_ops: expectation failed").
+  report_pattern='^==[0-9]+==ERROR: (AddressSanitizer|LeakSanitizer|libFuzzer)|runtime error:|^SUMMARY: '
+  report_pattern+='|deadly signal|^fuzz_[a-z]+: '
+  status=0
+  for t in "${tests[@]}"; do
+    name=${t#fuzz_}
+    runs_var=FUZZ_RUNS_$t
+    default_runs=100000
+    [ "$t" = fuzz_collectives ] && default_runs=20000
+    runs=${!runs_var:-${FUZZ_RUNS:-$default_runs}}
+    max_time=${FUZZ_TIME:-600}
+    corpus=$build/fuzz-corpus/$name
+    rm -rf "$corpus" "$logs/$name" "$logs/$t.log"
+    mkdir -p "$corpus" "$logs/$name"
+    [ -d "$fuzz_dir/corpus/$name" ] && cp "$fuzz_dir/corpus/$name"/* "$corpus"/ 2>/dev/null || true
+    echo "== fuzz: $t ($runs runs, seeds: $(ls "$corpus" | wc -l))"
+    seed=()
+    [ -n "${FUZZ_SEED:-}" ] && seed=(-seed="$FUZZ_SEED")
+    start=$SECONDS
+    rc=0
+    # -timeout: one input running 30 s is a hang; -max_total_time: the guard on the whole run.
+    "$build/tools/fuzz/$t" -runs="$runs" -max_total_time="$max_time" -timeout=30 -rss_limit_mb=2048 \
+      -print_final_stats=1 -artifact_prefix="$logs/$name/" "${seed[@]}" "$corpus" >"$logs/$t.log" 2>&1 || rc=$?
+    elapsed=$((SECONDS - start))
+    done_runs=$(grep -oE '^Done [0-9]+ runs' "$logs/$t.log" | grep -oE '[0-9]+' || true)
+    grep -oE '^INFO: Seed: [0-9]+' "$logs/$t.log" | sed 's/^INFO: /   /' || true
+    if [ $rc -ne 0 ] || grep -qE "$report_pattern" "$logs/$t.log"; then
+      echo "   FAILED (exit $rc), log: $logs/$t.log"
+      grep -E "$report_pattern|^artifact_prefix|Test unit written" "$logs/$t.log" | head -n 12 | sed 's/^/   | /'
+      status=1
+    elif [ "${done_runs:-0}" -lt "$runs" ]; then
+      echo "   STOPPED by the ${max_time} s guard after ${done_runs:-0} of $runs runs, log: $logs/$t.log"
+      status=1
+    else
+      echo "   $done_runs runs, $elapsed s, corpus $(ls "$corpus" | wc -l) inputs"
+    fi
+  done
+  if [ $status -eq 0 ]; then echo "fuzz: clean"; else echo "fuzz: findings or failures above"; fi
+  exit $status
+fi
+[ ${#tests[@]} -gt 0 ] || tests=(test_autograd test_dist test_ddp test_readme test_optim_in_backward)
 # CMAKE_BUILD_TYPE=None: no -O2/-O3/-DNDEBUG on top of ours, so asserts stay on.
 cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=None -DTANDEM_CUDA=OFF -DTANDEM_BUILD_TOOLS=OFF \
   "-DCMAKE_CXX_FLAGS=$flags" "-DCMAKE_EXE_LINKER_FLAGS=$link" "-DCMAKE_SHARED_LINKER_FLAGS=$link" \

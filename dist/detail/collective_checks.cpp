@@ -144,7 +144,9 @@ std::string check_all_to_all(const ProcessGroup& g, const Tensor& output, const 
     int64_t total = 0;
     for (int64_t v : s) {
       TANDEM_CHECK(v >= 0, "[all_to_all] {} splits must be non-negative, got [{}]", what, fmt::join(s, ", "));
-      total += v;
+      TANDEM_CHECK(!__builtin_add_overflow(total, v, &total),
+                   "[all_to_all] {} splits [{}] sum past int64 but the {} has {} rows (shape {})", what,
+                   fmt::join(s, ", "), what, t.size(0), t.shape());
     }
     TANDEM_CHECK(total == t.size(0), "[all_to_all] {} splits [{}] sum to {} but the {} has {} rows (shape {})", what,
                  fmt::join(s, ", "), total, what, t.size(0), t.shape());
