@@ -44,6 +44,9 @@ class Backend {
   virtual void deallocate(void* ptr, size_t nbytes, Device device) noexcept = 0;
   // Copies nbytes between two raw buffers, either of which may live on this backend's device.
   virtual void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, size_t nbytes) = 0;
+  // Throws "[op] no CUDA device: ..." when `device` cannot be used (no such device, no driver),
+  // so the error names the op that wanted it. Every CPU is usable.
+  virtual void require_device(Device device, const char* op) {}
   // Blocks until the work this thread queued on `device` (its current stream) has finished, so
   // another thread may read what it produced (the mpi backend stages device tensors on its
   // communication thread). Nothing to wait for on the CPU.

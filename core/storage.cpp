@@ -4,19 +4,11 @@
 
 namespace tandem {
 
-#ifdef TANDEM_WITH_CUDA
-namespace cuda {
-void require_device(Device device, const char* op);  // cuda/runtime.cpp: "[op] no CUDA device: ..."
-}
-#endif
-
 Storage::Storage(size_t nbytes, Device device, const char* op)
     : nbytes_(nbytes), device_(device) {
   Backend& backend = backend_for(device, op);
-#ifdef TANDEM_WITH_CUDA
   // Here, where the op is known, so a missing GPU reads "[zeros] no CUDA device: ...".
-  if (device.is_cuda()) cuda::require_device(device, op);
-#endif
+  backend.require_device(device, op);
   data_ = backend.allocate(nbytes, device);
 }
 
