@@ -89,6 +89,10 @@ Table& device_kernels(Device device, const char* op) {
   return *t;
 }
 
+// For an op with CPU kernels only: throws "[op] tandem was built without CUDA" (via backend_for)
+// or "[op] has no kernel for tensors on cuda:0 (tensor of shape [2, 3])" unless `t` is on the CPU.
+void require_cpu(const Tensor& t, const char* op);
+
 // Intra-op threads (our kernels and OpenBLAS). Defaults to TANDEM_NUM_THREADS, else the cores
 // divided by the ranks on this node (OMPI_COMM_WORLD_LOCAL_SIZE), so several ranks on one node
 // do not oversubscribe it.

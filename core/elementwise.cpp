@@ -397,13 +397,6 @@ void fail_devices(const char* op, std::initializer_list<NamedTensor> ts) {
   fail("[{}] tensors are on different devices: {}", op, list);
 }
 
-void require_cpu(const Tensor& t, const char* op) {
-  TANDEM_CHECK(t.defined(), "[{}] undefined tensor", op);
-  if (t.is_cpu()) [[likely]] return;
-  backend_for(t.device(), op);  // throws "built without CUDA" when there is no backend
-  fail("[{}] has no kernel for tensors on {} (tensor of shape {})", op, t.device(), t.shape());
-}
-
 // ---------------------------------------------------------------- casts and copies
 
 Tensor cast(const Tensor& a, Dtype dtype, const char* op) {

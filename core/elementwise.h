@@ -345,10 +345,6 @@ Dtype result_type(const Tensor& a, const Tensor& b, const Tensor& c);
 // PyTorch's canCast: no floating -> integral, no non-bool -> bool.
 bool can_cast(Dtype from, Dtype to);
 
-// Throws "[op] ... on cuda:0 ..." for tensors without a CPU kernel here (and "built without
-// CUDA" when no backend exists for their device).
-void require_cpu(const Tensor& t, const char* op);
-
 // ================================================================ device kernels
 // The kernel table a device backend registers (cuda/elementwise.cu) with
 // register_device_kernels<ew::DeviceKernels>. Core has already validated the arguments, promoted

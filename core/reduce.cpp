@@ -246,13 +246,6 @@ ReducePlan plan_full_reduction(const Tensor& a, const char* op) {
 
 ReducePlan replan(const Tensor& t, const ReducePlan& like) { return plan_from_mask(t, like.reduced, like.keepdim); }
 
-void require_cpu(const Tensor& t, const char* op) {
-  TANDEM_CHECK(t.defined(), "[{}] got an undefined tensor", op);
-  if (t.is_cpu()) [[likely]] return;
-  backend_for(t.device(), op);  // throws when Tandem was built without this device
-  fail("[{}] has no kernel for {} tensors yet (shape {}, {})", op, t.device(), t.shape(), t.dtype());
-}
-
 void require_same_device(const char* op, std::initializer_list<const Tensor*> ts) {
   const Tensor* first = nullptr;
   for (const Tensor* t : ts) {
