@@ -64,10 +64,18 @@ Backend& backend_for(Device device, const char* op);
 bool has_backend(DeviceType type);
 void register_backend(DeviceType type, Backend* backend);
 
+// tandem::detail holds everything of core that is not API: the ops' forward computation and CPU
+// kernels, the raw (autograd-free) views and copies, the RNG internals and the device kernel
+// tables; autograd/, nn/ and cuda/ call it, users call tandem::. One namespace for every op family
+// rather than one each, as `detail` is what C++ libraries (fmt, Boost, MLX) call "internal", and
+// a reader then never has to learn which family spells itself ew::, raw:: or rng::. The families'
+// names do not collide: each table carries its family in its name (ElementwiseDeviceKernels,
+// ReduceDeviceKernels, ...).
+//
 // Kernel tables. An op family with device kernels declares an interface struct next to its CPU
-// kernels (e.g. ew::DeviceKernels in core/elementwise.h); a backend registers one implementation
-// per device type when it is installed. Core validates arguments, promotes dtypes and allocates
-// the result, then hands the raw work to `device_kernels<Table>(device, op)`.
+// kernels (e.g. detail::ElementwiseDeviceKernels in core/elementwise.h); a backend registers one
+// implementation per device type when it is installed. Core validates arguments, promotes dtypes
+// and allocates the result, then hands the raw work to `device_kernels<Table>(device, op)`.
 namespace detail {
 template <class Table>
 inline Table* kernel_tables[2] = {nullptr, nullptr};

@@ -15,7 +15,7 @@
 #include "core/iter.h"
 #include "core/views.h"
 
-namespace tandem::ew {
+namespace tandem::detail {
 
 namespace {
 
@@ -242,7 +242,7 @@ Tensor unaliased(const Tensor& self, const Tensor& other, const char* name) {
                        other.strides() == self.strides() && other.dtype() == self.dtype();
   if (same_geometry) return other;  // element i reads what element i writes: safe
   Tensor copy = make_empty(other.shape(), other.dtype(), other.device(), name);
-  ew::copy(copy, other, name);
+  detail::copy(copy, other, name);
   return copy;
 }
 void check_broadcasts_to(const Tensor& other, const Tensor& self, const char* what, const char* name) {
@@ -257,8 +257,8 @@ void check_cast(Dtype result, Dtype self, const char* name) {
 }
 
 // The kernel table of a non-CPU tensor's device (every op's device branch: `if (!out.is_cpu())`).
-DeviceKernels& device_table(const Tensor& t, const char* name) {
-  return device_kernels<DeviceKernels>(t.device(), name);
+ElementwiseDeviceKernels& device_table(const Tensor& t, const char* name) {
+  return device_kernels<ElementwiseDeviceKernels>(t.device(), name);
 }
 
 // As PyTorch, a 0-dim CPU tensor may take part in an op on another device's tensors (binary ops
@@ -277,7 +277,7 @@ void move_cpu_scalars(const char* op, const std::array<Tensor*, N>& ts, const st
   if (anchor != nullptr) {
     const Device d = anchor->device();
     for (Tensor* t : ts)
-      if (!(t->device() == d) && t->is_cpu() && t->dim() == 0) *t = raw::to_device(*t, d);
+      if (!(t->device() == d) && t->is_cpu() && t->dim() == 0) *t = detail::to_device(*t, d);
   }
   if constexpr (N == 2) {
     check_same_device(op, {{names[0], *ts[0]}, {names[1], *ts[1]}});
@@ -412,7 +412,7 @@ void copy(const Tensor& self, const Tensor& src_in, const char* name) {
   check_writable(self, name);
   if (!(self.device() == src_in.device())) [[unlikely]] {
     // Across devices: the bytes move in src's dtype and shape, then convert on self's device.
-    copy(self, raw::to_device(src_in, self.device()), name);
+    copy(self, detail::to_device(src_in, self.device()), name);
     return;
   }
   Tensor src = unaliased(self, src_in, name);
@@ -435,7 +435,7 @@ void copy_divided(const Tensor& self, const Tensor& src_in, double divisor, cons
   TANDEM_CHECK(self.shape() == src_in.shape(), "[{}] shapes differ: destination {}, source {}", name, self.shape(),
                src_in.shape());
   check_writable(self, name);
-  Tensor src = src_in.device() == self.device() ? src_in : raw::to_device(src_in, self.device());
+  Tensor src = src_in.device() == self.device() ? src_in : detail::to_device(src_in, self.device());
   if (src.dtype() != self.dtype()) src = cast(src, self.dtype(), name);
   src = unaliased(self, src, name);
   if (!self.is_cpu()) [[unlikely]] {
@@ -520,7 +520,7 @@ Tensor binary(Binary op, const Scalar& a, const Tensor& b) {
 void binary_(Binary op, const Tensor& self, const Tensor& other_in, const Scalar& alpha, const char* name) {
   if (!(self.device() == other_in.device())) [[unlikely]] {
     Tensor other = other_in;
-    if (other.is_cpu() && other.dim() == 0) other = raw::to_device(other, self.device());
+    if (other.is_cpu() && other.dim() == 0) other = detail::to_device(other, self.device());
     check_same_device(name, {{"self", self}, {"other", other}});
     return binary_(op, self, other, alpha, name);
   }
@@ -847,7 +847,7 @@ Tensor grad_map3(const Tensor& g, const Tensor& a_in, const Tensor& b_in, const 
 
 Tensor unary_grad(Unary op, const Tensor& g, const Tensor& s) {
   const char* name = op_name(op);
-  auto dev = [op](DeviceKernels& k, const Tensor& out, const Tensor& g, const Tensor& s) {
+  auto dev = [op](ElementwiseDeviceKernels& k, const Tensor& out, const Tensor& g, const Tensor& s) {
     k.unary_grad(op, out, g, s);
   };
   switch (op) {
@@ -866,7 +866,7 @@ Tensor unary_grad(Unary op, const Tensor& g, const Tensor& s) {
 
 Tensor clamp_grad(const Tensor& g, const Tensor& x, std::optional<double> lo, std::optional<double> hi) {
   Tensor out;
-  auto dev = [lo, hi](DeviceKernels& k, const Tensor& out, const Tensor& g, const Tensor& x) {
+  auto dev = [lo, hi](ElementwiseDeviceKernels& k, const Tensor& out, const Tensor& g, const Tensor& x) {
     k.clamp_grad(out, g, x, lo, hi);
   };
   TANDEM_DISPATCH_FLOATING(g.dtype(), "clamp", [&] {
@@ -881,7 +881,7 @@ Tensor clamp_grad(const Tensor& g, const Tensor& x, std::optional<double> lo, st
 
 Tensor pow_scalar_grad(const Tensor& g, const Tensor& x, double exponent) {
   Tensor out;
-  auto dev = [exponent](DeviceKernels& k, const Tensor& out, const Tensor& g, const Tensor& x) {
+  auto dev = [exponent](ElementwiseDeviceKernels& k, const Tensor& out, const Tensor& g, const Tensor& x) {
     k.pow_scalar_grad(out, g, x, exponent);
   };
   TANDEM_DISPATCH_FLOATING(g.dtype(), "pow", [&] {
@@ -927,4 +927,4 @@ Tensor where_grad(const Tensor& cond, const Tensor& g, bool take_true) {
   return out;
 }
 
-}  // namespace tandem::ew
+}  // namespace tandem::detail

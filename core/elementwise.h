@@ -15,7 +15,7 @@
 #include "core/macros.h"
 #include "core/tensor.h"
 
-namespace tandem::ew {
+namespace tandem::detail {
 
 template <class T>
 inline constexpr bool is_half_v = std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>;
@@ -347,17 +347,17 @@ bool can_cast(Dtype from, Dtype to);
 
 // ================================================================ device kernels
 // The kernel table a device backend registers (cuda/elementwise.cu) with
-// register_device_kernels<ew::DeviceKernels>. Core has already validated the arguments, promoted
-// and cast the operands and allocated the result exactly as for the CPU loops: every tensor is
-// on out's device, broadcasts to out's shape and already has the dtype the op computes in (the
+// register_device_kernels<ElementwiseDeviceKernels>. Core has already validated the arguments,
+// promoted and cast the operands and allocated the result exactly as for the CPU loops: every
+// tensor is on out's device, broadcasts to out's shape and already has the dtype the op computes in (the
 // same dtypes the CPU kernels get). `out` may be any strided view (in-place ops pass self); an
 // input aliases it only element for element.
 enum class Pointwise3 : uint8_t { addcmul, addcdiv };
 // Raw backward kernels (g, a, b) -> gradient, of the broadcast shape.
 enum class Grad3 : uint8_t { pow_base, pow_exponent, div_other, max_first, max_second, min_first, min_second };
 
-struct DeviceKernels {
-  virtual ~DeviceKernels() = default;
+struct ElementwiseDeviceKernels {
+  virtual ~ElementwiseDeviceKernels() = default;
   // out = a op b (alpha for add/sub); out is bool for comparisons and logic.
   virtual void binary(Binary op, const Tensor& out, const Tensor& a, const Tensor& b, const Scalar& alpha) = 0;
   // out = a op s, or s op a when scalar_first.
@@ -437,4 +437,9 @@ Tensor div_grad_other(const Tensor& g, const Tensor& a, const Tensor& b);
 // where(cond, g, 0) (take_true) or where(cond, 0, g), of the broadcast shape of cond and g.
 Tensor where_grad(const Tensor& cond, const Tensor& g, bool take_true);
 
-}  // namespace tandem::ew
+}  // namespace tandem::detail
+
+namespace tandem {
+// The namespace's old name, for dist/reducer.cpp (ew::copy_divided) until it says detail::.
+namespace ew = detail;
+}  // namespace tandem

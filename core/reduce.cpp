@@ -263,7 +263,7 @@ Tensor materialize(const Tensor& t, const char* op) {
   if (t.is_contiguous()) return t;
   Tensor out = make_empty(t.shape(), t.dtype(), t.device(), op);
   if (!t.is_cpu()) {
-    ew::copy(out, t, op);  // the device's strided copy
+    detail::copy(out, t, op);  // the device's strided copy
     return out;
   }
   TANDEM_DISPATCH_ALL(t.dtype(), op, [&] {
@@ -281,7 +281,7 @@ Tensor convert(const Tensor& t, Dtype dtype, const char* op) {
   if (t.dtype() == dtype) return materialize(t, op);
   Tensor out = make_empty(t.shape(), dtype, t.device(), op);
   if (!t.is_cpu()) {
-    ew::copy(out, t, op);  // the device's converting copy
+    detail::copy(out, t, op);  // the device's converting copy
     return out;
   }
   TANDEM_DISPATCH_ALL(t.dtype(), op, [&] {

@@ -6,7 +6,7 @@
 #include "core/elementwise.h"
 #include "core/iter.h"
 
-namespace tandem::raw {
+namespace tandem::detail {
 
 Shape infer_size(const Shape& shape, int64_t numel, const char* op) {
   Shape out = shape;
@@ -262,8 +262,8 @@ void copy_same_dtype(const Tensor& dst, const Tensor& src, const char* op) {
   TANDEM_CHECK(dst.dtype() == src.dtype(), "[{}] copy between dtypes {} and {} (expected one dtype)", op, dst.dtype(),
                src.dtype());
   if (!(dst.is_cpu() && src.is_cpu())) [[unlikely]] {
-    ew::check_same_device(op, {{"dst", dst}, {"src", src}});
-    if (dst.numel() > 0) device_kernels<ew::DeviceKernels>(dst.device(), op).copy(dst, src);
+    detail::check_same_device(op, {{"dst", dst}, {"src", src}});
+    if (dst.numel() > 0) device_kernels<detail::ElementwiseDeviceKernels>(dst.device(), op).copy(dst, src);
     return;
   }
   if (dst.numel() == 0) return;
@@ -303,4 +303,4 @@ Tensor to_device(const Tensor& a, Device device) {
   return out;
 }
 
-}  // namespace tandem::raw
+}  // namespace tandem::detail

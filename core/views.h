@@ -7,7 +7,7 @@
 
 #include "core/tensor.h"
 
-namespace tandem::raw {
+namespace tandem::detail {
 
 // Resolves one -1 in `shape` against `numel`; throws "[op] shape ... is invalid for input of
 // size n" when it cannot.
@@ -42,4 +42,4 @@ void copy_same_dtype(const Tensor& dst, const Tensor& src, const char* op);
 // A copy of `a` on `device` (a itself when already there), through the backends' copy_bytes.
 Tensor to_device(const Tensor& a, Device device);
 
-}  // namespace tandem::raw
+}  // namespace tandem::detail
