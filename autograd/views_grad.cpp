@@ -3,6 +3,7 @@
 // back to the input's shape. contiguous/clone copy (identity gradient), as does to(Device).
 #include "autograd/node.h"
 #include "autograd/ops.h"
+#include "core/elementwise.h"
 #include "core/views.h"
 
 namespace tandem {

@@ -408,6 +408,12 @@ Tensor clamp(const Tensor& a, std::optional<double> lo, std::optional<double> hi
 Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b);
 // `a` itself when it already has `dtype`, else a contiguous converted copy.
 Tensor cast(const Tensor& a, Dtype dtype, const char* op = "to");
+// A fresh contiguous copy of `a` (same dtype and device).
+Tensor contiguous_copy(const Tensor& a, const char* op = "contiguous");
+// dst[...] = src[...] elementwise for tensors of one dtype; src broadcasts to dst's shape.
+void copy_same_dtype(const Tensor& dst, const Tensor& src, const char* op);
+// A copy of `a` on `device` (a itself when already there), through the backends' copy_bytes.
+Tensor to_device(const Tensor& a, Device device);
 
 // In place (validation of dtypes and shapes included; no autograd check, no version bump).
 void binary_(Binary op, const Tensor& self, const Tensor& other, const Scalar& alpha, const char* name);

@@ -6,7 +6,7 @@
 #include <cmath>
 
 #include "core/iter.h"
-#include "core/views.h"
+#include "core/elementwise.h"
 
 namespace tandem {
 

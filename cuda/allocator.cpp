@@ -18,7 +18,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "core/views.h"
+#include "core/elementwise.h"
 #include "cuda/check.h"
 #include "cuda/runtime.h"
 
