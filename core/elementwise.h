@@ -1,5 +1,5 @@
-// Elementwise ops: the per-element math (functors the CPU kernels here and a CUDA backend share),
-// PyTorch's result-type rules, and the forward and raw backward kernels. No autograd here;
+// Elementwise ops: the per-element math (functors the CPU kernels here and a CUDA backend share)
+// and the forward and raw backward kernels; PyTorch's result-type rules are in core/dtype.h. No autograd here;
 // autograd/elementwise_grad.cpp wires these into the public ops of autograd/ops.h.
 //
 // Functors take and return the compute type C = acc_t<T> of the element type T (float for the
@@ -335,15 +335,6 @@ enum class Unary : uint8_t {
 };
 const char* op_name(Binary op);
 const char* op_name(Unary op);
-
-// PyTorch's result type: dimensioned tensors outrank 0-dim tensors, which outrank Scalars; a
-// lower-ranked operand only matters when its category (bool < integer < floating) is higher. A
-// floating Scalar counts as the default float (f32), an integral one as i64.
-Dtype result_type(const Tensor& a, const Tensor& b);
-Dtype result_type(const Tensor& a, const Scalar& s);
-Dtype result_type(const Tensor& a, const Tensor& b, const Tensor& c);
-// PyTorch's canCast: no floating -> integral, no non-bool -> bool.
-bool can_cast(Dtype from, Dtype to);
 
 // ================================================================ device kernels
 // The kernel table a device backend registers (cuda/elementwise.cu) with
