@@ -1,17 +1,21 @@
-// Elementwise ops: the per-element math (functors the CPU kernels here and a CUDA backend share)
-// and the forward and raw backward kernels; PyTorch's result-type rules are in core/dtype.h. No autograd here;
+// Elementwise ops: the per-element math (functors the CPU kernels and a CUDA backend share) and
+// the forward and raw backward kernels, defined in core/elementwise.cpp (copies, fill, where),
+// elementwise_binary.cpp, elementwise_unary.cpp and elementwise_backward.cpp over the loops of
+// core/elementwise_loops.h; PyTorch's result-type rules are in core/dtype.h. No autograd here:
 // autograd/elementwise_grad.cpp wires these into the public ops of autograd/ops.h.
 //
 // Functors take and return the compute type C = acc_t<T> of the element type T (float for the
 // 2-byte floats), so f16/bf16 are rounded once per op, on store.
 #pragma once
 
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <initializer_list>
 #include <optional>
 #include <type_traits>
 
+#include "core/backend.h"
 #include "core/macros.h"
 #include "core/tensor.h"
 
@@ -433,6 +437,48 @@ Tensor extreme_grad(const Tensor& g, const Tensor& a, const Tensor& b, bool is_m
 Tensor div_grad_other(const Tensor& g, const Tensor& a, const Tensor& b);
 // where(cond, g, 0) (take_true) or where(cond, 0, g), of the broadcast shape of cond and g.
 Tensor where_grad(const Tensor& cond, const Tensor& g, bool take_true);
+
+// ---- the argument checks the ops of core/elementwise*.cpp share ----
+// The kernel table of a non-CPU tensor's device (every op's device branch: `if (!out.is_cpu())`).
+inline ElementwiseDeviceKernels& elementwise_table(const Tensor& t, const char* name) {
+  return device_kernels<ElementwiseDeviceKernels>(t.device(), name);
+}
+// a's shape when b has it too, else the broadcast of the two (throws when there is none).
+Shape broadcast_or_same(const Tensor& a, const Tensor& b, const char* op);
+// In-place ops write through self's memory: a self with stride-0 (expanded) dims would have
+// several elements land on one location, and an operand that partially overlaps self would be
+// read after being written. The first is an error (as in PyTorch); the second gets a copy.
+void check_writable(const Tensor& self, const char* name);
+// `other` itself, or a copy of it when it overlaps self other than element for element.
+Tensor unaliased(const Tensor& self, const Tensor& other, const char* name);
+// Throws "[name] <what> of shape ... cannot be broadcast to self's shape ..." unless it can.
+void check_broadcasts_to(const Tensor& other, const Tensor& self, const char* what, const char* name);
+// Throws "[name] result type ... can't be cast to the desired output type ..." (can_cast).
+void check_cast(Dtype result, Dtype self, const char* name);
+// As PyTorch, a 0-dim CPU tensor may take part in an op on another device's tensors (binary ops
+// and where); it is copied to that device (one element, stream-ordered), which keeps the type
+// promotion of a 0-dim tensor. Any other mix of devices is an error. Only called once the
+// operands' devices are known to differ.
+template <size_t N>
+void move_cpu_scalars(const char* op, const std::array<Tensor*, N>& ts, const std::array<const char*, N>& names) {
+  const Tensor* anchor = nullptr;
+  for (Tensor* t : ts) {
+    if (!(t->is_cpu() && t->dim() == 0)) {
+      anchor = t;
+      break;
+    }
+  }
+  if (anchor != nullptr) {
+    const Device d = anchor->device();
+    for (Tensor* t : ts)
+      if (!(t->device() == d) && t->is_cpu() && t->dim() == 0) *t = to_device(*t, d);
+  }
+  if constexpr (N == 2) {
+    check_same_device(op, {{names[0], *ts[0]}, {names[1], *ts[1]}});
+  } else {
+    check_same_device(op, {{names[0], *ts[0]}, {names[1], *ts[1]}, {names[2], *ts[2]}});
+  }
+}
 
 }  // namespace tandem::detail
 
