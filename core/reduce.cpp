@@ -32,7 +32,7 @@ Acc slice_sum(const T* p, int64_t stride, int64_t n) {
 // slice every x - shift is exactly 0, so the mean is the value itself and M2 exactly 0, which an
 // unshifted mean (sum / n) cannot promise: 0.1 + 0.1 + 0.1 over 3 is not 0.1 in f64, and
 // [0.1, 0.1, 0.1] had std 1.7e-17. (Welford, the CUDA kernel's scheme, is exact there too, but
-// its per-element dependency chain measured 3-6x slower on the CPU than these vectorised passes.)
+// its per-element dependency chain does not vectorise on the CPU, as these passes do.)
 template <class Acc>
 struct Moments {
   Acc shift;  // the first value
