@@ -8,8 +8,8 @@
 namespace tandem {
 
 using autograd::BackwardContext;
-using ew::Binary;
-using ew::Unary;
+using detail::Binary;
+using detail::Unary;
 
 namespace {
 
@@ -22,16 +22,16 @@ Tensor input_grad(const Tensor& g, const BackwardContext& ctx, size_t i) {
   const autograd::Edge& e = ctx.node.next_edges[i];
   const autograd::OutputMeta& m = e.fn->outputs[e.input_nr];
   Tensor r = g.shape() == m.shape ? g : autograd::sum_to(g, m.shape);
-  return r.dtype() == m.dtype ? r : ew::cast(r, m.dtype, "backward");
+  return r.dtype() == m.dtype ? r : detail::cast(r, m.dtype, "backward");
 }
 
-Tensor scaled(const Tensor& g, double s) { return s == 1 ? g : ew::binary(Binary::mul, g, Scalar(s)); }
+Tensor scaled(const Tensor& g, double s) { return s == 1 ? g : detail::binary(Binary::mul, g, Scalar(s)); }
 
 // Unary ops whose raw backward kernel reads the saved input (save_output false) or output.
 Tensor unary_op(Unary op, const Tensor& a, const char* node, bool save_output) {
-  Tensor out = ew::unary(op, a);
+  Tensor out = detail::unary(op, a);
   if (autograd::any_requires_grad({&a})) {
-    auto fn = [op](BackwardContext& ctx) -> TensorList { return {ew::unary_grad(op, ctx.grads[0], ctx.saved(0))}; };
+    auto fn = [op](BackwardContext& ctx) -> TensorList { return {detail::unary_grad(op, ctx.grads[0], ctx.saved(0))}; };
     if (save_output) {
       autograd::record(node, {&a}, {&out}, fn, {}, {out});
     } else {
@@ -56,7 +56,7 @@ void check_operand(const Tensor& other, const char* op) {
 // ---------------------------------------------------------------- arithmetic
 
 Tensor add(const Tensor& a, const Tensor& b, const Scalar& alpha) {
-  Tensor out = ew::binary(Binary::add, a, b, alpha);
+  Tensor out = detail::binary(Binary::add, a, b, alpha);
   if (autograd::any_requires_grad({&a, &b})) {
     autograd::record("AddBackward", {&a, &b}, {&out},
                      [alpha = alpha.value](BackwardContext& ctx) -> TensorList {
@@ -71,7 +71,7 @@ Tensor add(const Tensor& a, const Tensor& b, const Scalar& alpha) {
 }
 
 Tensor sub(const Tensor& a, const Tensor& b, const Scalar& alpha) {
-  Tensor out = ew::binary(Binary::sub, a, b, alpha);
+  Tensor out = detail::binary(Binary::sub, a, b, alpha);
   if (autograd::any_requires_grad({&a, &b})) {
     autograd::record("SubBackward", {&a, &b}, {&out},
                      [alpha = alpha.value](BackwardContext& ctx) -> TensorList {
@@ -86,15 +86,15 @@ Tensor sub(const Tensor& a, const Tensor& b, const Scalar& alpha) {
 }
 
 Tensor mul(const Tensor& a, const Tensor& b) {
-  Tensor out = ew::binary(Binary::mul, a, b);
+  Tensor out = detail::binary(Binary::mul, a, b);
   if (autograd::any_requires_grad({&a, &b})) {
     autograd::record(
         "MulBackward", {&a, &b}, {&out},
         [](BackwardContext& ctx) -> TensorList {
           const Tensor& g = ctx.grads[0];
           TensorList r(2);
-          if (ctx.needs_input_grad[0]) r[0] = input_grad(ew::binary(Binary::mul, g, ctx.saved(1)), ctx, 0);
-          if (ctx.needs_input_grad[1]) r[1] = input_grad(ew::binary(Binary::mul, g, ctx.saved(0)), ctx, 1);
+          if (ctx.needs_input_grad[0]) r[0] = input_grad(detail::binary(Binary::mul, g, ctx.saved(1)), ctx, 0);
+          if (ctx.needs_input_grad[1]) r[1] = input_grad(detail::binary(Binary::mul, g, ctx.saved(0)), ctx, 1);
           return r;
         },
         {a, b});
@@ -103,7 +103,7 @@ Tensor mul(const Tensor& a, const Tensor& b) {
 }
 
 Tensor div(const Tensor& a, const Tensor& b) {
-  Tensor out = ew::binary(Binary::div, a, b);
+  Tensor out = detail::binary(Binary::div, a, b);
   if (autograd::any_requires_grad({&a, &b})) {
     autograd::record(
         "DivBackward", {&a, &b}, {&out},
@@ -111,8 +111,8 @@ Tensor div(const Tensor& a, const Tensor& b) {
           const Tensor& g = ctx.grads[0];
           Tensor a = ctx.saved(0), b = ctx.saved(1);
           TensorList r(2);
-          if (ctx.needs_input_grad[0]) r[0] = input_grad(ew::binary(Binary::div, g, b), ctx, 0);
-          if (ctx.needs_input_grad[1]) r[1] = input_grad(ew::div_grad_other(g, a, b), ctx, 1);
+          if (ctx.needs_input_grad[0]) r[0] = input_grad(detail::binary(Binary::div, g, b), ctx, 0);
+          if (ctx.needs_input_grad[1]) r[1] = input_grad(detail::div_grad_other(g, a, b), ctx, 1);
           return r;
         },
         {a, b});
@@ -121,7 +121,7 @@ Tensor div(const Tensor& a, const Tensor& b) {
 }
 
 Tensor add(const Tensor& a, const Scalar& b) {
-  Tensor out = ew::binary(Binary::add, a, b);
+  Tensor out = detail::binary(Binary::add, a, b);
   if (autograd::any_requires_grad({&a})) {
     autograd::record("AddBackward", {&a}, {&out},
                      [](BackwardContext& ctx) -> TensorList { return {ctx.grads[0]}; });
@@ -130,7 +130,7 @@ Tensor add(const Tensor& a, const Scalar& b) {
 }
 
 Tensor sub(const Tensor& a, const Scalar& b) {
-  Tensor out = ew::binary(Binary::sub, a, b);
+  Tensor out = detail::binary(Binary::sub, a, b);
   if (autograd::any_requires_grad({&a})) {
     autograd::record("SubBackward", {&a}, {&out},
                      [](BackwardContext& ctx) -> TensorList { return {ctx.grads[0]}; });
@@ -139,44 +139,44 @@ Tensor sub(const Tensor& a, const Scalar& b) {
 }
 
 Tensor rsub(const Tensor& a, const Scalar& b) {
-  Tensor out = ew::binary(Binary::sub, b, a);
+  Tensor out = detail::binary(Binary::sub, b, a);
   if (autograd::any_requires_grad({&a})) {
     autograd::record("RsubBackward", {&a}, {&out},
-                     [](BackwardContext& ctx) -> TensorList { return {ew::unary(Unary::neg, ctx.grads[0])}; });
+                     [](BackwardContext& ctx) -> TensorList { return {detail::unary(Unary::neg, ctx.grads[0])}; });
   }
   return out;
 }
 
 Tensor mul(const Tensor& a, const Scalar& b) {
-  Tensor out = ew::binary(Binary::mul, a, b);
+  Tensor out = detail::binary(Binary::mul, a, b);
   if (autograd::any_requires_grad({&a})) {
     autograd::record("MulBackward", {&a}, {&out}, [s = b.value](BackwardContext& ctx) -> TensorList {
-      return {ew::binary(Binary::mul, ctx.grads[0], Scalar(s))};
+      return {detail::binary(Binary::mul, ctx.grads[0], Scalar(s))};
     });
   }
   return out;
 }
 
 Tensor div(const Tensor& a, const Scalar& b) {
-  Tensor out = ew::binary(Binary::div, a, b);
+  Tensor out = detail::binary(Binary::div, a, b);
   if (autograd::any_requires_grad({&a})) {
     autograd::record("DivBackward", {&a}, {&out}, [s = b.value](BackwardContext& ctx) -> TensorList {
-      return {ew::binary(Binary::div, ctx.grads[0], Scalar(s))};
+      return {detail::binary(Binary::div, ctx.grads[0], Scalar(s))};
     });
   }
   return out;
 }
 
 Tensor operator/(const Scalar& a, const Tensor& b) {
-  Tensor out = ew::binary(Binary::div, a, b);
+  Tensor out = detail::binary(Binary::div, a, b);
   if (autograd::any_requires_grad({&b})) {
     // d(s/b)/db = -s / b^2 = -out / b
     autograd::record(
         "RdivBackward", {&b}, {&out},
         [](BackwardContext& ctx) -> TensorList {
           Tensor b = ctx.saved(0), out = ctx.saved(1);
-          Tensor t = ew::binary(Binary::div, ew::binary(Binary::mul, ctx.grads[0], out), b);
-          return {ew::unary(Unary::neg, t)};
+          Tensor t = detail::binary(Binary::div, detail::binary(Binary::mul, ctx.grads[0], out), b);
+          return {detail::unary(Unary::neg, t)};
         },
         {b}, {out});
   }
@@ -185,7 +185,7 @@ Tensor operator/(const Scalar& a, const Tensor& b) {
 
 namespace {
 Tensor extreme(const Tensor& a, const Tensor& b, bool is_max) {
-  Tensor out = ew::binary(is_max ? Binary::maximum : Binary::minimum, a, b);
+  Tensor out = detail::binary(is_max ? Binary::maximum : Binary::minimum, a, b);
   if (autograd::any_requires_grad({&a, &b})) {
     autograd::record(
         is_max ? "MaximumBackward" : "MinimumBackward", {&a, &b}, {&out},
@@ -193,8 +193,8 @@ Tensor extreme(const Tensor& a, const Tensor& b, bool is_max) {
           const Tensor& g = ctx.grads[0];
           Tensor a = ctx.saved(0), b = ctx.saved(1);
           TensorList r(2);
-          if (ctx.needs_input_grad[0]) r[0] = input_grad(ew::extreme_grad(g, a, b, is_max, true), ctx, 0);
-          if (ctx.needs_input_grad[1]) r[1] = input_grad(ew::extreme_grad(g, a, b, is_max, false), ctx, 1);
+          if (ctx.needs_input_grad[0]) r[0] = input_grad(detail::extreme_grad(g, a, b, is_max, true), ctx, 0);
+          if (ctx.needs_input_grad[1]) r[1] = input_grad(detail::extreme_grad(g, a, b, is_max, false), ctx, 1);
           return r;
         },
         {a, b});
@@ -207,12 +207,12 @@ Tensor maximum(const Tensor& a, const Tensor& b) { return extreme(a, b, true); }
 Tensor minimum(const Tensor& a, const Tensor& b) { return extreme(a, b, false); }
 
 Tensor pow(const Tensor& a, const Scalar& exponent) {
-  Tensor out = ew::pow_scalar(a, exponent);
+  Tensor out = detail::pow_scalar(a, exponent);
   if (autograd::any_requires_grad({&a})) {
     autograd::record(
         "PowBackward", {&a}, {&out},
         [e = exponent.value](BackwardContext& ctx) -> TensorList {
-          return {ew::pow_scalar_grad(ctx.grads[0], ctx.saved(0), e)};
+          return {detail::pow_scalar_grad(ctx.grads[0], ctx.saved(0), e)};
         },
         {a});
   }
@@ -220,7 +220,7 @@ Tensor pow(const Tensor& a, const Scalar& exponent) {
 }
 
 Tensor pow(const Tensor& a, const Tensor& exponent) {
-  Tensor out = ew::binary(Binary::pow, a, exponent);
+  Tensor out = detail::binary(Binary::pow, a, exponent);
   if (autograd::any_requires_grad({&a, &exponent})) {
     autograd::record(
         "PowBackward", {&a, &exponent}, {&out},
@@ -229,8 +229,8 @@ Tensor pow(const Tensor& a, const Tensor& exponent) {
           const Tensor& g = ctx.grads[0];
           Tensor a = ctx.saved(0), b = ctx.saved(1);
           TensorList r(2);
-          if (ctx.needs_input_grad[0]) r[0] = input_grad(ew::pow_grad_base(g, a, b), ctx, 0);
-          if (ctx.needs_input_grad[1]) r[1] = input_grad(ew::pow_grad_exponent(g, a, b), ctx, 1);
+          if (ctx.needs_input_grad[0]) r[0] = input_grad(detail::pow_grad_base(g, a, b), ctx, 0);
+          if (ctx.needs_input_grad[1]) r[1] = input_grad(detail::pow_grad_exponent(g, a, b), ctx, 1);
           return r;
         },
         {a, exponent});
@@ -241,10 +241,10 @@ Tensor pow(const Tensor& a, const Tensor& exponent) {
 // ---------------------------------------------------------------- unary
 
 Tensor neg(const Tensor& a) {
-  Tensor out = ew::unary(Unary::neg, a);
+  Tensor out = detail::unary(Unary::neg, a);
   if (autograd::any_requires_grad({&a})) {
     autograd::record("NegBackward", {&a}, {&out},
-                     [](BackwardContext& ctx) -> TensorList { return {ew::unary(Unary::neg, ctx.grads[0])}; });
+                     [](BackwardContext& ctx) -> TensorList { return {detail::unary(Unary::neg, ctx.grads[0])}; });
   }
   return out;
 }
@@ -252,22 +252,22 @@ Tensor neg(const Tensor& a) {
 Tensor abs(const Tensor& a) { return unary_op(Unary::abs, a, "AbsBackward", false); }
 
 Tensor exp(const Tensor& a) {
-  Tensor out = ew::unary(Unary::exp, a);
+  Tensor out = detail::unary(Unary::exp, a);
   if (autograd::any_requires_grad({&a})) {
     autograd::record(
         "ExpBackward", {&a}, {&out},
-        [](BackwardContext& ctx) -> TensorList { return {ew::binary(Binary::mul, ctx.grads[0], ctx.saved(0))}; },
+        [](BackwardContext& ctx) -> TensorList { return {detail::binary(Binary::mul, ctx.grads[0], ctx.saved(0))}; },
         {}, {out});
   }
   return out;
 }
 
 Tensor log(const Tensor& a) {
-  Tensor out = ew::unary(Unary::log, a);
+  Tensor out = detail::unary(Unary::log, a);
   if (autograd::any_requires_grad({&a})) {
     autograd::record(
         "LogBackward", {&a}, {&out},
-        [](BackwardContext& ctx) -> TensorList { return {ew::binary(Binary::div, ctx.grads[0], ctx.saved(0))}; },
+        [](BackwardContext& ctx) -> TensorList { return {detail::binary(Binary::div, ctx.grads[0], ctx.saved(0))}; },
         {a});
   }
   return out;
@@ -284,11 +284,13 @@ Tensor gelu(const Tensor& a, bool tanh_approximation) {
 Tensor silu(const Tensor& a) { return unary_op(Unary::silu, a, "SiluBackward", false); }
 
 Tensor clamp(const Tensor& a, std::optional<double> lo, std::optional<double> hi) {
-  Tensor out = ew::clamp(a, lo, hi);
+  Tensor out = detail::clamp(a, lo, hi);
   if (autograd::any_requires_grad({&a})) {
     autograd::record(
         "ClampBackward", {&a}, {&out},
-        [lo, hi](BackwardContext& ctx) -> TensorList { return {ew::clamp_grad(ctx.grads[0], ctx.saved(0), lo, hi)}; },
+        [lo, hi](BackwardContext& ctx) -> TensorList {
+          return {detail::clamp_grad(ctx.grads[0], ctx.saved(0), lo, hi)};
+        },
         {a});
   }
   return out;
@@ -315,16 +317,16 @@ Tensor clamp(const Tensor& a, const std::optional<Tensor>& lo_in, const std::opt
   }
   // One promotion over all three operands (PyTorch's result_type(self, min, max)), then the
   // forward in that dtype; the comparisons of the backward use the same converted values.
-  Dtype ct = lo && hi ? ew::result_type(a, *lo, *hi) : ew::result_type(a, lo ? *lo : *hi);
+  Dtype ct = lo && hi ? detail::result_type(a, *lo, *hi) : detail::result_type(a, lo ? *lo : *hi);
   TANDEM_CHECK(ct != boolean, "[clamp] not supported for bool tensors");
-  Tensor A = ew::cast(a, ct, "clamp");
-  Tensor LO = lo ? ew::cast(*lo, ct, "clamp") : Tensor();
-  Tensor HI = hi ? ew::cast(*hi, ct, "clamp") : Tensor();
+  Tensor A = detail::cast(a, ct, "clamp");
+  Tensor LO = lo ? detail::cast(*lo, ct, "clamp") : Tensor();
+  Tensor HI = hi ? detail::cast(*hi, ct, "clamp") : Tensor();
   // maximum/minimum propagate NaN from every operand, as PyTorch's clamp kernel does, and
   // applying hi last makes lo > hi give hi.
   Tensor out = A;
-  if (lo) out = ew::binary(Binary::maximum, out, LO);
-  if (hi) out = ew::binary(Binary::minimum, out, HI);
+  if (lo) out = detail::binary(Binary::maximum, out, LO);
+  if (hi) out = detail::binary(Binary::minimum, out, HI);
   const Tensor none;
   if (autograd::any_requires_grad({&a, lo, hi})) {
     autograd::record(
@@ -332,8 +334,10 @@ Tensor clamp(const Tensor& a, const std::optional<Tensor>& lo_in, const std::opt
         [](BackwardContext& ctx) -> TensorList {
           const Tensor& g = ctx.grads[0];
           Tensor x = ctx.saved(0), lo = ctx.saved(1), hi = ctx.saved(2);
-          auto cmp = [](Binary op, const Tensor& p, const Tensor& q) { return ew::binary(op, p, q); };
-          auto pass = [&](const Tensor& mask, size_t i) { return input_grad(ew::where_grad(mask, g, true), ctx, i); };
+          auto cmp = [](Binary op, const Tensor& p, const Tensor& q) { return detail::binary(op, p, q); };
+          auto pass = [&](const Tensor& mask, size_t i) {
+            return input_grad(detail::where_grad(mask, g, true), ctx, i);
+          };
           TensorList r(3);
           if (ctx.needs_input_grad[0]) {
             Tensor in_range;
@@ -363,7 +367,7 @@ Tensor clamp(const Tensor& a, const std::optional<Tensor>& lo_in, const std::opt
 }
 
 Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
-  Tensor out = ew::where(cond, a, b);
+  Tensor out = detail::where(cond, a, b);
   if (autograd::any_requires_grad({&a, &b})) {
     autograd::record(
         "WhereBackward", {&a, &b}, {&out},
@@ -371,8 +375,8 @@ Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
           const Tensor& g = ctx.grads[0];
           Tensor cond = ctx.saved(0);
           TensorList r(2);
-          if (ctx.needs_input_grad[0]) r[0] = input_grad(ew::where_grad(cond, g, true), ctx, 0);
-          if (ctx.needs_input_grad[1]) r[1] = input_grad(ew::where_grad(cond, g, false), ctx, 1);
+          if (ctx.needs_input_grad[0]) r[0] = input_grad(detail::where_grad(cond, g, true), ctx, 0);
+          if (ctx.needs_input_grad[1]) r[1] = input_grad(detail::where_grad(cond, g, false), ctx, 1);
           return r;
         },
         {cond});
@@ -383,39 +387,39 @@ Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
 // A Scalar branch joins as a 0-dim tensor of the result dtype: the promotion is the Scalar's
 // (result_type(tensor, scalar)), and the value is converted once, straight to that dtype.
 Tensor where(const Tensor& cond, const Tensor& a, const Scalar& b) {
-  return where(cond, a, scalar_tensor(b, TensorOptions(ew::result_type(a, b), a.device())));
+  return where(cond, a, scalar_tensor(b, TensorOptions(detail::result_type(a, b), a.device())));
 }
 
 Tensor where(const Tensor& cond, const Scalar& a, const Tensor& b) {
-  return where(cond, scalar_tensor(a, TensorOptions(ew::result_type(b, a), b.device())), b);
+  return where(cond, scalar_tensor(a, TensorOptions(detail::result_type(b, a), b.device())), b);
 }
 
 Tensor where(const Tensor& cond, const Scalar& a, const Scalar& b) {
   const Dtype dt = a.integral && b.integral ? i64 : kDefaultFloat;
-  return ew::where(cond, scalar_tensor(a, TensorOptions(dt, cond.device())),
+  return detail::where(cond, scalar_tensor(a, TensorOptions(dt, cond.device())),
                    scalar_tensor(b, TensorOptions(dt, cond.device())));
 }
 
 // ---------------------------------------------------------------- not differentiable
 
-Tensor eq(const Tensor& a, const Tensor& b) { return ew::binary(Binary::eq, a, b); }
-Tensor ne(const Tensor& a, const Tensor& b) { return ew::binary(Binary::ne, a, b); }
-Tensor lt(const Tensor& a, const Tensor& b) { return ew::binary(Binary::lt, a, b); }
-Tensor le(const Tensor& a, const Tensor& b) { return ew::binary(Binary::le, a, b); }
-Tensor gt(const Tensor& a, const Tensor& b) { return ew::binary(Binary::gt, a, b); }
-Tensor ge(const Tensor& a, const Tensor& b) { return ew::binary(Binary::ge, a, b); }
-Tensor eq(const Tensor& a, const Scalar& b) { return ew::binary(Binary::eq, a, b); }
-Tensor ne(const Tensor& a, const Scalar& b) { return ew::binary(Binary::ne, a, b); }
-Tensor lt(const Tensor& a, const Scalar& b) { return ew::binary(Binary::lt, a, b); }
-Tensor le(const Tensor& a, const Scalar& b) { return ew::binary(Binary::le, a, b); }
-Tensor gt(const Tensor& a, const Scalar& b) { return ew::binary(Binary::gt, a, b); }
-Tensor ge(const Tensor& a, const Scalar& b) { return ew::binary(Binary::ge, a, b); }
-Tensor logical_and(const Tensor& a, const Tensor& b) { return ew::binary(Binary::logical_and, a, b); }
-Tensor logical_or(const Tensor& a, const Tensor& b) { return ew::binary(Binary::logical_or, a, b); }
-Tensor logical_xor(const Tensor& a, const Tensor& b) { return ew::binary(Binary::logical_xor, a, b); }
-Tensor logical_not(const Tensor& a) { return ew::unary(Unary::logical_not, a); }
-Tensor isnan(const Tensor& a) { return ew::unary(Unary::isnan, a); }
-Tensor isinf(const Tensor& a) { return ew::unary(Unary::isinf, a); }
+Tensor eq(const Tensor& a, const Tensor& b) { return detail::binary(Binary::eq, a, b); }
+Tensor ne(const Tensor& a, const Tensor& b) { return detail::binary(Binary::ne, a, b); }
+Tensor lt(const Tensor& a, const Tensor& b) { return detail::binary(Binary::lt, a, b); }
+Tensor le(const Tensor& a, const Tensor& b) { return detail::binary(Binary::le, a, b); }
+Tensor gt(const Tensor& a, const Tensor& b) { return detail::binary(Binary::gt, a, b); }
+Tensor ge(const Tensor& a, const Tensor& b) { return detail::binary(Binary::ge, a, b); }
+Tensor eq(const Tensor& a, const Scalar& b) { return detail::binary(Binary::eq, a, b); }
+Tensor ne(const Tensor& a, const Scalar& b) { return detail::binary(Binary::ne, a, b); }
+Tensor lt(const Tensor& a, const Scalar& b) { return detail::binary(Binary::lt, a, b); }
+Tensor le(const Tensor& a, const Scalar& b) { return detail::binary(Binary::le, a, b); }
+Tensor gt(const Tensor& a, const Scalar& b) { return detail::binary(Binary::gt, a, b); }
+Tensor ge(const Tensor& a, const Scalar& b) { return detail::binary(Binary::ge, a, b); }
+Tensor logical_and(const Tensor& a, const Tensor& b) { return detail::binary(Binary::logical_and, a, b); }
+Tensor logical_or(const Tensor& a, const Tensor& b) { return detail::binary(Binary::logical_or, a, b); }
+Tensor logical_xor(const Tensor& a, const Tensor& b) { return detail::binary(Binary::logical_xor, a, b); }
+Tensor logical_not(const Tensor& a) { return detail::unary(Unary::logical_not, a); }
+Tensor isnan(const Tensor& a) { return detail::unary(Unary::isnan, a); }
+Tensor isinf(const Tensor& a) { return detail::unary(Unary::isinf, a); }
 
 namespace {
 Tensor bool_only(Binary op, const Tensor& a, const Tensor& b, const char* name) {
@@ -423,7 +427,7 @@ Tensor bool_only(Binary op, const Tensor& a, const Tensor& b, const char* name) 
                "[{}] only bool tensors are supported (got {} of shape {} and {} of shape {}); Tandem has no "
                "bitwise ops on integers, use logical_and/logical_or/logical_xor for truth values",
                name, a.dtype(), a.shape(), b.dtype(), b.shape());
-  return ew::binary(op, a, b);
+  return detail::binary(op, a, b);
 }
 }  // namespace
 
@@ -434,16 +438,16 @@ Tensor operator~(const Tensor& a) {
   TANDEM_CHECK(a.dtype() == boolean,
                "[bitwise_not] only bool tensors are supported (got {} of shape {}); use logical_not for truth values",
                a.dtype(), a.shape());
-  return ew::unary(Unary::logical_not, a);
+  return detail::unary(Unary::logical_not, a);
 }
 
 Tensor to_dtype(const Tensor& a, Dtype dtype) {
   if (a.dtype() == dtype) return a;  // as PyTorch's .to(): no copy when nothing changes
-  Tensor out = ew::cast(a, dtype, "to");
+  Tensor out = detail::cast(a, dtype, "to");
   // Only casts between floating dtypes carry a gradient (an integer result cannot require one).
   if (is_floating(a.dtype()) && is_floating(dtype) && autograd::any_requires_grad({&a})) {
     autograd::record("ToCopyBackward", {&a}, {&out}, [src = a.dtype()](BackwardContext& ctx) -> TensorList {
-      return {ew::cast(ctx.grads[0], src, "to")};
+      return {detail::cast(ctx.grads[0], src, "to")};
     });
   }
   return out;
@@ -454,14 +458,14 @@ Tensor to_dtype(const Tensor& a, Dtype dtype) {
 const Tensor& add_(const Tensor& self, const Tensor& other, const Scalar& alpha) {
   autograd::check_inplace(self, "add_");
   check_operand(other, "add_");
-  ew::binary_(Binary::add, self, other, alpha, "add_");
+  detail::binary_(Binary::add, self, other, alpha, "add_");
   self.bump_version();
   return self;
 }
 
 const Tensor& add_(const Tensor& self, const Scalar& other) {
   autograd::check_inplace(self, "add_");
-  ew::binary_(Binary::add, self, other, "add_");
+  detail::binary_(Binary::add, self, other, "add_");
   self.bump_version();
   return self;
 }
@@ -469,14 +473,14 @@ const Tensor& add_(const Tensor& self, const Scalar& other) {
 const Tensor& sub_(const Tensor& self, const Tensor& other, const Scalar& alpha) {
   autograd::check_inplace(self, "sub_");
   check_operand(other, "sub_");
-  ew::binary_(Binary::sub, self, other, alpha, "sub_");
+  detail::binary_(Binary::sub, self, other, alpha, "sub_");
   self.bump_version();
   return self;
 }
 
 const Tensor& sub_(const Tensor& self, const Scalar& other) {
   autograd::check_inplace(self, "sub_");
-  ew::binary_(Binary::sub, self, other, "sub_");
+  detail::binary_(Binary::sub, self, other, "sub_");
   self.bump_version();
   return self;
 }
@@ -484,14 +488,14 @@ const Tensor& sub_(const Tensor& self, const Scalar& other) {
 const Tensor& mul_(const Tensor& self, const Tensor& other) {
   autograd::check_inplace(self, "mul_");
   check_operand(other, "mul_");
-  ew::binary_(Binary::mul, self, other, 1, "mul_");
+  detail::binary_(Binary::mul, self, other, 1, "mul_");
   self.bump_version();
   return self;
 }
 
 const Tensor& mul_(const Tensor& self, const Scalar& other) {
   autograd::check_inplace(self, "mul_");
-  ew::binary_(Binary::mul, self, other, "mul_");
+  detail::binary_(Binary::mul, self, other, "mul_");
   self.bump_version();
   return self;
 }
@@ -499,28 +503,28 @@ const Tensor& mul_(const Tensor& self, const Scalar& other) {
 const Tensor& div_(const Tensor& self, const Tensor& other) {
   autograd::check_inplace(self, "div_");
   check_operand(other, "div_");
-  ew::binary_(Binary::div, self, other, 1, "div_");
+  detail::binary_(Binary::div, self, other, 1, "div_");
   self.bump_version();
   return self;
 }
 
 const Tensor& div_(const Tensor& self, const Scalar& other) {
   autograd::check_inplace(self, "div_");
-  ew::binary_(Binary::div, self, other, "div_");
+  detail::binary_(Binary::div, self, other, "div_");
   self.bump_version();
   return self;
 }
 
 const Tensor& zero_(const Tensor& self) {
   autograd::check_inplace(self, "zero_");
-  ew::fill(self, 0, "zero_");
+  detail::fill(self, 0, "zero_");
   self.bump_version();
   return self;
 }
 
 const Tensor& fill_(const Tensor& self, const Scalar& value) {
   autograd::check_inplace(self, "fill_");
-  ew::fill(self, value, "fill_");
+  detail::fill(self, value, "fill_");
   self.bump_version();
   return self;
 }
@@ -528,14 +532,14 @@ const Tensor& fill_(const Tensor& self, const Scalar& value) {
 const Tensor& copy_(const Tensor& self, const Tensor& src) {
   autograd::check_inplace(self, "copy_");
   check_operand(src, "copy_");
-  ew::copy(self, src, "copy_");
+  detail::copy(self, src, "copy_");
   self.bump_version();
   return self;
 }
 
 const Tensor& clamp_(const Tensor& self, std::optional<double> lo, std::optional<double> hi) {
   autograd::check_inplace(self, "clamp_");
-  ew::clamp_(self, lo, hi);
+  detail::clamp_(self, lo, hi);
   self.bump_version();
   return self;
 }
@@ -544,7 +548,7 @@ const Tensor& addcmul_(const Tensor& self, const Tensor& a, const Tensor& b, con
   autograd::check_inplace(self, "addcmul_");
   check_operand(a, "addcmul_");
   check_operand(b, "addcmul_");
-  ew::addcmul_(self, a, b, alpha);
+  detail::addcmul_(self, a, b, alpha);
   self.bump_version();
   return self;
 }
@@ -553,7 +557,7 @@ const Tensor& addcdiv_(const Tensor& self, const Tensor& a, const Tensor& b, con
   autograd::check_inplace(self, "addcdiv_");
   check_operand(a, "addcdiv_");
   check_operand(b, "addcdiv_");
-  ew::addcdiv_(self, a, b, alpha);
+  detail::addcdiv_(self, a, b, alpha);
   self.bump_version();
   return self;
 }
@@ -561,7 +565,7 @@ const Tensor& addcdiv_(const Tensor& self, const Tensor& a, const Tensor& b, con
 const Tensor& lerp_(const Tensor& self, const Tensor& end, const Scalar& weight) {
   autograd::check_inplace(self, "lerp_");
   check_operand(end, "lerp_");
-  ew::lerp_(self, end, weight);
+  detail::lerp_(self, end, weight);
   self.bump_version();
   return self;
 }

@@ -7,14 +7,14 @@ namespace tandem {
 
 const Tensor& uniform_(const Tensor& self, double lo, double hi) {
   autograd::check_inplace(self, "uniform_");
-  raw::fill_uniform(self, lo, hi, "uniform_");
+  detail::fill_uniform(self, lo, hi, "uniform_");
   self.bump_version();
   return self;
 }
 
 const Tensor& normal_(const Tensor& self, double mean, double std) {
   autograd::check_inplace(self, "normal_");
-  raw::fill_normal(self, mean, std, "normal_");
+  detail::fill_normal(self, mean, std, "normal_");
   self.bump_version();
   return self;
 }

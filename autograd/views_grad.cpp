@@ -3,6 +3,7 @@
 // back to the input's shape. contiguous/clone copy (identity gradient), as does to(Device).
 #include "autograd/node.h"
 #include "autograd/ops.h"
+#include "core/elementwise.h"
 #include "core/views.h"
 
 namespace tandem {
@@ -34,7 +35,7 @@ void record_subview(const char* name, const Tensor& a, Tensor& out, SubView sub_
   autograd::record(name, {&a}, {&out}, [name, in_shape, sub_view](BackwardContext& ctx) -> TensorList {
     const Tensor& g = ctx.grads[0];
     Tensor full_grad = zeros(in_shape, TensorOptions(g.dtype(), g.device()));
-    raw::copy_same_dtype(sub_view(full_grad), g, name);
+    detail::copy_same_dtype(sub_view(full_grad), g, name);
     return {full_grad};
   });
 }
@@ -42,19 +43,19 @@ void record_subview(const char* name, const Tensor& a, Tensor& out, SubView sub_
 }  // namespace
 
 Tensor view(const Tensor& a, const Shape& shape) {
-  Tensor out = raw::view(a, shape);
+  Tensor out = detail::view(a, shape);
   record_reshape_like("ViewBackward", a, out);
   return out;
 }
 
 Tensor reshape(const Tensor& a, const Shape& shape) {
-  Shape s = raw::infer_size(shape, a.numel(), "reshape");
-  if (raw::view_strides(a, s)) return view(a, s);
+  Shape s = detail::infer_size(shape, a.numel(), "reshape");
+  if (detail::view_strides(a, s)) return view(a, s);
   return view(contiguous(a), s);
 }
 
 Tensor permute(const Tensor& a, const Shape& dims) {
-  Tensor out = raw::permute(a, dims);
+  Tensor out = detail::permute(a, dims);
   if (autograd::any_requires_grad({&a})) {
     const int64_t n = a.dim();
     Shape inverse(n);
@@ -67,7 +68,7 @@ Tensor permute(const Tensor& a, const Shape& dims) {
 }
 
 Tensor transpose(const Tensor& a, int64_t d0, int64_t d1) {
-  Tensor out = raw::transpose(a, d0, d1);
+  Tensor out = detail::transpose(a, d0, d1);
   if (autograd::any_requires_grad({&a})) {
     autograd::record("TransposeBackward", {&a}, {&out}, [d0, d1](BackwardContext& ctx) -> TensorList {
       return {transpose(ctx.grads[0], d0, d1)};
@@ -77,27 +78,27 @@ Tensor transpose(const Tensor& a, int64_t d0, int64_t d1) {
 }
 
 Tensor narrow(const Tensor& a, int64_t dim, int64_t start, int64_t length) {
-  Tensor out = raw::narrow(a, dim, start, length);
+  Tensor out = detail::narrow(a, dim, start, length);
   record_subview("NarrowBackward", a, out,
-                 [dim, start, length](const Tensor& g) { return raw::narrow(g, dim, start, length); });
+                 [dim, start, length](const Tensor& g) { return detail::narrow(g, dim, start, length); });
   return out;
 }
 
 Tensor slice(const Tensor& a, int64_t dim, int64_t start, int64_t end, int64_t step) {
-  Tensor out = raw::slice(a, dim, start, end, step);
+  Tensor out = detail::slice(a, dim, start, end, step);
   record_subview("SliceBackward", a, out,
-                 [dim, start, end, step](const Tensor& g) { return raw::slice(g, dim, start, end, step); });
+                 [dim, start, end, step](const Tensor& g) { return detail::slice(g, dim, start, end, step); });
   return out;
 }
 
 Tensor select(const Tensor& a, int64_t dim, int64_t index) {
-  Tensor out = raw::select(a, dim, index);
-  record_subview("SelectBackward", a, out, [dim, index](const Tensor& g) { return raw::select(g, dim, index); });
+  Tensor out = detail::select(a, dim, index);
+  record_subview("SelectBackward", a, out, [dim, index](const Tensor& g) { return detail::select(g, dim, index); });
   return out;
 }
 
 Tensor expand(const Tensor& a, const Shape& shape) {
-  Tensor out = raw::expand(a, shape);
+  Tensor out = detail::expand(a, shape);
   if (autograd::any_requires_grad({&a})) {
     Shape in_shape = a.shape();
     autograd::record("ExpandBackward", {&a}, {&out}, [in_shape](BackwardContext& ctx) -> TensorList {
@@ -108,44 +109,44 @@ Tensor expand(const Tensor& a, const Shape& shape) {
 }
 
 Tensor squeeze(const Tensor& a) {
-  Tensor out = raw::squeeze(a);
+  Tensor out = detail::squeeze(a);
   record_reshape_like("SqueezeBackward", a, out);
   return out;
 }
 
 Tensor squeeze(const Tensor& a, int64_t dim) {
-  Tensor out = raw::squeeze(a, dim);
+  Tensor out = detail::squeeze(a, dim);
   record_reshape_like("SqueezeBackward", a, out);
   return out;
 }
 
 Tensor unsqueeze(const Tensor& a, int64_t dim) {
-  Tensor out = raw::unsqueeze(a, dim);
+  Tensor out = detail::unsqueeze(a, dim);
   record_reshape_like("UnsqueezeBackward", a, out);
   return out;
 }
 
 Tensor flatten(const Tensor& a, int64_t start_dim, int64_t end_dim) {
-  Shape s = raw::flatten_shape(a, start_dim, end_dim);
+  Shape s = detail::flatten_shape(a, start_dim, end_dim);
   return s == a.shape() ? a : reshape(a, s);
 }
 
 Tensor contiguous(const Tensor& a) {
   if (a.is_contiguous()) return a;
-  Tensor out = raw::contiguous_copy(a, "contiguous");
+  Tensor out = detail::contiguous_copy(a, "contiguous");
   record_identity("ContiguousBackward", a, out);
   return out;
 }
 
 Tensor clone(const Tensor& a) {
-  Tensor out = raw::contiguous_copy(a, "clone");
+  Tensor out = detail::contiguous_copy(a, "clone");
   record_identity("CloneBackward", a, out);
   return out;
 }
 
 // Moving between devices is differentiable (the gradient moves back), as in PyTorch.
 Tensor Tensor::to(Device device) const {
-  Tensor out = raw::to_device(*this, device);
+  Tensor out = detail::to_device(*this, device);
   if (out.is_same(*this)) return out;
   if (autograd::any_requires_grad({this})) {
     Device src = this->device();

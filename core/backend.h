@@ -44,6 +44,9 @@ class Backend {
   virtual void deallocate(void* ptr, size_t nbytes, Device device) noexcept = 0;
   // Copies nbytes between two raw buffers, either of which may live on this backend's device.
   virtual void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, size_t nbytes) = 0;
+  // Throws "[op] no CUDA device: ..." when `device` cannot be used (no such device, no driver),
+  // so the error names the op that wanted it. Every CPU is usable.
+  virtual void require_device(Device device, const char* op) {}
   // Blocks until the work this thread queued on `device` (its current stream) has finished, so
   // another thread may read what it produced (the mpi backend stages device tensors on its
   // communication thread). Nothing to wait for on the CPU.
@@ -61,10 +64,18 @@ Backend& backend_for(Device device, const char* op);
 bool has_backend(DeviceType type);
 void register_backend(DeviceType type, Backend* backend);
 
+// tandem::detail holds everything of core that is not API: the ops' forward computation and CPU
+// kernels, the raw (autograd-free) views and copies, the RNG internals and the device kernel
+// tables; autograd/, nn/ and cuda/ call it, users call tandem::. One namespace for every op family
+// rather than one each, as `detail` is what C++ libraries (fmt, Boost, MLX) call "internal", and
+// a reader then never has to learn which family spells itself ew::, raw:: or rng::. The families'
+// names do not collide: each table carries its family in its name (ElementwiseDeviceKernels,
+// ReduceDeviceKernels, ...).
+//
 // Kernel tables. An op family with device kernels declares an interface struct next to its CPU
-// kernels (e.g. ew::DeviceKernels in core/elementwise.h); a backend registers one implementation
-// per device type when it is installed. Core validates arguments, promotes dtypes and allocates
-// the result, then hands the raw work to `device_kernels<Table>(device, op)`.
+// kernels (e.g. detail::ElementwiseDeviceKernels in core/elementwise.h); a backend registers one
+// implementation per device type when it is installed. Core validates arguments, promotes dtypes
+// and allocates the result, then hands the raw work to `device_kernels<Table>(device, op)`.
 namespace detail {
 template <class Table>
 inline Table* kernel_tables[2] = {nullptr, nullptr};
@@ -85,6 +96,10 @@ Table& device_kernels(Device device, const char* op) {
     fail("[{}] has no kernel for tensors on {}", op, device);
   return *t;
 }
+
+// For an op with CPU kernels only: throws "[op] tandem was built without CUDA" (via backend_for)
+// or "[op] has no kernel for tensors on cuda:0 (tensor of shape [2, 3])" unless `t` is on the CPU.
+void require_cpu(const Tensor& t, const char* op);
 
 // Intra-op threads (our kernels and OpenBLAS). Defaults to TANDEM_NUM_THREADS, else the cores
 // divided by the ranks on this node (OMPI_COMM_WORLD_LOCAL_SIZE), so several ranks on one node

@@ -3,7 +3,7 @@
 // because they record nothing (a new tensor has no history), so core needs nothing above it.
 //
 // Values are written where the tensor lives: by the CPU loops here, or by the device's fill
-// (ew::fill) and creation kernels (core/creation.h), which compute every element as the CPU
+// (detail::fill) and creation kernels (core/creation.h), which compute every element as the CPU
 // does, so every device gets the same numbers. requires_grad is applied last.
 #include <cmath>
 #include <cstring>
@@ -23,8 +23,8 @@ Tensor new_empty(const Shape& shape, const TensorOptions& opts, const char* op) 
   return make_empty(shape, opts.dtype, opts.device, op);
 }
 
-creation::DeviceKernels& kernels_for(const Tensor& t, const char* op) {
-  return device_kernels<creation::DeviceKernels>(t.device(), op);
+detail::CreationDeviceKernels& kernels_for(const Tensor& t, const char* op) {
+  return device_kernels<detail::CreationDeviceKernels>(t.device(), op);
 }
 
 Tensor finish(Tensor t, const TensorOptions& opts, const char* op) {
@@ -39,7 +39,7 @@ void fill_contiguous(const Tensor& t, const Scalar& value, const char* op) {
   check_scalar_fits(value.value, t.dtype(), op);
   if (t.numel() == 0) return;
   if (!t.is_cpu()) [[unlikely]] {
-    ew::fill(t, value, op);  // the same conversion of value as below
+    detail::fill(t, value, op);  // the same conversion of value as below
     return;
   }
   if (value.value == 0 && !std::signbit(value.value)) {  // all-zero bits is 0 in every dtype

@@ -1,18 +1,18 @@
 // The device kernels behind the factory functions of core/creation.cpp (zeros/ones/full and
-// eye's zeros go through ew::fill; arange, linspace and eye have their own).
+// eye's zeros go through detail::fill; arange, linspace and eye have their own).
 #pragma once
 
 #include <cstdint>
 
 #include "core/tensor.h"
 
-namespace tandem::creation {
+namespace tandem::detail {
 
 // The table a device backend registers (cuda/creation.cu). `out` is a fresh contiguous 1-D
 // (arange, linspace) or square 2-D (eye) tensor of a numeric dtype; every element is computed as
 // the CPU loop computes it, so both devices give the same bits.
-struct DeviceKernels {
-  virtual ~DeviceKernels() = default;
+struct CreationDeviceKernels {
+  virtual ~CreationDeviceKernels() = default;
   // integral: out[i] = istart + i * istep in int64; else start + i * step in double (not fused).
   virtual void arange(const Tensor& out, bool integral, int64_t istart, int64_t istep, double start,
                       double step) = 0;
@@ -22,4 +22,4 @@ struct DeviceKernels {
   virtual void eye(const Tensor& out) = 0;
 };
 
-}  // namespace tandem::creation
+}  // namespace tandem::detail

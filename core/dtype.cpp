@@ -1,6 +1,9 @@
 #include "core/dtype.h"
 
+#include <optional>
 #include <ostream>
+
+#include "core/tensor.h"
 
 namespace tandem {
 
@@ -34,5 +37,64 @@ void check_scalar_fits(double value, Dtype d, const char* op) {
 }
 
 std::ostream& operator<<(std::ostream& os, Dtype d) { return os << dtype_name(d); }
+
+namespace detail {
+
+namespace {
+// PyTorch's combine_categories: the higher-priority result wins unless the lower one is of a
+// higher category.
+std::optional<Dtype> combine(std::optional<Dtype> higher, std::optional<Dtype> lower) {
+  if (!higher) return lower;
+  if (!lower) return higher;
+  if (is_floating(*higher)) return *higher;
+  if (*higher == boolean || is_floating(*lower)) return promote_types(*higher, *lower);
+  return *higher;
+}
+struct TypeState {
+  std::optional<Dtype> dimensioned, zero_dim, wrapped;
+  void add(const Tensor& t) {
+    auto& slot = t.dim() > 0 ? dimensioned : zero_dim;
+    slot = slot ? promote_types(*slot, t.dtype()) : t.dtype();
+  }
+  void add(const Scalar& s) {
+    Dtype d = s.integral ? i64 : kDefaultFloat;
+    wrapped = wrapped ? promote_types(*wrapped, d) : d;
+  }
+  Dtype result() const { return combine(dimensioned, combine(zero_dim, wrapped)).value_or(kDefaultFloat); }
+};
+}  // namespace
+
+Dtype result_type(const Tensor& a, const Tensor& b) {
+  if (a.dtype() == b.dtype()) return a.dtype();
+  TypeState s;
+  s.add(a);
+  s.add(b);
+  return s.result();
+}
+
+Dtype result_type(const Tensor& a, const Scalar& sc) {
+  // Fast exits: the common float-tensor-and-any-number and int-tensor-and-int cases.
+  if (is_floating(a.dtype()) || (sc.integral && is_integral(a.dtype()))) return a.dtype();
+  TypeState s;
+  s.add(a);
+  s.add(sc);
+  return s.result();
+}
+
+Dtype result_type(const Tensor& a, const Tensor& b, const Tensor& c) {
+  TypeState s;
+  s.add(a);
+  s.add(b);
+  s.add(c);
+  return s.result();
+}
+
+bool can_cast(Dtype from, Dtype to) {
+  if (is_floating(from) && !is_floating(to)) return false;
+  if (from != boolean && to == boolean) return false;
+  return true;
+}
+
+}  // namespace detail
 
 }  // namespace tandem

@@ -53,6 +53,19 @@ Dtype promote_types(Dtype a, Dtype b);
 // converting it would be undefined behaviour. Floating and bool dtypes take any value.
 void check_scalar_fits(double value, Dtype d, const char* op);
 
+class Tensor;
+struct Scalar;
+namespace detail {
+// PyTorch's result type: dimensioned tensors outrank 0-dim tensors, which outrank Scalars; a
+// lower-ranked operand only matters when its category (bool < integer < floating) is higher. A
+// floating Scalar counts as the default float (f32), an integral one as i64.
+Dtype result_type(const Tensor& a, const Tensor& b);
+Dtype result_type(const Tensor& a, const Scalar& s);
+Dtype result_type(const Tensor& a, const Tensor& b, const Tensor& c);
+// PyTorch's canCast: no floating -> integral, no non-bool -> bool.
+bool can_cast(Dtype from, Dtype to);
+}  // namespace detail
+
 // Dtype of `default float` results (mean of an integer tensor is an error, as in PyTorch; this is
 // used by ops such as division that promote integers to the default float type).
 inline constexpr Dtype kDefaultFloat = f32;

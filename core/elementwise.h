@@ -1,21 +1,25 @@
-// Elementwise ops: the per-element math (functors the CPU kernels here and a CUDA backend share),
-// PyTorch's result-type rules, and the forward and raw backward kernels. No autograd here;
+// Elementwise ops: the per-element math (functors the CPU kernels and a CUDA backend share) and
+// the forward and raw backward kernels, defined in core/elementwise.cpp (copies, fill, where),
+// elementwise_binary.cpp, elementwise_unary.cpp and elementwise_backward.cpp over the loops of
+// core/elementwise_loops.h; PyTorch's result-type rules are in core/dtype.h. No autograd here:
 // autograd/elementwise_grad.cpp wires these into the public ops of autograd/ops.h.
 //
 // Functors take and return the compute type C = acc_t<T> of the element type T (float for the
 // 2-byte floats), so f16/bf16 are rounded once per op, on store.
 #pragma once
 
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <initializer_list>
 #include <optional>
 #include <type_traits>
 
+#include "core/backend.h"
 #include "core/macros.h"
 #include "core/tensor.h"
 
-namespace tandem::ew {
+namespace tandem::detail {
 
 template <class T>
 inline constexpr bool is_half_v = std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>;
@@ -336,32 +340,19 @@ enum class Unary : uint8_t {
 const char* op_name(Binary op);
 const char* op_name(Unary op);
 
-// PyTorch's result type: dimensioned tensors outrank 0-dim tensors, which outrank Scalars; a
-// lower-ranked operand only matters when its category (bool < integer < floating) is higher. A
-// floating Scalar counts as the default float (f32), an integral one as i64.
-Dtype result_type(const Tensor& a, const Tensor& b);
-Dtype result_type(const Tensor& a, const Scalar& s);
-Dtype result_type(const Tensor& a, const Tensor& b, const Tensor& c);
-// PyTorch's canCast: no floating -> integral, no non-bool -> bool.
-bool can_cast(Dtype from, Dtype to);
-
-// Throws "[op] ... on cuda:0 ..." for tensors without a CPU kernel here (and "built without
-// CUDA" when no backend exists for their device).
-void require_cpu(const Tensor& t, const char* op);
-
 // ================================================================ device kernels
 // The kernel table a device backend registers (cuda/elementwise.cu) with
-// register_device_kernels<ew::DeviceKernels>. Core has already validated the arguments, promoted
-// and cast the operands and allocated the result exactly as for the CPU loops: every tensor is
-// on out's device, broadcasts to out's shape and already has the dtype the op computes in (the
+// register_device_kernels<ElementwiseDeviceKernels>. Core has already validated the arguments,
+// promoted and cast the operands and allocated the result exactly as for the CPU loops: every
+// tensor is on out's device, broadcasts to out's shape and already has the dtype the op computes in (the
 // same dtypes the CPU kernels get). `out` may be any strided view (in-place ops pass self); an
 // input aliases it only element for element.
 enum class Pointwise3 : uint8_t { addcmul, addcdiv };
 // Raw backward kernels (g, a, b) -> gradient, of the broadcast shape.
 enum class Grad3 : uint8_t { pow_base, pow_exponent, div_other, max_first, max_second, min_first, min_second };
 
-struct DeviceKernels {
-  virtual ~DeviceKernels() = default;
+struct ElementwiseDeviceKernels {
+  virtual ~ElementwiseDeviceKernels() = default;
   // out = a op b (alpha for add/sub); out is bool for comparisons and logic.
   virtual void binary(Binary op, const Tensor& out, const Tensor& a, const Tensor& b, const Scalar& alpha) = 0;
   // out = a op s, or s op a when scalar_first.
@@ -412,6 +403,12 @@ Tensor clamp(const Tensor& a, std::optional<double> lo, std::optional<double> hi
 Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b);
 // `a` itself when it already has `dtype`, else a contiguous converted copy.
 Tensor cast(const Tensor& a, Dtype dtype, const char* op = "to");
+// A fresh contiguous copy of `a` (same dtype and device).
+Tensor contiguous_copy(const Tensor& a, const char* op = "contiguous");
+// dst[...] = src[...] elementwise for tensors of one dtype; src broadcasts to dst's shape.
+void copy_same_dtype(const Tensor& dst, const Tensor& src, const char* op);
+// A copy of `a` on `device` (a itself when already there), through the backends' copy_bytes.
+Tensor to_device(const Tensor& a, Device device);
 
 // In place (validation of dtypes and shapes included; no autograd check, no version bump).
 void binary_(Binary op, const Tensor& self, const Tensor& other, const Scalar& alpha, const char* name);
@@ -441,4 +438,51 @@ Tensor div_grad_other(const Tensor& g, const Tensor& a, const Tensor& b);
 // where(cond, g, 0) (take_true) or where(cond, 0, g), of the broadcast shape of cond and g.
 Tensor where_grad(const Tensor& cond, const Tensor& g, bool take_true);
 
-}  // namespace tandem::ew
+// ---- the argument checks the ops of core/elementwise*.cpp share ----
+// The kernel table of a non-CPU tensor's device (every op's device branch: `if (!out.is_cpu())`).
+inline ElementwiseDeviceKernels& elementwise_table(const Tensor& t, const char* name) {
+  return device_kernels<ElementwiseDeviceKernels>(t.device(), name);
+}
+// a's shape when b has it too, else the broadcast of the two (throws when there is none).
+Shape broadcast_or_same(const Tensor& a, const Tensor& b, const char* op);
+// In-place ops write through self's memory: a self with stride-0 (expanded) dims would have
+// several elements land on one location, and an operand that partially overlaps self would be
+// read after being written. The first is an error (as in PyTorch); the second gets a copy.
+void check_writable(const Tensor& self, const char* name);
+// `other` itself, or a copy of it when it overlaps self other than element for element.
+Tensor unaliased(const Tensor& self, const Tensor& other, const char* name);
+// Throws "[name] <what> of shape ... cannot be broadcast to self's shape ..." unless it can.
+void check_broadcasts_to(const Tensor& other, const Tensor& self, const char* what, const char* name);
+// Throws "[name] result type ... can't be cast to the desired output type ..." (can_cast).
+void check_cast(Dtype result, Dtype self, const char* name);
+// As PyTorch, a 0-dim CPU tensor may take part in an op on another device's tensors (binary ops
+// and where); it is copied to that device (one element, stream-ordered), which keeps the type
+// promotion of a 0-dim tensor. Any other mix of devices is an error. Only called once the
+// operands' devices are known to differ.
+template <size_t N>
+void move_cpu_scalars(const char* op, const std::array<Tensor*, N>& ts, const std::array<const char*, N>& names) {
+  const Tensor* anchor = nullptr;
+  for (Tensor* t : ts) {
+    if (!(t->is_cpu() && t->dim() == 0)) {
+      anchor = t;
+      break;
+    }
+  }
+  if (anchor != nullptr) {
+    const Device d = anchor->device();
+    for (Tensor* t : ts)
+      if (!(t->device() == d) && t->is_cpu() && t->dim() == 0) *t = to_device(*t, d);
+  }
+  if constexpr (N == 2) {
+    check_same_device(op, {{names[0], *ts[0]}, {names[1], *ts[1]}});
+  } else {
+    check_same_device(op, {{names[0], *ts[0]}, {names[1], *ts[1]}, {names[2], *ts[2]}});
+  }
+}
+
+}  // namespace tandem::detail
+
+namespace tandem {
+// The namespace's old name, for dist/reducer.cpp (ew::copy_divided) until it says detail::.
+namespace ew = detail;
+}  // namespace tandem

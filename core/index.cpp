@@ -8,7 +8,7 @@
 #include "core/elementwise.h"
 #include "core/iter.h"
 
-namespace tandem::index_kernels {
+namespace tandem::detail {
 
 namespace {
 
@@ -36,7 +36,7 @@ Device one_device(const char* op, std::initializer_list<Named> ts) {
 }
 
 // The kernels for a non-CPU device (throws "built without CUDA" when it has no backend).
-DeviceKernels& kernels_for(Device dev, const char* op) { return device_kernels<DeviceKernels>(dev, op); }
+IndexDeviceKernels& kernels_for(Device dev, const char* op) { return device_kernels<IndexDeviceKernels>(dev, op); }
 
 // A 1-D view of an index tensor in logical order (a contiguous copy when it has no such view).
 Tensor flat_index(const Tensor& index, const char* op) {
@@ -235,7 +235,7 @@ Tensor unsqueeze_view(const Tensor& a, int64_t dim) {
 Tensor zeros_of(const Shape& shape, Dtype dtype, Device device, const char* op) {
   Tensor out = make_empty(shape, dtype, device, op);
   if (!device.is_cpu()) [[unlikely]] {
-    if (out.numel() > 0) ew::fill(out, 0, op);
+    if (out.numel() > 0) detail::fill(out, 0, op);
     return out;
   }
   // All-zero bytes are zero (or false) in every dtype, the 2-byte floats included.
@@ -248,7 +248,7 @@ void copy_into(const Tensor& dst, const Tensor& src, const char* op) {
   const Device dev = one_device(op, {{"destination", dst}, {"source", src}});
   if (dst.numel() == 0) return;
   if (!dev.is_cpu()) [[unlikely]] {
-    ew::copy(dst, src, op);
+    detail::copy(dst, src, op);
     return;
   }
   if (dst.dtype() == src.dtype()) {
@@ -597,4 +597,4 @@ TensorList split_with_sizes(const Tensor& a, const std::vector<int64_t>& sizes, 
   return out;
 }
 
-}  // namespace tandem::index_kernels
+}  // namespace tandem::detail

@@ -9,7 +9,7 @@
 
 #include "core/tensor.h"
 
-namespace tandem::index_kernels {
+namespace tandem::detail {
 
 // ---- geometry helpers (views share storage, carry no autograd history) ----
 Tensor narrow_view(const Tensor& a, int64_t dim, int64_t start, int64_t length);
@@ -59,8 +59,8 @@ struct IndexOutOfRange {
   int64_t value = 0;
 };
 
-struct DeviceKernels {
-  virtual ~DeviceKernels() = default;
+struct IndexDeviceKernels {
+  virtual ~IndexDeviceKernels() = default;
   // out.select(dim, k) = src.select(dim, index[k]); index is 1-D, out has src's shape with dim
   // resized to index.numel(). Any strides for src and out.
   virtual IndexOutOfRange index_select(const Tensor& out, const Tensor& src, int64_t dim, const Tensor& index,
@@ -101,4 +101,4 @@ std::vector<int64_t> chunk_sizes(int64_t n, int64_t chunks);
 // Views of consecutive slices of `a` along dim with the given sizes (which must sum to its size).
 TensorList split_with_sizes(const Tensor& a, const std::vector<int64_t>& sizes, int64_t dim, const char* op);
 
-}  // namespace tandem::index_kernels
+}  // namespace tandem::detail

@@ -386,7 +386,7 @@ Tensor linear_kernel(const Tensor& x_in, const Tensor& weight, const Tensor& bia
   out_shape.push_back(out_f);
   Tensor out = make_empty(out_shape, x.dtype(), x.device(), op);
   if (bias.defined() && rows > 0 && !out.is_cpu()) {
-    ew::copy(out, bias, op);  // broadcast over the rows; the GEMM then adds x W^T with beta = 1
+    detail::copy(out, bias, op);  // broadcast over the rows; the GEMM then adds x W^T with beta = 1
   } else if (bias.defined() && rows > 0) {
     // Pre-fill every row with the bias; the GEMM then adds x W^T with beta = 1.
     TANDEM_DISPATCH_NUMERIC(x.dtype(), op, [&] {
@@ -419,7 +419,7 @@ Tensor addmm_kernel(const Tensor& bias, const Tensor& a, const Tensor& b) {
                "[addmm] bias of shape {} cannot be broadcast to the result shape {}", bias.shape(), out_shape);
   Tensor out = make_empty(out_shape, a.dtype(), a.device(), op);
   if (!out.is_cpu()) {
-    ew::copy(out, bias, op);
+    detail::copy(out, bias, op);
   } else {
     TANDEM_DISPATCH_NUMERIC(a.dtype(), op, [&] {
       using T = scalar_t;

@@ -6,7 +6,7 @@
 #include <cmath>
 
 #include "core/iter.h"
-#include "core/views.h"
+#include "core/elementwise.h"
 
 namespace tandem {
 
@@ -163,7 +163,7 @@ std::string format_tensor(const Tensor& t, const std::vector<std::string>& extra
   if (!t.defined()) return "tensor(undefined)";
   const std::string prefix = "tensor(";
   const size_t indent = prefix.size();
-  Tensor c = raw::to_device(t, kCPU);
+  Tensor c = detail::to_device(t, kCPU);
   std::vector<std::string> suffixes;
   std::string s = prefix;
   if (c.numel() == 0) {
@@ -212,7 +212,7 @@ void zip_elements(const Tensor& a, const Tensor& b, const Shape& shape, F&& f) {
 bool equal(const Tensor& a, const Tensor& b) {
   TANDEM_CHECK(a.defined() && b.defined(), "[equal] undefined tensor");
   if (!(a.shape() == b.shape())) return false;
-  Tensor ca = raw::to_device(a, kCPU), cb = raw::to_device(b, kCPU);
+  Tensor ca = detail::to_device(a, kCPU), cb = detail::to_device(b, kCPU);
   const Dtype da = a.dtype(), db = b.dtype();
   bool same = true;
   // Integers are compared as integers: doubles would merge i64 values beyond 2^53.
@@ -228,7 +228,7 @@ bool allclose(const Tensor& a, const Tensor& b, double rtol, double atol) {
   TANDEM_CHECK(a.defined() && b.defined(), "[allclose] undefined tensor");
   TANDEM_CHECK(rtol >= 0 && atol >= 0, "[allclose] rtol and atol must be non-negative, got rtol={} atol={}", rtol, atol);
   Shape shape = broadcast_shapes(a.shape(), b.shape(), "allclose");
-  Tensor ca = raw::to_device(a, kCPU), cb = raw::to_device(b, kCPU);
+  Tensor ca = detail::to_device(a, kCPU), cb = detail::to_device(b, kCPU);
   const Dtype da = a.dtype(), db = b.dtype();
   bool close = true;
   zip_elements(ca, cb, shape, [&](const char* px, const char* py) {

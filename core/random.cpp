@@ -16,8 +16,8 @@ namespace {
 thread_local PhiloxState generator;
 
 // The device's kernels (throws "built without CUDA" in a CPU-only build).
-rng::DeviceKernels& kernels_for(const Tensor& t, const char* op) {
-  return device_kernels<rng::DeviceKernels>(t.device(), op);
+detail::RandomDeviceKernels& kernels_for(const Tensor& t, const char* op) {
+  return device_kernels<detail::RandomDeviceKernels>(t.device(), op);
 }
 
 // Writing random values through a broadcast (stride-0) view would silently give many elements
@@ -53,14 +53,14 @@ struct BlockCache {
   PhiloxState state;
   int words;
   uint64_t cached = std::numeric_limits<uint64_t>::max();
-  philox::Counter block{};
+  detail::PhiloxCounter block{};
   // Returns the block and sets `word` to the first word of element i inside it.
-  const philox::Counter& at(int64_t i, int& word) {
+  const detail::PhiloxCounter& at(int64_t i, int& word) {
     uint64_t w = static_cast<uint64_t>(i) * words;
     uint64_t b = w / 4;
     word = static_cast<int>(w % 4);
     if (b != cached) {
-      block = philox::block(state.seed, state.offset + b);
+      block = detail::philox_block(state.seed, state.offset + b);
       cached = b;
     }
     return block;
@@ -80,7 +80,7 @@ void set_rng_state(PhiloxState state) { generator = state; }
 
 void manual_seed(uint64_t seed) { generator = PhiloxState{seed, 0}; }
 
-namespace raw {
+namespace detail {
 
 void fill_uniform(const Tensor& t, double lo, double hi, const char* op) {
   TANDEM_CHECK(t.is_floating_point(), "[{}] expected a floating dtype, got {}", op, t.dtype());
@@ -88,9 +88,9 @@ void fill_uniform(const Tensor& t, double lo, double hi, const char* op) {
                op, lo, hi);
   require_no_overlap(t, op);
   const double span = hi - lo;
-  const int words = rng::float_words(t.dtype());
+  const int words = detail::float_words(t.dtype());
   if (!t.is_cpu()) [[unlikely]] {
-    rng::DeviceKernels& k = kernels_for(t, op);
+    detail::RandomDeviceKernels& k = kernels_for(t, op);
     k.uniform(t, lo, hi, philox_reserve(philox_blocks(t.numel(), words)));
     return;
   }
@@ -99,23 +99,23 @@ void fill_uniform(const Tensor& t, double lo, double hi, const char* op) {
   switch (t.dtype()) {
     case f32:
       fill_logical<float>(t, [&](int64_t i) {
-        return lo + span * rng::uniform_f32(cache.at(i, w).w[w]);
+        return lo + span * detail::uniform_f32(cache.at(i, w).w[w]);
       });
       break;
     case f64:
       fill_logical<double>(t, [&](int64_t i) {
         const auto& b = cache.at(i, w);
-        return lo + span * rng::uniform_f64(b.w[w], b.w[w + 1]);
+        return lo + span * detail::uniform_f64(b.w[w], b.w[w + 1]);
       });
       break;
     case f16:
       fill_logical<Half>(t, [&](int64_t i) {
-        return static_cast<float>(lo + span * rng::uniform_f16(cache.at(i, w).w[w]));
+        return static_cast<float>(lo + span * detail::uniform_f16(cache.at(i, w).w[w]));
       });
       break;
     case bf16:
       fill_logical<BFloat16>(t, [&](int64_t i) {
-        return static_cast<float>(lo + span * rng::uniform_bf16(cache.at(i, w).w[w]));
+        return static_cast<float>(lo + span * detail::uniform_bf16(cache.at(i, w).w[w]));
       });
       break;
     default: fail("[{}] expected a floating dtype, got {}", op, t.dtype());
@@ -127,9 +127,9 @@ void fill_normal(const Tensor& t, double mean, double std, const char* op) {
   TANDEM_CHECK(std >= 0 && std::isfinite(std) && std::isfinite(mean),
                "[{}] expects a finite mean and std >= 0, got mean={} std={}", op, mean, std);
   require_no_overlap(t, op);
-  const int words = rng::float_words(t.dtype());
+  const int words = detail::float_words(t.dtype());
   if (!t.is_cpu()) [[unlikely]] {
-    rng::DeviceKernels& k = kernels_for(t, op);
+    detail::RandomDeviceKernels& k = kernels_for(t, op);
     k.normal(t, mean, std, philox_reserve(philox_blocks(t.numel(), words)));
     return;
   }
@@ -138,14 +138,14 @@ void fill_normal(const Tensor& t, double mean, double std, const char* op) {
   if (t.dtype() == f64) {
     fill_logical<double>(t, [&](int64_t i) {
       const auto& b = cache.at(i, w);
-      return mean + std * rng::normal_f64_from_block(b, w / 2);
+      return mean + std * detail::normal_f64_from_block(b, w / 2);
     });
     return;
   }
   TANDEM_DISPATCH_FLOATING(t.dtype(), op, [&] {
     fill_logical<scalar_t>(t, [&](int64_t i) {
       const auto& b = cache.at(i, w);
-      return static_cast<acc_t<scalar_t>>(mean + std * rng::normal_from_block(b, w));
+      return static_cast<acc_t<scalar_t>>(mean + std * detail::normal_from_block(b, w));
     });
   });
 }
@@ -161,9 +161,9 @@ void fill_randint(const Tensor& t, int64_t low, int64_t high, const char* op) {
   require_no_overlap(t, op);
   // The unsigned difference is exact for any int64 pair with high > low.
   const uint64_t range = static_cast<uint64_t>(high) - static_cast<uint64_t>(low);
-  const int words = rng::randint_words(range);
+  const int words = detail::randint_words(range);
   if (!t.is_cpu()) [[unlikely]] {
-    rng::DeviceKernels& k = kernels_for(t, op);
+    detail::RandomDeviceKernels& k = kernels_for(t, op);
     k.randint(t, low, range, philox_reserve(philox_blocks(t.numel(), words)));
     return;
   }
@@ -182,7 +182,7 @@ void fill_randint(const Tensor& t, int64_t low, int64_t high, const char* op) {
   });
 }
 
-}  // namespace raw
+}  // namespace detail
 
 namespace {
 // Generated where it lives: the element values do not depend on the device.
@@ -200,14 +200,14 @@ Tensor finish(Tensor t, const TensorOptions& opts, const char* op) {
 Tensor rand(const Shape& shape, TensorOptions opts) {
   TANDEM_CHECK(is_floating(opts.dtype), "[rand] expected a floating dtype, got {}", opts.dtype);
   Tensor t = new_random(shape, opts, "rand");
-  raw::fill_uniform(t, 0, 1, "rand");
+  detail::fill_uniform(t, 0, 1, "rand");
   return finish(t, opts, "rand");
 }
 
 Tensor randn(const Shape& shape, TensorOptions opts) {
   TANDEM_CHECK(is_floating(opts.dtype), "[randn] expected a floating dtype, got {}", opts.dtype);
   Tensor t = new_random(shape, opts, "randn");
-  raw::fill_normal(t, 0, 1, "randn");
+  detail::fill_normal(t, 0, 1, "randn");
   return finish(t, opts, "randn");
 }
 
@@ -215,7 +215,7 @@ Tensor randint(int64_t low, int64_t high, const Shape& shape, TensorOptions opts
   TANDEM_CHECK(!opts.requires_grad || is_floating(opts.dtype),
                "[randint] only floating tensors can require grad, got {}", opts.dtype);
   Tensor t = new_random(shape, opts, "randint");
-  raw::fill_randint(t, low, high, "randint");
+  detail::fill_randint(t, low, high, "randint");
   return finish(t, opts, "randint");
 }
 

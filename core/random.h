@@ -40,7 +40,7 @@ constexpr uint64_t philox_blocks(int64_t numel, int words_per_element) {
   return (static_cast<uint64_t>(numel) * static_cast<uint64_t>(words_per_element) + 3) / 4;
 }
 
-namespace rng {
+namespace detail {
 
 // [0, 1) from the top 24 bits: every value exactly representable in f32.
 TANDEM_HOST_DEVICE inline float uniform_f32(uint32_t x) { return static_cast<float>(x >> 8) * 0x1.0p-24f; }
@@ -67,7 +67,7 @@ TANDEM_HOST_DEVICE inline NormalPair box_muller(double u1, double u2) {
 }
 
 // Normal number k (0..3) of a block, for the one-word-per-element layout.
-TANDEM_HOST_DEVICE inline double normal_from_block(const philox::Counter& b, int k) {
+TANDEM_HOST_DEVICE inline double normal_from_block(const PhiloxCounter& b, int k) {
   int pair = k >> 1;
   double u1 = uniform_f32(b.w[2 * pair]);
   double u2 = uniform_f32(b.w[2 * pair + 1]);
@@ -75,7 +75,7 @@ TANDEM_HOST_DEVICE inline double normal_from_block(const philox::Counter& b, int
   return (k & 1) ? p.z1 : p.z0;
 }
 // Normal number k (0..1) of a block, for the two-words-per-element (f64) layout.
-TANDEM_HOST_DEVICE inline double normal_f64_from_block(const philox::Counter& b, int k) {
+TANDEM_HOST_DEVICE inline double normal_f64_from_block(const PhiloxCounter& b, int k) {
   NormalPair p = box_muller(uniform_f64(b.w[0], b.w[1]), uniform_f64(b.w[2], b.w[3]));
   return k ? p.z1 : p.z0;
 }
@@ -88,22 +88,19 @@ constexpr int float_words(Dtype dtype) { return dtype == f64 ? 2 : 1; }
 // The table a device backend registers (cuda/random.cu). Core has validated the arguments and
 // reserved `state` (philox_reserve) exactly as for the CPU; the kernel fills t (any strides, no
 // two elements sharing memory) in logical order so that element i gets what the CPU gives it.
-struct DeviceKernels {
-  virtual ~DeviceKernels() = default;
+struct RandomDeviceKernels {
+  virtual ~RandomDeviceKernels() = default;
   virtual void uniform(const Tensor& t, double lo, double hi, PhiloxState state) = 0;
   virtual void normal(const Tensor& t, double mean, double std, PhiloxState state) = 0;
   // Values low + x % range, x of randint_words(range) words.
   virtual void randint(const Tensor& t, int64_t low, uint64_t range, PhiloxState state) = 0;
 };
 
-}  // namespace rng
-
-namespace raw {
 // Fill `t` (any strides, no overlapping elements) in logical order; no autograd checks (the
 // public in-place ops in autograd/random_inplace.cpp make them).
 void fill_uniform(const Tensor& t, double lo, double hi, const char* op);
 void fill_normal(const Tensor& t, double mean, double std, const char* op);
 void fill_randint(const Tensor& t, int64_t low, int64_t high, const char* op);
-}  // namespace raw
+}  // namespace detail
 
 }  // namespace tandem

@@ -32,7 +32,7 @@ Acc slice_sum(const T* p, int64_t stride, int64_t n) {
 // slice every x - shift is exactly 0, so the mean is the value itself and M2 exactly 0, which an
 // unshifted mean (sum / n) cannot promise: 0.1 + 0.1 + 0.1 over 3 is not 0.1 in f64, and
 // [0.1, 0.1, 0.1] had std 1.7e-17. (Welford, the CUDA kernel's scheme, is exact there too, but
-// its per-element dependency chain measured 3-6x slower on the CPU than these vectorised passes.)
+// its per-element dependency chain does not vectorise on the CPU, as these passes do.)
 template <class Acc>
 struct Moments {
   Acc shift;  // the first value
@@ -246,13 +246,6 @@ ReducePlan plan_full_reduction(const Tensor& a, const char* op) {
 
 ReducePlan replan(const Tensor& t, const ReducePlan& like) { return plan_from_mask(t, like.reduced, like.keepdim); }
 
-void require_cpu(const Tensor& t, const char* op) {
-  TANDEM_CHECK(t.defined(), "[{}] got an undefined tensor", op);
-  if (t.is_cpu()) [[likely]] return;
-  backend_for(t.device(), op);  // throws when Tandem was built without this device
-  fail("[{}] has no kernel for {} tensors yet (shape {}, {})", op, t.device(), t.shape(), t.dtype());
-}
-
 void require_same_device(const char* op, std::initializer_list<const Tensor*> ts) {
   const Tensor* first = nullptr;
   for (const Tensor* t : ts) {
@@ -270,7 +263,7 @@ Tensor materialize(const Tensor& t, const char* op) {
   if (t.is_contiguous()) return t;
   Tensor out = make_empty(t.shape(), t.dtype(), t.device(), op);
   if (!t.is_cpu()) {
-    ew::copy(out, t, op);  // the device's strided copy
+    detail::copy(out, t, op);  // the device's strided copy
     return out;
   }
   TANDEM_DISPATCH_ALL(t.dtype(), op, [&] {
@@ -288,7 +281,7 @@ Tensor convert(const Tensor& t, Dtype dtype, const char* op) {
   if (t.dtype() == dtype) return materialize(t, op);
   Tensor out = make_empty(t.shape(), dtype, t.device(), op);
   if (!t.is_cpu()) {
-    ew::copy(out, t, op);  // the device's converting copy
+    detail::copy(out, t, op);  // the device's converting copy
     return out;
   }
   TANDEM_DISPATCH_ALL(t.dtype(), op, [&] {

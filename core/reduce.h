@@ -55,8 +55,6 @@ ReducePlan plan_full_reduction(const Tensor& a, const char* op);
 // The same reduction (dims, keepdim) planned for another tensor of the same shape.
 ReducePlan replan(const Tensor& t, const ReducePlan& like);
 
-// Throws "[op] tensor on cuda:0 ..." for tensors without a CPU kernel here.
-void require_cpu(const Tensor& t, const char* op);
 // Throws "[op] tensors are on different devices: cuda:0 and cpu" unless all defined ones share a device.
 void require_same_device(const char* op, std::initializer_list<const Tensor*> ts);
 // A contiguous copy (the tensor itself when already contiguous), on the tensor's device.

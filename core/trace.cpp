@@ -6,11 +6,11 @@
 #include <mutex>
 #include <nlohmann/json.hpp>
 
-namespace tandem::trace {
+namespace tandem::detail {
+std::atomic<bool> trace_recording{false};
+}  // namespace tandem::detail
 
-namespace detail {
-std::atomic<bool> recording{false};
-}  // namespace detail
+namespace tandem::trace {
 
 namespace {
 
@@ -79,10 +79,10 @@ void start() {
       t->events.clear();
     }
   }
-  detail::recording.store(true);
+  detail::trace_recording.store(true);
 }
 
-void stop() { detail::recording.store(false); }
+void stop() { detail::trace_recording.store(false); }
 
 void set_thread_name(const std::string& name) {
   ThreadLog& log = this_thread_log();

@@ -17,13 +17,13 @@
 #include <string>
 #include <vector>
 
+namespace tandem::detail {
+extern std::atomic<bool> trace_recording;
+}  // namespace tandem::detail
+
 namespace tandem::trace {
 
-namespace detail {
-extern std::atomic<bool> recording;
-}  // namespace detail
-
-inline bool enabled() { return detail::recording.load(std::memory_order_relaxed); }
+inline bool enabled() { return detail::trace_recording.load(std::memory_order_relaxed); }
 void start();  // drops what an earlier recording kept, then records
 void stop();
 

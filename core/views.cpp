@@ -1,12 +1,8 @@
 #include "core/views.h"
 
-#include <cstring>
+#include "core/elementwise.h"  // contiguous_copy, when reshape cannot view
 
-#include "core/backend.h"
-#include "core/elementwise.h"
-#include "core/iter.h"
-
-namespace tandem::raw {
+namespace tandem::detail {
 
 Shape infer_size(const Shape& shape, int64_t numel, const char* op) {
   Shape out = shape;
@@ -260,49 +256,4 @@ Shape flatten_shape(const Tensor& a, int64_t start_dim, int64_t end_dim) {
   return out;
 }
 
-void copy_same_dtype(const Tensor& dst, const Tensor& src, const char* op) {
-  TANDEM_CHECK(dst.dtype() == src.dtype(), "[{}] copy between dtypes {} and {} (expected one dtype)", op, dst.dtype(),
-               src.dtype());
-  if (!(dst.is_cpu() && src.is_cpu())) [[unlikely]] {
-    ew::check_same_device(op, {{"dst", dst}, {"src", src}});
-    if (dst.numel() > 0) device_kernels<ew::DeviceKernels>(dst.device(), op).copy(dst, src);
-    return;
-  }
-  if (dst.numel() == 0) return;
-  if (dst.is_contiguous() && src.is_contiguous() && dst.shape() == src.shape()) {
-    std::memmove(dst.data_ptr(), src.data_ptr(), dst.nbytes());
-    return;
-  }
-  TANDEM_DISPATCH_ALL(dst.dtype(), op, [&] {
-    for_each_run<2>(dst.shape(), {&dst, &src}, [&](const StridedRun<2>& r) {
-      char* d = r.ptr[0];
-      const char* s = r.ptr[1];
-      if (r.stride[0] == sizeof(scalar_t) && r.stride[1] == sizeof(scalar_t)) {
-        std::memcpy(d, s, r.n * sizeof(scalar_t));
-        return;
-      }
-      for (int64_t i = 0; i < r.n; ++i, d += r.stride[0], s += r.stride[1])
-        *reinterpret_cast<scalar_t*>(d) = *reinterpret_cast<const scalar_t*>(s);
-    });
-  });
-}
-
-Tensor contiguous_copy(const Tensor& a, const char* op) {
-  Tensor out = make_empty(a.shape(), a.dtype(), a.device(), op);
-  copy_same_dtype(out, a, op);
-  return out;
-}
-
-Tensor to_device(const Tensor& a, Device device) {
-  if (a.device() == device) return a;
-  Backend& dst_backend = backend_for(device, "to");
-  Backend& src_backend = backend_for(a.device(), "to");
-  // The backends copy raw bytes, so a strided source is made contiguous on its own device.
-  Tensor src = a.is_contiguous() ? a : contiguous_copy(a, "to");
-  Tensor out = make_empty(a.shape(), a.dtype(), device, "to");
-  Backend& b = device.is_cpu() ? src_backend : dst_backend;  // the device-side backend does the copy
-  b.copy_bytes(out.data_ptr(), device, src.data_ptr(), a.device(), src.nbytes());
-  return out;
-}
-
-}  // namespace tandem::raw
+}  // namespace tandem::detail

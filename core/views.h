@@ -1,13 +1,12 @@
 // The forward half of the view ops: geometry only (shape, strides, offset over the same
 // storage), no autograd. autograd/views_grad.cpp wraps each into the public differentiable op.
-// Also the same-dtype strided copy that contiguous/clone and the view backwards need.
 #pragma once
 
 #include <optional>
 
 #include "core/tensor.h"
 
-namespace tandem::raw {
+namespace tandem::detail {
 
 // Resolves one -1 in `shape` against `numel`; throws "[op] shape ... is invalid for input of
 // size n" when it cannot.
@@ -35,11 +34,4 @@ struct SliceArgs {
 };
 SliceArgs slice_args(const Tensor& a, int64_t dim, int64_t start, int64_t end, int64_t step, const char* op);
 
-// A fresh contiguous copy of `a` (same dtype and device).
-Tensor contiguous_copy(const Tensor& a, const char* op = "contiguous");
-// dst[...] = src[...] elementwise for tensors of one dtype; src broadcasts to dst's shape.
-void copy_same_dtype(const Tensor& dst, const Tensor& src, const char* op);
-// A copy of `a` on `device` (a itself when already there), through the backends' copy_bytes.
-Tensor to_device(const Tensor& a, Device device);
-
-}  // namespace tandem::raw
+}  // namespace tandem::detail

@@ -18,7 +18,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "core/views.h"
+#include "core/elementwise.h"
 #include "cuda/check.h"
 #include "cuda/runtime.h"
 
@@ -567,10 +567,10 @@ void copy_async(const Tensor& dst, const Tensor& src) {
 Tensor to_async(const Tensor& src, Device device) {
   TANDEM_CHECK(src.defined(), "[to_async] undefined tensor");
   if (src.device() == device) return src;
-  if (device.is_cuda() && src.is_cuda()) return raw::to_device(src, device);  // device to device is async already
+  if (device.is_cuda() && src.is_cuda()) return detail::to_device(src, device);  // device to device is async already
   if (device.is_cuda()) {
     require_device(device, "to_async");
-    Tensor host = src.is_contiguous() ? src : raw::contiguous_copy(src, "to_async");
+    Tensor host = src.is_contiguous() ? src : detail::contiguous_copy(src, "to_async");
     if (!is_pinned(host)) {
       // Staged through pinned memory: the staging block is not reused before the copy is done.
       Tensor staging = pinned_empty(host.shape(), host.dtype());
@@ -582,7 +582,7 @@ Tensor to_async(const Tensor& src, Device device) {
     return out;
   }
   TANDEM_CHECK(device.is_cpu(), "[to_async] unsupported device {}", device);
-  Tensor dev = src.is_contiguous() ? src : raw::contiguous_copy(src, "to_async");
+  Tensor dev = src.is_contiguous() ? src : detail::contiguous_copy(src, "to_async");
   Tensor out = pinned_empty(src.shape(), src.dtype());
   copy_async(out, dev);
   return out;

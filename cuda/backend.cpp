@@ -92,6 +92,7 @@ class CudaBackend final : public Backend {
   }
 
   void deallocate(void* ptr, size_t, Device) noexcept override { device_free(ptr); }
+  void require_device(Device device, const char* op) override { cuda::require_device(device, op); }
   Tensor host_staging(const Tensor& like) override { return pinned_empty(like.shape(), like.dtype()); }
   std::unique_ptr<SideStream> make_side_stream(Device device) override {
     require_device(device, "side stream");

@@ -44,7 +44,7 @@ __global__ void eye_kernel(T* out, int64_t n) {
     out[e] = from_acc<T>(static_cast<C>(e / n == e % n ? 1 : 0));
 }
 
-class CudaCreationKernels final : public creation::DeviceKernels {
+class CudaCreationKernels final : public detail::CreationDeviceKernels {
  public:
   void arange(const Tensor& out, bool integral, int64_t istart, int64_t istep, double start, double step) override {
     const int64_t n = out.numel();
@@ -84,7 +84,7 @@ class CudaCreationKernels final : public creation::DeviceKernels {
 
 void install_creation_kernels() {
   static CudaCreationKernels table;
-  register_device_kernels<creation::DeviceKernels>(DeviceType::cuda, &table);
+  register_device_kernels<detail::CreationDeviceKernels>(DeviceType::cuda, &table);
 }
 
 }  // namespace tandem::cuda

@@ -1,4 +1,4 @@
-// The CUDA kernel table of the elementwise ops (ew::DeviceKernels, core/elementwise.h), and the
+// The CUDA kernel table of the elementwise ops (detail::ElementwiseDeviceKernels, core/elementwise.h), and the
 // copy/cast, fill and where kernels. Binary ops live in elementwise_binary.cu, unary math in
 // elementwise_unary.cu and the backward kernels in elementwise_grad.cu, so the four compile in
 // parallel.
@@ -13,7 +13,7 @@ namespace tandem::cuda {
 namespace ew_impl {
 namespace {
 
-using tandem::ew::Identity;
+using tandem::detail::Identity;
 
 // Same-dtype copies move bits: one instantiation per element size instead of per dtype.
 template <size_t Bytes> struct bits;
@@ -62,7 +62,7 @@ void fill(const Tensor& self, const Scalar& value) {
   const char* name = "fill_";
   TANDEM_DISPATCH_ALL(self.dtype(), name, [&] {
     using T = scalar_t;
-    const T v = tandem::ew::store<T>(value.value);  // converted on the host, exactly as the CPU fill
+    const T v = tandem::detail::store<T>(value.value);  // converted on the host, exactly as the CPU fill
     using U = typename bits<sizeof(T)>::type;
     U u;
     std::memcpy(&u, &v, sizeof(T));
@@ -78,7 +78,7 @@ void fill(const Tensor& self, const Scalar& value) {
 void where(const Tensor& out, const Tensor& cond, const Tensor& a, const Tensor& b) {
   TANDEM_DISPATCH_ALL(out.dtype(), "where", [&] {
     using T = scalar_t;
-    launch<T, bool, T, T>("where", out, {cond, a, b}, tandem::ew::Where{});
+    launch<T, bool, T, T>("where", out, {cond, a, b}, tandem::detail::Where{});
   });
 }
 
@@ -87,13 +87,13 @@ void where(const Tensor& out, const Tensor& cond, const Tensor& a, const Tensor&
 
 namespace {
 
-class CudaElementwise final : public tandem::ew::DeviceKernels {
+class CudaElementwise final : public tandem::detail::ElementwiseDeviceKernels {
  public:
-  void binary(tandem::ew::Binary op, const Tensor& out, const Tensor& a, const Tensor& b,
+  void binary(tandem::detail::Binary op, const Tensor& out, const Tensor& a, const Tensor& b,
               const Scalar& alpha) override {
     ew_impl::binary(op, out, a, b, alpha, a.dtype());
   }
-  void binary_scalar(tandem::ew::Binary op, const Tensor& out, const Tensor& a, const Scalar& s,
+  void binary_scalar(tandem::detail::Binary op, const Tensor& out, const Tensor& a, const Scalar& s,
                      bool scalar_first) override {
     // The CPU's tensor-scalar loops use add/sub with alpha 1.
     if (scalar_first) {
@@ -102,7 +102,7 @@ class CudaElementwise final : public tandem::ew::DeviceKernels {
       ew_impl::binary(op, out, a, s.value, 1, a.dtype());
     }
   }
-  void unary(tandem::ew::Unary op, const Tensor& out, const Tensor& a) override { ew_impl::unary(op, out, a); }
+  void unary(tandem::detail::Unary op, const Tensor& out, const Tensor& a) override { ew_impl::unary(op, out, a); }
   void pow_scalar(const Tensor& out, const Tensor& a, double exponent) override {
     ew_impl::pow_scalar(out, a, exponent);
   }
@@ -114,14 +114,14 @@ class CudaElementwise final : public tandem::ew::DeviceKernels {
   }
   void copy(const Tensor& dst, const Tensor& src) override { ew_impl::copy(dst, src); }
   void fill(const Tensor& self, const Scalar& value) override { ew_impl::fill(self, value); }
-  void pointwise3(tandem::ew::Pointwise3 op, const Tensor& self, const Tensor& a, const Tensor& b,
+  void pointwise3(tandem::detail::Pointwise3 op, const Tensor& self, const Tensor& a, const Tensor& b,
                   const Scalar& alpha) override {
     ew_impl::pointwise3(op, self, a, b, alpha);
   }
   void lerp(const Tensor& self, const Tensor& end, const Scalar& weight) override {
     ew_impl::lerp(self, end, weight);
   }
-  void unary_grad(tandem::ew::Unary op, const Tensor& out, const Tensor& g, const Tensor& s) override {
+  void unary_grad(tandem::detail::Unary op, const Tensor& out, const Tensor& g, const Tensor& s) override {
     ew_impl::unary_grad(op, out, g, s);
   }
   void clamp_grad(const Tensor& out, const Tensor& g, const Tensor& x, std::optional<double> lo,
@@ -131,7 +131,7 @@ class CudaElementwise final : public tandem::ew::DeviceKernels {
   void pow_scalar_grad(const Tensor& out, const Tensor& g, const Tensor& x, double exponent) override {
     ew_impl::pow_scalar_grad(out, g, x, exponent);
   }
-  void grad3(tandem::ew::Grad3 op, const Tensor& out, const Tensor& g, const Tensor& a, const Tensor& b) override {
+  void grad3(tandem::detail::Grad3 op, const Tensor& out, const Tensor& g, const Tensor& a, const Tensor& b) override {
     ew_impl::grad3(op, out, g, a, b);
   }
   void where_grad(const Tensor& out, const Tensor& cond, const Tensor& g, bool take_true) override {
@@ -143,7 +143,7 @@ class CudaElementwise final : public tandem::ew::DeviceKernels {
 
 void install_elementwise_kernels() {
   static CudaElementwise table;
-  register_device_kernels<tandem::ew::DeviceKernels>(DeviceType::cuda, &table);
+  register_device_kernels<tandem::detail::ElementwiseDeviceKernels>(DeviceType::cuda, &table);
 }
 
 }  // namespace tandem::cuda

@@ -31,8 +31,8 @@
 
 namespace tandem::cuda::ew_impl {
 
-using tandem::ew::load;
-using tandem::ew::store;
+using tandem::detail::load;
+using tandem::detail::store;
 
 // An input: a tensor (broadcast to the output's shape) or an immediate value.
 struct Operand {
@@ -231,18 +231,19 @@ void launch(const char* op, const Tensor& out, const std::array<Operand, sizeof.
 }
 
 // ---- the families, one per .cu file (cuda/elementwise.cu holds the table that calls them) ----
-void binary(tandem::ew::Binary op, const Tensor& out, const Operand& a, const Operand& b, const Scalar& alpha,
+void binary(tandem::detail::Binary op, const Tensor& out, const Operand& a, const Operand& b, const Scalar& alpha,
             Dtype dtype);
-void unary(tandem::ew::Unary op, const Tensor& out, const Tensor& a);
+void unary(tandem::detail::Unary op, const Tensor& out, const Tensor& a);
 void pow_scalar(const Tensor& out, const Tensor& a, double exponent);
 void clamp(const Tensor& out, const Tensor& a, std::optional<double> lo, std::optional<double> hi);
-void pointwise3(tandem::ew::Pointwise3 op, const Tensor& self, const Tensor& a, const Tensor& b, const Scalar& alpha);
+void pointwise3(tandem::detail::Pointwise3 op, const Tensor& self, const Tensor& a, const Tensor& b,
+                const Scalar& alpha);
 void lerp(const Tensor& self, const Tensor& end, const Scalar& weight);
-void unary_grad(tandem::ew::Unary op, const Tensor& out, const Tensor& g, const Tensor& s);
+void unary_grad(tandem::detail::Unary op, const Tensor& out, const Tensor& g, const Tensor& s);
 void clamp_grad(const Tensor& out, const Tensor& g, const Tensor& x, std::optional<double> lo,
                 std::optional<double> hi);
 void pow_scalar_grad(const Tensor& out, const Tensor& g, const Tensor& x, double exponent);
-void grad3(tandem::ew::Grad3 op, const Tensor& out, const Tensor& g, const Tensor& a, const Tensor& b);
+void grad3(tandem::detail::Grad3 op, const Tensor& out, const Tensor& g, const Tensor& a, const Tensor& b);
 void where_grad(const Tensor& out, const Tensor& cond, const Tensor& g, bool take_true);
 
 }  // namespace tandem::cuda::ew_impl

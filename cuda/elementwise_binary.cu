@@ -4,7 +4,7 @@
 
 namespace tandem::cuda::ew_impl {
 
-using namespace tandem::ew;  // the functors
+using namespace tandem::detail;  // the functors
 
 void binary(Binary op, const Tensor& out, const Operand& a, const Operand& b, const Scalar& alpha, Dtype dtype) {
   const char* name = op_name(op);

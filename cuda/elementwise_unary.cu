@@ -4,7 +4,7 @@
 
 namespace tandem::cuda::ew_impl {
 
-using namespace tandem::ew;  // the functors
+using namespace tandem::detail;  // the functors
 
 namespace {
 

@@ -26,8 +26,8 @@ namespace tandem::cuda {
 
 namespace {
 
-using index_kernels::dispatch_index;  // core/index.h: the index dtype of a kernel
-using index_kernels::IndexOutOfRange;
+using detail::dispatch_index;  // core/index.h: the index dtype of a kernel
+using detail::IndexOutOfRange;
 using namespace geom;
 
 constexpr unsigned long long kNoBad = ULLONG_MAX;
@@ -296,7 +296,7 @@ void segment_add(const Tensor& out, const Tensor& src, const Sorted& s, int64_t 
 
 // ---------------------------------------------------------------- the table
 
-class CudaIndexKernels final : public index_kernels::DeviceKernels {
+class CudaIndexKernels final : public detail::IndexDeviceKernels {
  public:
   IndexOutOfRange index_select(const Tensor& out, const Tensor& src, int64_t dim, const Tensor& index,
                                bool check) override {
@@ -444,7 +444,7 @@ class CudaIndexKernels final : public index_kernels::DeviceKernels {
 
 void install_index_kernels() {
   static CudaIndexKernels table;
-  register_device_kernels<index_kernels::DeviceKernels>(DeviceType::cuda, &table);
+  register_device_kernels<detail::IndexDeviceKernels>(DeviceType::cuda, &table);
 }
 
 }  // namespace tandem::cuda

@@ -29,15 +29,15 @@ __device__ inline double add_mul(double a, double b, double c) { return __dadd_r
 template <class T>
 struct UniformGen {
   double lo, span;
-  __device__ T operator()(const philox::Counter& b, int w) const {
+  __device__ T operator()(const detail::PhiloxCounter& b, int w) const {
     if constexpr (std::is_same_v<T, float>) {
-      return static_cast<float>(add_mul(lo, span, rng::uniform_f32(b.w[w])));
+      return static_cast<float>(add_mul(lo, span, detail::uniform_f32(b.w[w])));
     } else if constexpr (std::is_same_v<T, double>) {
-      return add_mul(lo, span, rng::uniform_f64(b.w[w], b.w[w + 1]));
+      return add_mul(lo, span, detail::uniform_f64(b.w[w], b.w[w + 1]));
     } else if constexpr (std::is_same_v<T, Half>) {
-      return Half(static_cast<float>(add_mul(lo, span, rng::uniform_f16(b.w[w]))));
+      return Half(static_cast<float>(add_mul(lo, span, detail::uniform_f16(b.w[w]))));
     } else {
-      return BFloat16(static_cast<float>(add_mul(lo, span, rng::uniform_bf16(b.w[w]))));
+      return BFloat16(static_cast<float>(add_mul(lo, span, detail::uniform_bf16(b.w[w]))));
     }
   }
 };
@@ -45,11 +45,11 @@ struct UniformGen {
 template <class T>
 struct NormalGen {
   double mean, std;
-  __device__ T operator()(const philox::Counter& b, int w) const {
+  __device__ T operator()(const detail::PhiloxCounter& b, int w) const {
     if constexpr (std::is_same_v<T, double>) {
-      return add_mul(mean, std, rng::normal_f64_from_block(b, w / 2));
+      return add_mul(mean, std, detail::normal_f64_from_block(b, w / 2));
     } else {
-      return static_cast<T>(static_cast<acc_t<T>>(add_mul(mean, std, rng::normal_from_block(b, w))));
+      return static_cast<T>(static_cast<acc_t<T>>(add_mul(mean, std, detail::normal_from_block(b, w))));
     }
   }
 };
@@ -59,7 +59,7 @@ struct RandintGen {
   int64_t low;
   uint64_t range;
   int words;
-  __device__ T operator()(const philox::Counter& b, int w) const {
+  __device__ T operator()(const detail::PhiloxCounter& b, int w) const {
     const uint64_t x = words == 1 ? b.w[w] : (static_cast<uint64_t>(b.w[w + 1]) << 32 | b.w[w]);
     const int64_t v = static_cast<int64_t>(static_cast<uint64_t>(low) + x % range);
     return static_cast<T>(static_cast<acc_t<T>>(v));
@@ -73,7 +73,7 @@ __global__ void philox_fill_kernel(T* out, Dims dims, ElemStrides st, int64_t n,
   const int per_block = 4 / words;
   const int64_t nblocks = (n + per_block - 1) / per_block;
   for (int64_t b = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; b < nblocks; b += int64_t(gridDim.x) * blockDim.x) {
-    const philox::Counter block = philox::block(seed, offset + static_cast<uint64_t>(b));
+    const detail::PhiloxCounter block = detail::philox_block(seed, offset + static_cast<uint64_t>(b));
     for (int j = 0; j < per_block; ++j) {
       const int64_t e = b * per_block + j;
       if (e >= n) break;
@@ -105,25 +105,25 @@ void launch_fill(const Tensor& t, PhiloxState state, int words, Gen gen, const c
   TANDEM_CUDA_CHECK_LAUNCH("philox_fill_kernel");
 }
 
-class CudaRandomKernels final : public rng::DeviceKernels {
+class CudaRandomKernels final : public detail::RandomDeviceKernels {
  public:
   void uniform(const Tensor& t, double lo, double hi, PhiloxState state) override {
     const char* op = "uniform";
-    const int words = rng::float_words(t.dtype());
+    const int words = detail::float_words(t.dtype());
     TANDEM_DISPATCH_FLOATING(t.dtype(), op, [&] {
       launch_fill<scalar_t>(t, state, words, UniformGen<scalar_t>{lo, hi - lo}, op);
     });
   }
   void normal(const Tensor& t, double mean, double std, PhiloxState state) override {
     const char* op = "normal";
-    const int words = rng::float_words(t.dtype());
+    const int words = detail::float_words(t.dtype());
     TANDEM_DISPATCH_FLOATING(t.dtype(), op, [&] {
       launch_fill<scalar_t>(t, state, words, NormalGen<scalar_t>{mean, std}, op);
     });
   }
   void randint(const Tensor& t, int64_t low, uint64_t range, PhiloxState state) override {
     const char* op = "randint";
-    const int words = rng::randint_words(range);
+    const int words = detail::randint_words(range);
     TANDEM_DISPATCH_ALL(t.dtype(), op, [&] {
       launch_fill<scalar_t>(t, state, words, RandintGen<scalar_t>{low, range, words}, op);
     });
@@ -134,7 +134,7 @@ class CudaRandomKernels final : public rng::DeviceKernels {
 
 void install_random_kernels() {
   static CudaRandomKernels table;
-  register_device_kernels<rng::DeviceKernels>(DeviceType::cuda, &table);
+  register_device_kernels<detail::RandomDeviceKernels>(DeviceType::cuda, &table);
 }
 
 }  // namespace tandem::cuda

@@ -1,8 +1,7 @@
 #include "nn/loss.h"
 
-#include "autograd/node.h"
+#include "autograd/loss_grad.h"
 #include "autograd/ops.h"
-#include "core/nn_ops.h"
 
 namespace tandem::nn {
 
@@ -87,8 +86,9 @@ Tensor mean_over_total(const Tensor& loss_sum, const Tensor& total) {
   return where(empty, div(loss_sum.detach(), total.detach()), ratio);
 }
 
-// Class-index targets on a device: one fused kernel each way (core/nn_ops.h gives the formula,
-// the one the composed CPU path below computes) instead of log_softmax, gather and masked sums.
+// Class-index targets on a device: one fused kernel each way (autograd/loss_grad.h; core/nn_ops.h
+// gives the formula, the one the composed CPU path below computes) instead of log_softmax, gather
+// and masked sums.
 Tensor fused_cross_entropy(const Tensor& logits, const Tensor& target, const CrossEntropyOptions& options) {
   Rows rows = to_rows(logits, target, "cross_entropy");
   const int64_t classes = rows.input.size(1);
@@ -96,24 +96,12 @@ Tensor fused_cross_entropy(const Tensor& logits, const Tensor& target, const Cro
   Tensor weight = options.weight.defined()
                       ? class_weights(options.weight, classes, rows.input.dtype(), "cross_entropy").detach()
                       : Tensor();
-  Tensor input = rows.input;
-  detail::CrossEntropyRows r = detail::cross_entropy_rows_kernel(input, rows.target, weight, options.ignore_index,
-                                                                 options.label_smoothing);
-  Tensor loss = r.loss;
-  if (autograd::any_requires_grad({&input})) {
-    autograd::record(
-        "CrossEntropyBackward", {&input}, {&loss},
-        [target = rows.target, weight, lse = r.lse, ignore = options.ignore_index,
-         eps = options.label_smoothing](autograd::BackwardContext& ctx) -> TensorList {
-          return {detail::cross_entropy_rows_backward_kernel(ctx.grads[0], ctx.saved(0), target, weight, lse, ignore,
-                                                             eps)};
-        },
-        {input});
-  }
+  auto [loss, kept] =
+      autograd::cross_entropy_rows(rows.input, rows.target, weight, options.ignore_index, options.label_smoothing);
   switch (options.reduction) {
     case Reduction::none: return loss.reshape(rows.out_shape);
     case Reduction::sum: return sum(loss);
-    case Reduction::mean: return mean_over_total(sum(loss), sum(r.kept));
+    case Reduction::mean: return mean_over_total(sum(loss), sum(kept));
   }
   fail("[cross_entropy] unknown reduction");
 }

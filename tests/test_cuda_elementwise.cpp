@@ -18,8 +18,8 @@
 
 using namespace tandem;
 using Catch::Contains;
-using ew::Binary;
-using ew::Unary;
+using detail::Binary;
+using detail::Unary;
 
 namespace {
 
@@ -101,16 +101,17 @@ TEST_CASE("cuda binary ops match the CPU in every dtype and layout", "[cuda][ele
   for (Dtype d : kAll) {
     for (int L = 0; L < kLayouts; ++L) {
       auto [a, b] = layout(L, d);
-      if (is_integral(d)) b = view(b, [](const Tensor& t) { return ew::clamp(t, 0, 3); });  // int pow: small exponents
+      // int pow: small exponents
+      if (is_integral(d)) b = view(b, [](const Tensor& t) { return detail::clamp(t, 0, 3); });
       for (Binary op : ops) {
         if (!binary_valid(op, d)) continue;
-        INFO(ew::op_name(op) << " " << d << ", " << kLayoutNames[L]);
+        INFO(detail::op_name(op) << " " << d << ", " << kLayoutNames[L]);
         const Scalar alpha = d == boolean ? Scalar(true) : is_floating(d) ? Scalar(0.5) : Scalar(2);
         const Scalar al = op == Binary::add || op == Binary::sub ? alpha : Scalar(1);
-        require_match(ew::binary(op, a.g, b.g, al), ew::binary(op, a.c, b.c, al));
+        require_match(detail::binary(op, a.g, b.g, al), detail::binary(op, a.c, b.c, al));
         const Scalar s = d == boolean ? Scalar(true) : is_floating(d) ? Scalar(1.5) : Scalar(2);
-        require_match(ew::binary(op, a.g, s), ew::binary(op, a.c, s));
-        require_match(ew::binary(op, s, a.g), ew::binary(op, s, a.c));
+        require_match(detail::binary(op, a.g, s), detail::binary(op, a.c, s));
+        require_match(detail::binary(op, s, a.g), detail::binary(op, s, a.c));
       }
     }
   }
@@ -124,15 +125,15 @@ TEST_CASE("cuda binary ops promote types as the CPU does", "[cuda][elementwise][
       Pair a = rnd({4, 6}, da), b = rnd({6}, db), z = rnd({}, db);
       INFO(da << " with " << db);
       for (Binary op : {Binary::add, Binary::mul, Binary::div, Binary::maximum, Binary::lt, Binary::logical_xor}) {
-        require_match(ew::binary(op, a.g, b.g), ew::binary(op, a.c, b.c));
-        require_match(ew::binary(op, a.g, z.g), ew::binary(op, a.c, z.c));  // 0-dim operand
+        require_match(detail::binary(op, a.g, b.g), detail::binary(op, a.c, b.c));
+        require_match(detail::binary(op, a.g, z.g), detail::binary(op, a.c, z.c));  // 0-dim operand
       }
     }
     // Scalars: an int tensor with a floating scalar gives f32; bool with int gives i64.
     Pair a = rnd({9}, da);
-    require_match(ew::binary(Binary::mul, a.g, Scalar(2.5)), ew::binary(Binary::mul, a.c, Scalar(2.5)));
-    require_match(ew::binary(Binary::add, a.g, Scalar(3)), ew::binary(Binary::add, a.c, Scalar(3)));
-    require_match(ew::binary(Binary::div, Scalar(1), a.g), ew::binary(Binary::div, Scalar(1), a.c));
+    require_match(detail::binary(Binary::mul, a.g, Scalar(2.5)), detail::binary(Binary::mul, a.c, Scalar(2.5)));
+    require_match(detail::binary(Binary::add, a.g, Scalar(3)), detail::binary(Binary::add, a.c, Scalar(3)));
+    require_match(detail::binary(Binary::div, Scalar(1), a.g), detail::binary(Binary::div, Scalar(1), a.c));
   }
 }
 
@@ -169,9 +170,9 @@ TEST_CASE("cuda unary ops match the CPU in every dtype and layout", "[cuda][elem
       for (Unary op : ops) {
         const bool numeric = op == Unary::neg || op == Unary::abs || op == Unary::relu;
         if (numeric && d == boolean) continue;
-        INFO(ew::op_name(op) << " " << d << ", " << kLayoutNames[L]);
+        INFO(detail::op_name(op) << " " << d << ", " << kLayoutNames[L]);
         // log/sqrt/rsqrt of negatives give NaN on both; integer inputs promote to f32.
-        require_match(ew::unary(op, a.g), ew::unary(op, a.c));
+        require_match(detail::unary(op, a.g), detail::unary(op, a.c));
       }
     }
   }
@@ -179,8 +180,8 @@ TEST_CASE("cuda unary ops match the CPU in every dtype and layout", "[cuda][elem
   for (Dtype d : kFloats) {
     Pair s = both(from_vector<double>({NAN, INFINITY, -INFINITY, 0.0, -0.0, 1e30, -1e30, 88.0, -88.0}).to(d));
     for (Unary op : ops) {
-      INFO(ew::op_name(op) << " " << d << " special values");
-      require_match(ew::unary(op, s.g), ew::unary(op, s.c));
+      INFO(detail::op_name(op) << " " << d << " special values");
+      require_match(detail::unary(op, s.g), detail::unary(op, s.c));
     }
   }
 }
@@ -196,16 +197,16 @@ TEST_CASE("cuda pow with scalar exponents, clamp and where match the CPU", "[cud
         for (double e : {0.0, 1.0, 2.0, 3.0, 0.5, -0.5, -1.0, 2.5, -2.0, 7.0}) {
           if (is_integral(d) && e < 0) continue;
           INFO("exponent " << e);
-          require_match(ew::pow_scalar(a.g, e), ew::pow_scalar(a.c, e));
+          require_match(detail::pow_scalar(a.g, e), detail::pow_scalar(a.c, e));
         }
         using B = std::optional<double>;
         for (auto [lo, hi] : {std::pair<B, B>{-1.0, 1.0}, {std::nullopt, 0.0}, {0.0, std::nullopt}, {2.0, -2.0},
                               {-0.5, 1.5}}) {
-          require_match(ew::clamp(a.g, lo, hi), ew::clamp(a.c, lo, hi));
+          require_match(detail::clamp(a.g, lo, hi), detail::clamp(a.c, lo, hi));
         }
       }
-      Pair cond = view(b, [](const Tensor& t) { return ew::binary(Binary::gt, t, Scalar(0)); });
-      require_match(ew::where(cond.g, a.g, b.g), ew::where(cond.c, a.c, b.c));
+      Pair cond = view(b, [](const Tensor& t) { return detail::binary(Binary::gt, t, Scalar(0)); });
+      require_match(detail::where(cond.g, a.g, b.g), detail::where(cond.c, a.c, b.c));
     }
   }
   // where with mixed dtypes and a broadcast condition
@@ -229,8 +230,8 @@ TEST_CASE("cuda casts between every dtype pair match the CPU", "[cuda][elementwi
       // copy_ into a strided destination, the source broadcast
       Pair dst = view(rnd({67, 5}, to), [](const Tensor& x) { return x.t(); });
       Pair row = view(a, [](const Tensor& x) { return x.select(0, 1); });
-      ew::copy(dst.g, row.g);
-      ew::copy(dst.c, row.c);
+      detail::copy(dst.g, row.g);
+      detail::copy(dst.c, row.c);
       require_match(dst.g, dst.c);
     }
   }
@@ -287,31 +288,31 @@ TEST_CASE("cuda in-place ops match the CPU", "[cuda][elementwise][inplace]") {
     auto make = [&] { return view(rnd({7, 5, 6}, d), [](const Tensor& t) { return t.permute({2, 1, 0}); }); };
     Pair other = rnd({5, 1}, d, 1, 3);
     Pair s1 = make();
-    ew::binary_(Binary::add, s1.g, other.g, 2, "add_");
-    ew::binary_(Binary::add, s1.c, other.c, 2, "add_");
+    detail::binary_(Binary::add, s1.g, other.g, 2, "add_");
+    detail::binary_(Binary::add, s1.c, other.c, 2, "add_");
     require_match(s1.g, s1.c);
-    ew::binary_(Binary::mul, s1.g, Scalar(3), "mul_");
-    ew::binary_(Binary::mul, s1.c, Scalar(3), "mul_");
+    detail::binary_(Binary::mul, s1.g, Scalar(3), "mul_");
+    detail::binary_(Binary::mul, s1.c, Scalar(3), "mul_");
     require_match(s1.g, s1.c);
-    ew::clamp_(s1.g, -2, 5);
-    ew::clamp_(s1.c, -2, 5);
+    detail::clamp_(s1.g, -2, 5);
+    detail::clamp_(s1.c, -2, 5);
     require_match(s1.g, s1.c);
     if (is_floating(d)) {
       // computed in f32 and cast back into a 2-byte self, as on the CPU
       Pair wide = rnd({6, 5, 7}, f32);
-      ew::binary_(Binary::div, s1.g, wide.g, 1, "div_");
-      ew::binary_(Binary::div, s1.c, wide.c, 1, "div_");
+      detail::binary_(Binary::div, s1.g, wide.g, 1, "div_");
+      detail::binary_(Binary::div, s1.c, wide.c, 1, "div_");
       require_match(s1.g, s1.c);
       Pair t1 = rnd({6, 5, 7}, d), t2 = rnd({5, 7}, d, 0.5, 2), end = rnd({7}, d);
-      ew::addcmul_(s1.g, t1.g, t2.g, 0.5);
-      ew::addcmul_(s1.c, t1.c, t2.c, 0.5);
+      detail::addcmul_(s1.g, t1.g, t2.g, 0.5);
+      detail::addcmul_(s1.c, t1.c, t2.c, 0.5);
       require_match(s1.g, s1.c);
-      ew::addcdiv_(s1.g, t1.g, t2.g, -0.25);
-      ew::addcdiv_(s1.c, t1.c, t2.c, -0.25);
+      detail::addcdiv_(s1.g, t1.g, t2.g, -0.25);
+      detail::addcdiv_(s1.c, t1.c, t2.c, -0.25);
       require_match(s1.g, s1.c);
       for (double w : {0.3, 0.75}) {
-        ew::lerp_(s1.g, end.g, w);
-        ew::lerp_(s1.c, end.c, w);
+        detail::lerp_(s1.g, end.g, w);
+        detail::lerp_(s1.c, end.c, w);
         require_match(s1.g, s1.c);
       }
     }
@@ -319,15 +320,15 @@ TEST_CASE("cuda in-place ops match the CPU", "[cuda][elementwise][inplace]") {
     Pair base = rnd({12}, d);
     Pair lo = view(base, [](const Tensor& t) { return t.slice(0, 0, 8); });
     Pair hi = view(base, [](const Tensor& t) { return t.slice(0, 4, 12); });
-    ew::binary_(Binary::add, hi.g, lo.g, 1, "add_");
-    ew::binary_(Binary::add, hi.c, lo.c, 1, "add_");
+    detail::binary_(Binary::add, hi.g, lo.g, 1, "add_");
+    detail::binary_(Binary::add, hi.c, lo.c, 1, "add_");
     require_match(base.g, base.c);
   }
   // Errors as on the CPU.
   Tensor i = empty({3}, TensorOptions(i32, kGPU)), f = empty({3}, TensorOptions(f32, kGPU));
-  REQUIRE_THROWS_WITH(ew::binary_(Binary::add, i, f, 1, "add_"), Contains("can't be cast"));
+  REQUIRE_THROWS_WITH(detail::binary_(Binary::add, i, f, 1, "add_"), Contains("can't be cast"));
   Tensor e = f.expand({2, 3});
-  REQUIRE_THROWS_WITH(ew::fill(e, 1), Contains("share memory"));
+  REQUIRE_THROWS_WITH(detail::fill(e, 1), Contains("share memory"));
 }
 
 // ---------------------------------------------------------------- backward kernels
@@ -335,36 +336,41 @@ TEST_CASE("cuda in-place ops match the CPU", "[cuda][elementwise][inplace]") {
 TEST_CASE("cuda raw backward kernels match the CPU", "[cuda][elementwise][grad]") {
   TANDEM_REQUIRE_CUDA_OR_SKIP();
   INFO("seed " << fresh_seed());
-  using G = ew::Grad3;
+  using G = detail::Grad3;
   for (Dtype d : kFloats) {
     for (int L = 0; L < kLayouts; ++L) {
       auto [a, b] = layout(L, d);
       INFO(d << ", " << kLayoutNames[L]);
-      Pair g = rnd(ew::binary(Binary::add, a.c, b.c).shape(), d);
-      Pair pos = view(a, [](const Tensor& t) { return ew::binary(Binary::add, ew::unary(Unary::abs, t), Scalar(0.1)); });
+      Pair g = rnd(detail::binary(Binary::add, a.c, b.c).shape(), d);
+      Pair pos = view(a, [](const Tensor& t) {
+        return detail::binary(Binary::add, detail::unary(Unary::abs, t), Scalar(0.1));
+      });
       for (Unary op : {Unary::abs, Unary::sqrt, Unary::rsqrt, Unary::tanh, Unary::sigmoid, Unary::relu, Unary::gelu,
                        Unary::gelu_tanh, Unary::silu}) {
-        INFO(ew::op_name(op));
-        require_match(ew::unary_grad(op, g.g, pos.g), ew::unary_grad(op, g.c, pos.c));
-        require_match(ew::unary_grad(op, g.g, a.g), ew::unary_grad(op, g.c, a.c));
+        INFO(detail::op_name(op));
+        require_match(detail::unary_grad(op, g.g, pos.g), detail::unary_grad(op, g.c, pos.c));
+        require_match(detail::unary_grad(op, g.g, a.g), detail::unary_grad(op, g.c, a.c));
       }
-      require_match(ew::clamp_grad(g.g, a.g, -0.5, 0.5), ew::clamp_grad(g.c, a.c, -0.5, 0.5));
-      require_match(ew::clamp_grad(g.g, a.g, std::nullopt, 0.0), ew::clamp_grad(g.c, a.c, std::nullopt, 0.0));
-      for (double e : {0.0, 2.5, -1.5}) require_match(ew::pow_scalar_grad(g.g, pos.g, e), ew::pow_scalar_grad(g.c, pos.c, e));
-      require_match(ew::pow_grad_base(g.g, pos.g, b.g), ew::pow_grad_base(g.c, pos.c, b.c));
-      require_match(ew::pow_grad_exponent(g.g, pos.g, b.g), ew::pow_grad_exponent(g.c, pos.c, b.c));
-      require_match(ew::div_grad_other(g.g, a.g, b.g), ew::div_grad_other(g.c, a.c, b.c));
+      require_match(detail::clamp_grad(g.g, a.g, -0.5, 0.5), detail::clamp_grad(g.c, a.c, -0.5, 0.5));
+      require_match(detail::clamp_grad(g.g, a.g, std::nullopt, 0.0), detail::clamp_grad(g.c, a.c, std::nullopt, 0.0));
+      for (double e : {0.0, 2.5, -1.5})
+        require_match(detail::pow_scalar_grad(g.g, pos.g, e), detail::pow_scalar_grad(g.c, pos.c, e));
+      require_match(detail::pow_grad_base(g.g, pos.g, b.g), detail::pow_grad_base(g.c, pos.c, b.c));
+      require_match(detail::pow_grad_exponent(g.g, pos.g, b.g), detail::pow_grad_exponent(g.c, pos.c, b.c));
+      require_match(detail::div_grad_other(g.g, a.g, b.g), detail::div_grad_other(g.c, a.c, b.c));
       // ties: a against a rounded copy of itself
-      Pair tie = view(a, [](const Tensor& t) { return ew::clamp(t, -1, 1); });
+      Pair tie = view(a, [](const Tensor& t) { return detail::clamp(t, -1, 1); });
       for (bool is_max : {true, false}) {
         for (bool first : {true, false}) {
-          require_match(ew::extreme_grad(g.g, a.g, b.g, is_max, first), ew::extreme_grad(g.c, a.c, b.c, is_max, first));
-          require_match(ew::extreme_grad(g.g, a.g, tie.g, is_max, first),
-                        ew::extreme_grad(g.c, a.c, tie.c, is_max, first));
+          require_match(detail::extreme_grad(g.g, a.g, b.g, is_max, first),
+                        detail::extreme_grad(g.c, a.c, b.c, is_max, first));
+          require_match(detail::extreme_grad(g.g, a.g, tie.g, is_max, first),
+                        detail::extreme_grad(g.c, a.c, tie.c, is_max, first));
         }
       }
-      Pair cond = view(b, [](const Tensor& t) { return ew::binary(Binary::lt, t, Scalar(0)); });
-      for (bool take : {true, false}) require_match(ew::where_grad(cond.g, g.g, take), ew::where_grad(cond.c, g.c, take));
+      Pair cond = view(b, [](const Tensor& t) { return detail::binary(Binary::lt, t, Scalar(0)); });
+      for (bool take : {true, false})
+        require_match(detail::where_grad(cond.g, g.g, take), detail::where_grad(cond.c, g.c, take));
     }
   }
 }
@@ -441,11 +447,11 @@ TEST_CASE("cuda elementwise on large and many-dim tensors", "[cuda][elementwise]
     for (int d = 0; d < 12; ++d) v = v.slice(d, 0, 2);
     return v;
   });
-  require_match(ew::unary(Unary::exp, v12.g), ew::unary(Unary::exp, v12.c));
+  require_match(detail::unary(Unary::exp, v12.g), detail::unary(Unary::exp, v12.c));
   Tensor base13 = empty(Shape(13, 3), TensorOptions(f32, kGPU));
   Tensor v13 = base13;
   for (int d = 0; d < 13; ++d) v13 = v13.slice(d, 0, 2);
-  REQUIRE_THROWS_WITH(ew::unary(Unary::neg, v13), Contains("[neg] CUDA kernels index at most 12 dims"));
+  REQUIRE_THROWS_WITH(detail::unary(Unary::neg, v13), Contains("[neg] CUDA kernels index at most 12 dims"));
 }
 
 TEST_CASE("cuda elementwise with more than 2^31 elements (64-bit indexing)", "[cuda][elementwise][large]") {

@@ -105,8 +105,8 @@ TEST_CASE("type promotion follows PyTorch", "[elementwise][promotion]") {
   REQUIRE((i64t / i64t).dtype() == f32);
   REQUIRE(vals(i64t / 2) == std::vector<double>{0.5, 1, 1.5});
   REQUIRE((f16t / 2).dtype() == f16);
-  REQUIRE(ew::result_type(i32t, Scalar(1.5)) == f32);
-  REQUIRE(ew::result_type(i64t, f16t, bools) == f16);
+  REQUIRE(detail::result_type(i32t, Scalar(1.5)) == f32);
+  REQUIRE(detail::result_type(i64t, f16t, bools) == f16);
   // Unary floating math promotes integers.
   REQUIRE(exp(i32t).dtype() == f32);
   REQUIRE(relu(i32t).dtype() == i32);

@@ -22,8 +22,8 @@ Moments moments(const Tensor& t) {
   for (double x : v) s2 += (x - mean) * (x - mean);
   return {mean, s2 / (v.size() - 1)};
 }
-void require_block(philox::Counter c, philox::Key k, std::array<uint32_t, 4> expected) {
-  philox::Counter r = philox::philox4x32_10(c, k);
+void require_block(detail::PhiloxCounter c, detail::PhiloxKey k, std::array<uint32_t, 4> expected) {
+  detail::PhiloxCounter r = detail::philox4x32_10(c, k);
   for (int i = 0; i < 4; ++i) {
     INFO("word " << i);
     REQUIRE(r.w[i] == expected[i]);
@@ -46,7 +46,7 @@ TEST_CASE("rand values are pinned to Philox blocks of (seed, offset + i / 4)", "
   // Block 0 under key 0 is the first known-answer vector.
   const uint32_t b0[4] = {0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8};
   for (int i = 0; i < 4; ++i) REQUIRE(v[i] == static_cast<float>(b0[i] >> 8) * 0x1.0p-24f);
-  REQUIRE(v[4] == rng::uniform_f32(philox::block(0, 1).w[0]));
+  REQUIRE(v[4] == detail::uniform_f32(detail::philox_block(0, 1).w[0]));
   REQUIRE(get_rng_state().offset == 2);  // ceil(5 / 4) blocks consumed
 
   manual_seed(0);
