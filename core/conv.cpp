@@ -347,7 +347,7 @@ Tensor conv2d_kernel(const Tensor& input, const Tensor& weight, const Tensor& bi
   const char* op = "conv2d";
   const Conv2dGeometry g = conv2d_geometry(input, weight, bias, args);
   if (input.is_cpu() && is_half_precision(input.dtype()))
-    return ew::cast(conv2d_kernel(to_f32(input, op), to_f32(weight, op), to_f32(bias, op), args), input.dtype(), op);
+    return detail::cast(conv2d_kernel(to_f32(input, op), to_f32(weight, op), to_f32(bias, op), args), input.dtype(), op);
   const Tensor x = materialize(input, op), w = materialize(weight, op);
   Tensor out = make_empty(Shape{g.N, g.O, g.win.OH, g.win.OW}, x.dtype(), x.device(), op);
   if (out.numel() == 0) return out;
@@ -356,7 +356,7 @@ Tensor conv2d_kernel(const Tensor& input, const Tensor& weight, const Tensor& bi
   const bool has_bias = bias.defined();
   if (has_bias && !x.is_cpu()) {
     Tensor b = make_view(bias, Shape{g.O, 1, 1}, Strides{bias.stride(0), 0, 0}, bias.storage_offset());
-    ew::copy(out, b, op);
+    detail::copy(out, b, op);
   }
   const ConvOperands o = conv_operands(g);
   const int64_t chunk = chunk_samples(g, x);
@@ -395,7 +395,7 @@ std::array<Tensor, 3> conv2d_backward_kernel(const Tensor& grad, const Tensor& i
     auto r = conv2d_backward_kernel(to_f32(grad, op), to_f32(input, op), to_f32(weight, op), args, need_input,
                                     need_weight, need_bias);
     for (Tensor& t : r)
-      if (t.defined()) t = ew::cast(t, input.dtype(), op);
+      if (t.defined()) t = detail::cast(t, input.dtype(), op);
     return r;
   }
   std::array<Tensor, 3> out;
@@ -414,8 +414,8 @@ std::array<Tensor, 3> conv2d_backward_kernel(const Tensor& grad, const Tensor& i
   if (need_weight) gw = make_empty(w.shape(), dt, dev, op);
   if (g.N == 0 || o.ohw == 0) {
     // No output element: nothing flows back.
-    if (gx.defined()) ew::fill(gx, 0, op);
-    if (gw.defined()) ew::fill(gw, 0, op);
+    if (gx.defined()) detail::fill(gx, 0, op);
+    if (gw.defined()) detail::fill(gw, 0, op);
     return {gx, gw, out[2]};
   }
   const int64_t chunk = chunk_samples(g, x);

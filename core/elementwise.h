@@ -481,8 +481,3 @@ void move_cpu_scalars(const char* op, const std::array<Tensor*, N>& ts, const st
 }
 
 }  // namespace tandem::detail
-
-namespace tandem {
-// The namespace's old name, for dist/reducer.cpp (ew::copy_divided) until it says detail::.
-namespace ew = detail;
-}  // namespace tandem

@@ -428,7 +428,7 @@ void Reducer::mark_ready(size_t param, bool used_here) {
     // no_sync); if no rank used it, finalize leaves .grad as it was.
     if (!is_view_of(grad, slot)) {
       if (divide) {
-        ew::copy_divided(slot, grad, world);
+        detail::copy_divided(slot, grad, world);
       } else {
         slot.copy_(grad);
       }
