@@ -1,5 +1,5 @@
-// The backend registry (the CPU backend built in, CUDA installed on first use) and the intra-op
-// thread count.
+// The backend registry (the CPU backend built in, the CUDA backend library loaded on first use)
+// and the intra-op thread count.
 #include "core/backend.h"
 
 #include <algorithm>
@@ -7,11 +7,17 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <string>
 #include <thread>
+
+#include <dlfcn.h>
+#include <fmt/format.h>
 
 #include "core/tensor.h"
 
 extern "C" void openblas_set_num_threads(int);
+// Weak: null unless the program linked the CUDA backend library (see core/backend.h).
+extern "C" __attribute__((weak)) void tandem_cuda_backend_install();
 
 namespace tandem {
 
@@ -51,32 +57,82 @@ int default_threads() {
 std::once_flag threads_once;
 std::atomic<int> num_threads{0};
 
-#ifdef TANDEM_WITH_CUDA
+// Loading the CUDA backend. TANDEM_CUDA_LIBRARY_FILE (set by the build when it builds
+// libtandem_cuda as a shared library) names the file to look for next to libtandem; a static build
+// with CUDA has TANDEM_CUDA_STATIC instead: there the program must link Tandem::cuda itself.
 std::once_flag cuda_once;
+std::string cuda_missing = "the CUDA backend has not been loaded yet";
+
+// Where libtandem (or, statically linked, the program) lives: the plugin is looked for beside it.
+std::string this_library_folder() {
+  Dl_info info{};
+  if (dladdr(reinterpret_cast<void*>(&this_library_folder), &info) == 0 || info.dli_fname == nullptr) return ".";
+  std::string path = info.dli_fname;
+  size_t slash = path.rfind('/');
+  return slash == std::string::npos ? "." : path.substr(0, slash);
+}
+
+using InstallFn = void (*)();
+
+// Finds the plugin's entry point: in the program (it linked Tandem::cuda), else in the library
+// dlopen'ed from TANDEM_CUDA_LIBRARY or from libtandem's folder. The handle is never closed: the
+// kernel tables and the Backend it registers live as long as the process. On failure, says why.
+InstallFn find_cuda_install(std::string& why) {
+  if (&tandem_cuda_backend_install != nullptr) return &tandem_cuda_backend_install;
+#if defined(TANDEM_CUDA_LIBRARY_FILE)
+  std::string file;
+  if (const char* env = std::getenv("TANDEM_CUDA_LIBRARY"); env && *env) {
+    file = env;
+  } else {
+    file = this_library_folder() + "/" + TANDEM_CUDA_LIBRARY_FILE;
+  }
+  void* handle = dlopen(file.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (handle == nullptr) {
+    const char* err = dlerror();
+    why = fmt::format("the CUDA backend library could not be loaded ({})", err ? err : file.c_str());
+    return nullptr;
+  }
+  auto fn = reinterpret_cast<InstallFn>(dlsym(handle, "tandem_cuda_backend_install"));
+  if (fn == nullptr) why = fmt::format("{} has no tandem_cuda_backend_install: not a Tandem CUDA backend", file);
+  return fn;
+#elif defined(TANDEM_CUDA_STATIC)
+  why = "this Tandem is built as static libraries: a program that uses CUDA links Tandem::cuda";
+  return nullptr;
+#else
+  why = "tandem was built without CUDA";
+  return nullptr;
 #endif
+}
+
+void load_cuda_backend() {
+  std::call_once(cuda_once, [] {
+    std::string why;
+    InstallFn install = find_cuda_install(why);
+    if (install == nullptr) {
+      cuda_missing = why;
+      return;
+    }
+    try {
+      install();
+      cuda_missing.clear();
+    } catch (const std::exception& e) {
+      cuda_missing = fmt::format("the CUDA backend failed to install: {}", e.what());
+    }
+  });
+}
 
 }  // namespace
-
-#ifdef TANDEM_WITH_CUDA
-namespace cuda {
-void install();  // cuda/install.cpp: registers the CUDA Backend and every kernel table
-}
-#endif
 
 Backend& backend_for(Device device, const char* op) {
   Backend* b = backends[static_cast<int>(device.type)];
   if (b == nullptr) [[unlikely]] {
-#ifdef TANDEM_WITH_CUDA
-    // Installed on first use, so a CUDA build that never touches a GPU never initialises CUDA.
     if (device.type == DeviceType::cuda) {
-      std::call_once(cuda_once, [] { cuda::install(); });
+      load_cuda_backend();
       b = backends[static_cast<int>(device.type)];
       if (b != nullptr) return *b;
+      fail("[{}] {} (device {} requested)", op, cuda_missing, device);
     }
-    fail("[{}] the CUDA backend is not available for {}", op, device);
-#else
-    fail("[{}] tandem was built without CUDA (device {} requested)", op, device);
-#endif
+    fail("[{}] no backend for device {}", op, device);
   }
   return *b;
 }
@@ -91,10 +147,13 @@ void require_cpu(const Tensor& t, const char* op) {
 Tensor Backend::host_staging(const Tensor& like) { return make_empty(like.shape(), like.dtype(), kCPU, "dist staging"); }
 
 bool has_backend(DeviceType type) {
-#ifdef TANDEM_WITH_CUDA
-  if (type == DeviceType::cuda) std::call_once(cuda_once, [] { cuda::install(); });
-#endif
+  if (type == DeviceType::cuda) load_cuda_backend();
   return backends[static_cast<int>(type)] != nullptr;
+}
+
+std::string backend_unavailable_reason(DeviceType type) {
+  if (has_backend(type)) return "";
+  return type == DeviceType::cuda ? cuda_missing : "no backend";
 }
 void register_backend(DeviceType type, Backend* backend) { backends[static_cast<int>(type)] = backend; }
 

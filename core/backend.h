@@ -1,14 +1,18 @@
 // The seam between core and device backends.
 //
 // core calls a Backend for memory and for the kernels of non-CPU devices; the CPU backend is
-// built in, and the CUDA backend (cuda/) registers itself when Tandem is built with CUDA. A
-// build without it throws "[op] tandem was built without CUDA" the moment a CUDA tensor would
-// be created, so no CUDA tensor can exist there.
+// built in. The CUDA backend is a library of its own, libtandem_cuda (cuda/ and the nccl process
+// group, linked to CUDA, cuBLAS and NCCL), as PyTorch keeps libtorch_cuda beside libtorch_cpu:
+// core loads it the first time a CUDA device is asked for, and it registers its Backend and kernel
+// tables then. A program that never makes a CUDA tensor never loads CUDA. A build without CUDA
+// throws "[op] tandem was built without CUDA" the moment a CUDA tensor would be created, so no
+// CUDA tensor can exist there.
 #pragma once
 
 #include <cstddef>
 #include <functional>
 #include <memory>
+#include <string>
 
 #include "core/device.h"
 
@@ -59,10 +63,24 @@ class Backend {
   virtual std::unique_ptr<SideStream> make_side_stream(Device device) { return nullptr; }
 };
 
-// The backend for `device`; `op` names the caller in the error when there is none.
+// The backend for `device`; `op` names the caller in the error when there is none. Asking for a
+// CUDA device loads libtandem_cuda once (see backend_plugin below).
 Backend& backend_for(Device device, const char* op);
+// Whether `type` has a backend (loading libtandem_cuda for CUDA); never throws.
 bool has_backend(DeviceType type);
+// Why `type` has no backend ("" when it has one): built without it, or the library that holds it
+// could not be loaded (the loader's words).
+std::string backend_unavailable_reason(DeviceType type);
 void register_backend(DeviceType type, Backend* backend);
+
+// The CUDA backend library's entry point is `extern "C" void tandem_cuda_backend_install()`: C
+// linkage, so that core can find it by name in a library it loads at run time (dlsym) without
+// linking to it. It registers the CUDA Backend, every kernel table and the "nccl" dist backend.
+// Core calls it once, at the first CUDA device asked for, from one of three places, in this order:
+// the program itself (it linked Tandem::cuda, as a program that calls cuda:: functions does: core's
+// weak reference then resolves to it), the file named by TANDEM_CUDA_LIBRARY, or libtandem_cuda
+// next to libtandem in the same folder (the build tree and the install tree alike). It is declared
+// only where it is defined and where core refers to it weakly, so no header makes it strong.
 
 // tandem::detail holds everything of core that is not API: the ops' forward computation and CPU
 // kernels, the raw (autograd-free) views and copies, the RNG internals and the device kernel

@@ -1,6 +1,8 @@
-// The one entry point core calls (lazily, at the first CUDA tensor): registers the CUDA Backend
-// and every op family's kernel table. Each family's .cu file defines its install_* function; the
-// explicit calls here also make the linker keep those objects out of the static library.
+// Registers the CUDA Backend and every op family's kernel table (see cuda/runtime.h). Each
+// family's .cu file defines its install_* function; the explicit calls here also make the linker
+// keep those objects when the library is static.
+#include "cuda/runtime.h"
+
 namespace tandem::cuda {
 
 void install_backend();              // cuda/backend.cpp

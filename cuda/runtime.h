@@ -13,6 +13,11 @@
 
 namespace tandem::cuda {
 
+// Registers the CUDA Backend and every op family's kernel table with core (cuda/install.cpp).
+// Called once by the CUDA backend library's entry point (tandem_cuda_backend_install, in
+// dist/nccl/install.cpp), when core first asks for a CUDA device; it touches no device itself.
+void install();
+
 // 0 when there is no driver or no device (never throws); the reason is kept for messages.
 int device_count();
 bool is_available();

@@ -4,41 +4,37 @@
 #include <map>
 #include <mutex>
 
+#include "core/backend.h"
 #include "dist/mpi/mpi.h"
 #include "dist/threads/threads.h"
-#ifdef TANDEM_WITH_NCCL
-#include "dist/nccl/nccl.h"
-#endif
 
 namespace tandem::dist {
 
 namespace {
+struct Registered {
+  BackendFactory make;
+  std::function<bool()> usable;
+};
 struct State {
   std::mutex mutex;
   ProcessGroupPtr world;
   WorldInfo info;
-  std::map<std::string, BackendFactory> factories;
+  std::map<std::string, Registered> factories;
 };
 State& state() {
-  static State* s = [] {  // outlives static destruction: groups may be freed late
-    auto* st = new State();
-#ifdef TANDEM_WITH_NCCL
-    st->factories["nccl"] = make_nccl_world;
-#endif
-    return st;
-  }();
+  static State* s = new State();  // outlives static destruction: groups may be freed late
   return *s;
 }
 
-// "auto" under a launcher: nccl when it is registered and, for the built-in one, a device is usable
-// here (CPU tensors on an nccl group go over its MPI companion), else mpi.
+// The nccl backend lives in the CUDA backend library, which registers it when core loads that
+// library. Called without the state's lock held: the library's entry point registers through it.
+void load_cuda_backend_library() { (void)has_backend(DeviceType::cuda); }
+
+// "auto" under a launcher: nccl when it is registered and a device is usable here for every rank
+// of the node (CPU tensors on an nccl group go over its MPI companion), else mpi.
 bool auto_picks_nccl(const State& s) {
-  if (!s.factories.count("nccl")) return false;
-#ifdef TANDEM_WITH_NCCL
-  return nccl_available();
-#else
-  return true;
-#endif
+  auto it = s.factories.find("nccl");
+  return it != s.factories.end() && it->second.usable && it->second.usable();
 }
 
 ProcessGroupPtr make_local_world(const InitOptions& o) {
@@ -55,14 +51,16 @@ bool launched_by_mpi() {
   return false;
 }
 
-void register_backend(const std::string& name, BackendFactory factory) {
+void register_backend(const std::string& name, BackendFactory factory, std::function<bool()> usable) {
   TANDEM_CHECK(name != "mpi" && name != "threads" && name != "auto", "[dist] backend '{}' is built in", name);
+  TANDEM_CHECK(factory != nullptr, "[dist] register_backend('{}'): no factory", name);
   std::lock_guard lock(state().mutex);
-  state().factories[name] = std::move(factory);
+  state().factories[name] = {std::move(factory), std::move(usable)};
 }
 
 ProcessGroupPtr init(const InitOptions& options) {
   State& s = state();
+  if (options.backend == "nccl" || (options.backend == "auto" && launched_by_mpi())) load_cuda_backend_library();
   std::lock_guard lock(s.mutex);
   std::string backend = options.backend;
   if (backend == "auto") {
@@ -93,17 +91,15 @@ ProcessGroupPtr init(const InitOptions& options) {
   } else {
     auto it = s.factories.find(backend);
     if (it == s.factories.end()) {
-#ifdef TANDEM_WITH_CUDA
-      TANDEM_CHECK(backend != "nccl", "[dist] the nccl backend needs a CUDA build with NCCL (this tandem was built "
-                   "without NCCL); use backend mpi");
-#else
-      TANDEM_CHECK(backend != "nccl", "[dist] the nccl backend needs a CUDA build (this tandem was built without "
-                   "CUDA); use backend mpi");
-#endif
+      if (backend == "nccl") {
+        const std::string why = backend_unavailable_reason(DeviceType::cuda);
+        fail("[dist] the nccl backend needs a CUDA build with NCCL ({}); use backend mpi",
+             why.empty() ? "this tandem's CUDA backend was built without NCCL" : why);
+      }
       fail("[dist] unknown backend '{}' (available: auto, mpi, threads{})", backend,
            s.factories.empty() ? "" : ", registered ones");
     }
-    group = it->second(options);
+    group = it->second.make(options);
     TANDEM_CHECK(group != nullptr, "[dist] backend '{}' created no group", backend);
     info = {group->rank(), group->size(), 0, 1, backend};
     if (launched_by_mpi()) {

@@ -12,8 +12,9 @@ namespace tandem::dist {
 
 struct InitOptions {
   // "auto": under mpirun/srun, nccl when this build has it and every rank of the node has a GPU,
-  // else mpi; without a launcher, a world of size 1 in this process. Or "mpi", "threads" (size 1
-  // only), "nccl".
+  // else mpi (finding out loads the CUDA backend library where one was built; "mpi" never does);
+  // without a launcher, a world of size 1 in this process. Or "mpi", "threads" (size 1 only),
+  // "nccl".
   std::string backend = "auto";
   std::optional<Milliseconds> timeout;  // default: TANDEM_DIST_TIMEOUT or 300 s
   std::optional<bool> debug_checks;     // default: TANDEM_DIST_DEBUG=detail
@@ -38,9 +39,11 @@ void finalize();
 // True when the environment shows a launcher (Open MPI's mpirun, PMIx, Slurm's PMI).
 bool launched_by_mpi();
 
-// Backends beyond mpi and threads (the CUDA build registers "nccl") plug in here.
+// Backends beyond mpi and threads plug in here (the CUDA backend library registers "nccl" when it
+// is loaded). `usable`, when given, tells "auto" whether this backend can serve the launched job
+// (it must not throw); a backend without it is never picked by "auto".
 using BackendFactory = std::function<ProcessGroupPtr(const InitOptions&)>;
-void register_backend(const std::string& name, BackendFactory factory);
+void register_backend(const std::string& name, BackendFactory factory, std::function<bool()> usable = {});
 
 // Collectives on the world group.
 inline WorkPtr allreduce(const Tensor& t, ReduceOp op = ReduceOp::sum) { return world()->allreduce(t, op); }

@@ -1,28 +1,45 @@
-// The backend seam: a build without CUDA refuses CUDA tensors with a clear error, at creation.
+// The backend seam: CUDA tensors without a CUDA backend are a clear error, at creation; in a CUDA
+// build, core loads the CUDA backend library at the first CUDA device asked for, and not before.
+// This file links libtandem only (not Tandem::cuda), as a CPU program does; every test case runs in
+// a process of its own (catch_discover_tests), so "not loaded yet" is a fresh process's state.
 #include <catch2/catch.hpp>
 
+#include <cstdlib>
+#include <fstream>
+#include <string>
+
 #include "tandem.h"
-#ifdef TANDEM_WITH_CUDA
-#include "cuda/runtime.h"
-#endif
 
 using namespace tandem;
 
-TEST_CASE("CUDA tensors in a build without CUDA are a clear error", "[backend]") {
+namespace {
+
+// Whether a shared library whose file name contains `name` is mapped into this process.
+bool library_loaded(const std::string& name) {
+  std::ifstream maps("/proc/self/maps");
+  std::string line;
+  while (std::getline(maps, line))
+    if (line.find(name) != std::string::npos) return true;
+  return false;
+}
+
+}  // namespace
+
+TEST_CASE("CUDA tensors without a usable CUDA backend are a clear error", "[backend]") {
 #ifdef TANDEM_WITH_CUDA
   // A CUDA build always has the backend; without a usable device, CUDA tensors are a clear error.
   REQUIRE(has_backend(DeviceType::cuda));
-  if (cuda::is_available()) {
+  REQUIRE(backend_unavailable_reason(DeviceType::cuda).empty());
+  if (backend_for(Device::cuda(0), "test").device_count() > 0) {
     WARN("SKIP: this machine has a CUDA device (test_cuda_runtime covers it)");
     return;
   }
-  REQUIRE(cuda::device_count() == 0);
-  REQUIRE_THROWS_WITH(zeros({2}, Device::cuda(0)), Catch::StartsWith("[zeros] no CUDA device") &&
-                                                       Catch::Contains(cuda::unavailable_reason()));
+  REQUIRE_THROWS_WITH(zeros({2}, Device::cuda(0)), Catch::StartsWith("[zeros] no CUDA device"));
   REQUIRE_THROWS_WITH(ones({2}).to(Device::cuda(1)), Catch::StartsWith("[to] no CUDA device"));
   REQUIRE_THROWS_WITH(randn({2}, TensorOptions(f32, Device::cuda())), Catch::Contains("no CUDA device"));
 #else
   REQUIRE_FALSE(has_backend(DeviceType::cuda));
+  REQUIRE(backend_unavailable_reason(DeviceType::cuda) == "tandem was built without CUDA");
   REQUIRE_THROWS_WITH(zeros({2, 3}, Device::cuda(0)), Catch::Contains("tandem was built without CUDA") &&
                                                             Catch::StartsWith("[zeros]") &&
                                                             Catch::Contains("cuda:0"));
@@ -30,6 +47,42 @@ TEST_CASE("CUDA tensors in a build without CUDA are a clear error", "[backend]")
   REQUIRE_THROWS_WITH(randn({2}, TensorOptions(f32, Device::cuda())), Catch::Contains("built without CUDA"));
 #endif
 }
+
+TEST_CASE("a CPU program does not load CUDA until it asks for a CUDA device", "[backend]") {
+  // CPU work of every layer, the dist layer included: nothing of CUDA is mapped.
+  Tensor w = randn({8, 8}, f64).requires_grad_();
+  matmul(w, w).sum().backward();
+  dist::run_threads(2, [](dist::ProcessGroup& g) { g.allreduce(ones({4}))->wait(); });
+  REQUIRE(w.grad().defined());
+  REQUIRE_FALSE(library_loaded("libtandem_cuda"));
+  REQUIRE_FALSE(library_loaded("libcudart"));
+  REQUIRE_FALSE(library_loaded("libcublas"));
+  REQUIRE_FALSE(library_loaded("libnccl"));
+  // The first CUDA device asked for loads the backend library where one was built.
+  (void)has_backend(DeviceType::cuda);
+#ifdef TANDEM_WITH_CUDA
+  REQUIRE(library_loaded("libtandem_cuda"));
+  REQUIRE(library_loaded("libcudart"));
+#else
+  REQUIRE_FALSE(library_loaded("libtandem_cuda"));
+#endif
+}
+
+#ifdef TANDEM_WITH_CUDA
+TEST_CASE("a CUDA backend library that cannot be loaded is a clear error naming it", "[backend]") {
+  // TANDEM_CUDA_LIBRARY points core at another file; it is read once, at the first CUDA device.
+  REQUIRE(setenv("TANDEM_CUDA_LIBRARY", "/nonexistent/libtandem_cuda.so", 1) == 0);
+  REQUIRE_FALSE(has_backend(DeviceType::cuda));
+  REQUIRE_THAT(backend_unavailable_reason(DeviceType::cuda),
+               Catch::Contains("could not be loaded") && Catch::Contains("/nonexistent/libtandem_cuda.so"));
+  REQUIRE_THROWS_WITH(zeros({2}, Device::cuda(0)), Catch::StartsWith("[zeros] the CUDA backend library could not be "
+                                                                       "loaded") &&
+                                                       Catch::Contains("cuda:0"));
+  REQUIRE_FALSE(library_loaded("libcudart"));
+  // CPU work goes on.
+  REQUIRE(ones({3}).sum().item<double>() == 3.0);
+}
+#endif
 
 TEST_CASE("CPU storage is 64-byte aligned and the thread count is settable", "[backend]") {
   for (int64_t n : {1, 3, 17, 1000}) {

@@ -223,7 +223,8 @@ int main(int argc, char** argv) {
                  "--optimizer-in-backward");
     if (!trace_path.empty()) trace::start();  // before init, so the process group's threads are named in it
     dist::InitOptions init;
-    init.backend = backend;
+    // A CPU job under a launcher needs no GPU: "auto" would load the CUDA backend to look for one.
+    init.backend = backend == "auto" && device_name == "cpu" && dist::launched_by_mpi() ? "mpi" : backend;
     dist::ProcessGroupPtr world = dist::init(init);
     dist::WorldInfo info = dist::world_info();
     rank = info.rank;

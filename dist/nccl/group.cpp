@@ -1,7 +1,7 @@
 // The nccl group (see dist/nccl/nccl.h): the collectives launched on the comm stream of its
 // NcclComm (comm.h), CPU tensors handed to the companion group, and the bootstrap over it.
-// Compiled to the "needs a CUDA build" stubs unless Tandem is built with CUDA and NCCL
-// (TANDEM_WITH_NCCL).
+// Part of the CUDA backend library; compiled to the "built without NCCL" stubs when the CUDA
+// build found no NCCL (TANDEM_WITH_NCCL unset).
 #include "dist/nccl/nccl.h"
 
 #ifndef TANDEM_WITH_NCCL
@@ -11,13 +11,8 @@ namespace tandem::dist {
 bool nccl_available() { return false; }
 
 ProcessGroupPtr make_nccl_world(const InitOptions&) {
-  fail("[dist] the nccl backend needs a CUDA build with NCCL (this tandem was built without {}); use backend mpi",
-#ifdef TANDEM_WITH_CUDA
-       "NCCL"
-#else
-       "CUDA"
-#endif
-  );
+  fail("[dist] the nccl backend needs a CUDA build with NCCL (this tandem's CUDA backend was built without NCCL); "
+       "use backend mpi");
 }
 
 }  // namespace tandem::dist

@@ -1,5 +1,7 @@
-// The nccl backend: CUDA tensors over NCCL (built when Tandem is built with CUDA and NCCL is found:
-// TANDEM_WITH_NCCL). dist::init registers it; "auto" picks it under mpirun when a device is usable.
+// The nccl backend: CUDA tensors over NCCL, part of the CUDA backend library (Tandem::cuda, built
+// when Tandem is built with CUDA; the group itself needs NCCL to be found: TANDEM_WITH_NCCL). The
+// library registers it with dist::init when it is loaded; "auto" picks it under mpirun when a
+// device is usable.
 //
 // Each group owns an NCCL communicator on one device and a non-blocking comm stream. A collective
 // is launched from the calling thread: an event recorded on the caller's current stream orders the
