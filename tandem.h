@@ -1,12 +1,12 @@
 // Tandem's umbrella header: everything a user needs.
 #pragma once
 
-#include "core/backend.h"
 #include "core/device.h"
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/shape.h"
 #include "core/tensor.h"
+#include "core/threads.h"
 #include "autograd/engine.h"
 #include "autograd/function.h"
 #include "autograd/grad_mode.h"

@@ -1,21 +1,18 @@
-// The backend registry (the CPU backend built in, the CUDA backend library loaded on first use)
-// and the intra-op thread count.
+// The backend registry: the CPU backend built in, the CUDA backend library loaded on first use.
 #include "core/backend.h"
+#include "core/kernel_tables.h"
 
 #include <algorithm>
-#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <string>
-#include <thread>
 
 #include <dlfcn.h>
 #include <fmt/format.h>
 
 #include "core/tensor.h"
 
-extern "C" void openblas_set_num_threads(int);
 // Weak: null unless the program linked the CUDA backend library (see core/backend.h).
 extern "C" __attribute__((weak)) void tandem_cuda_backend_install();
 
@@ -43,19 +40,6 @@ class CpuBackend final : public Backend {
 CpuBackend cpu_backend;
 Backend* backends[2] = {&cpu_backend, nullptr};
 
-int default_threads() {
-  if (const char* env = std::getenv("TANDEM_NUM_THREADS")) {
-    int n = std::atoi(env);
-    if (n > 0) return n;
-  }
-  int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  int local = 1;
-  if (const char* env = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE")) local = std::max(1, std::atoi(env));
-  return std::max(1, cores / local);
-}
-
-std::once_flag threads_once;
-std::atomic<int> num_threads{0};
 
 // Loading the CUDA backend. TANDEM_CUDA_LIBRARY_FILE (set by the build when it builds
 // libtandem_cuda as a shared library) names the file to look for next to libtandem; a static build
@@ -156,18 +140,5 @@ std::string backend_unavailable_reason(DeviceType type) {
   return type == DeviceType::cuda ? cuda_missing : "no backend";
 }
 void register_backend(DeviceType type, Backend* backend) { backends[static_cast<int>(type)] = backend; }
-
-int get_num_threads() {
-  std::call_once(threads_once, [] {
-    if (num_threads.load() == 0) set_num_threads(default_threads());
-  });
-  return num_threads.load();
-}
-
-void set_num_threads(int n) {
-  TANDEM_CHECK(n >= 1, "[set_num_threads] thread count must be >= 1, got {}", n);
-  num_threads.store(n);
-  openblas_set_num_threads(n);
-}
 
 }  // namespace tandem

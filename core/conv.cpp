@@ -6,7 +6,7 @@
 #include <limits>
 #include <vector>
 
-#include "core/backend.h"
+#include "core/kernel_tables.h"
 #include "core/elementwise.h"
 #include "core/matmul.h"
 #include "core/reduce.h"

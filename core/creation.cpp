@@ -9,7 +9,7 @@
 #include <cstring>
 #include <limits>
 
-#include "core/backend.h"
+#include "core/kernel_tables.h"
 #include "core/creation.h"
 #include "core/elementwise.h"
 #include "core/tensor.h"

@@ -15,7 +15,7 @@
 #include <optional>
 #include <type_traits>
 
-#include "core/backend.h"
+#include "core/kernel_tables.h"
 #include "core/macros.h"
 #include "core/tensor.h"
 

@@ -4,7 +4,7 @@
 #include <numeric>
 #include <type_traits>
 
-#include "core/backend.h"
+#include "core/kernel_tables.h"
 #include "core/elementwise.h"
 #include "core/iter.h"
 

@@ -7,7 +7,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "core/backend.h"
+#include "core/kernel_tables.h"
 #include "core/elementwise.h"
 #include "core/iter.h"
 #include "core/reduce.h"

@@ -4,7 +4,7 @@
 
 #include <limits>
 
-#include "core/backend.h"
+#include "core/kernel_tables.h"
 #include "core/iter.h"
 
 namespace tandem {

@@ -6,7 +6,7 @@
 #include <memory>
 #include <type_traits>
 
-#include "core/backend.h"
+#include "core/kernel_tables.h"
 #include "core/elementwise.h"
 #include "core/iter.h"
 

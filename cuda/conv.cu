@@ -5,7 +5,7 @@
 // input element sums the outputs whose windows cover it (col2im likewise sums the column entries
 // im2col copied from it), so no atomics are needed, the result is deterministic and the sums
 // accumulate in acc_t (f32 for f16/bf16), as on the CPU.
-#include "core/backend.h"
+#include "core/kernel_tables.h"
 #include "core/conv.h"
 #include "cuda/block_reduce.cuh"
 #include "cuda/launch.h"

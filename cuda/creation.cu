@@ -1,7 +1,7 @@
 // CUDA kernels of the factory functions (core/creation.h): arange, linspace and eye, each element
 // computed by the CPU loop's formula in the same order of operations (unfused multiply and add),
 // so both devices give the same bits. zeros/ones/full go through the elementwise fill.
-#include "core/backend.h"
+#include "core/kernel_tables.h"
 #include "core/creation.h"
 #include "cuda/launch.h"
 

@@ -6,7 +6,7 @@
 
 #include <cstring>
 
-#include "core/backend.h"
+#include "core/kernel_tables.h"
 
 namespace tandem::cuda {
 

@@ -16,7 +16,7 @@
 #include <climits>
 #include <cstring>
 
-#include "core/backend.h"
+#include "core/kernel_tables.h"
 #include "core/index.h"
 #include "core/iter.h"
 #include "cuda/launch.h"

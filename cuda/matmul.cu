@@ -16,7 +16,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "core/backend.h"
+#include "core/kernel_tables.h"
 #include "core/matmul.h"
 #include "core/tensor.h"
 #include "cuda/check.h"

@@ -9,7 +9,7 @@
 #include <algorithm>
 #include <array>
 
-#include "core/backend.h"
+#include "core/kernel_tables.h"
 #include "core/nn_ops.h"
 #include "cuda/block_reduce.cuh"
 #include "cuda/launch.h"

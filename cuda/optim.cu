@@ -9,7 +9,7 @@
 #include <cmath>
 #include <vector>
 
-#include "core/backend.h"
+#include "core/kernel_tables.h"
 #include "core/optim_kernels.h"
 #include "core/tensor.h"
 #include "cuda/check.h"

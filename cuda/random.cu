@@ -11,7 +11,7 @@
 // normal across a rounding boundary).
 #include <type_traits>
 
-#include "core/backend.h"
+#include "core/kernel_tables.h"
 #include "core/random.h"
 #include "cuda/launch.h"
 #include "cuda/strided.cuh"

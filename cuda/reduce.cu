@@ -11,7 +11,7 @@
 #include <limits>
 #include <type_traits>
 
-#include "core/backend.h"
+#include "core/kernel_tables.h"
 #include "core/iter.h"
 #include "core/reduce.h"
 #include "cuda/block_reduce.cuh"

@@ -5,7 +5,7 @@
 
 #include "autograd/grad_mode.h"
 #include "autograd/ops.h"
-#include "core/backend.h"
+#include "core/kernel_tables.h"
 #include "core/optim_kernels.h"
 
 namespace tandem::optim {

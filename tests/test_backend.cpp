@@ -8,6 +8,7 @@
 #include <fstream>
 #include <string>
 
+#include "core/backend.h"
 #include "tandem.h"
 
 using namespace tandem;

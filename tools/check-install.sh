@@ -6,7 +6,7 @@
 #    start small (its RSS at the start of main <= 30 MiB) and never map a CUDA library;
 #  - where Tandem was built with CUDA, a CUDA consumer that links Tandem::cuda and calls cuda::
 #    itself (its GPU work skips, saying so, without a usable device).
-# It also refuses absolute paths in the installed targets.
+# It also refuses absolute paths in the installed targets, and compiles every installed header alone.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-$root/build}
@@ -23,6 +23,11 @@ if grep -nE '/(usr|opt|work|root|home|tmp)/' "$libdir"/cmake/Tandem/TandemTarget
   echo "check-install: the installed targets name absolute paths (above)" >&2
   exit 1
 fi
+# Every installed header compiles on its own, with nothing but the installed tree and fmt: the
+# public set is closed (no header reaches one that stays in the source tree). CUDA's need the
+# toolkit's headers and are compiled by the CUDA consumer below.
+(cd "$prefix/include" && find tandem -name '*.h' ! -path 'tandem/cuda/*') |
+  xargs -P "$(nproc)" -I{} sh -c 'echo "#include <{}>" | ${CXX:-c++} -std=c++20 -fsyntax-only -x c++ -I"$0/include" -I"$0/include/tandem" - || { echo "check-install: {} does not compile on its own" >&2; exit 255; }' "$prefix"
 with_cuda=0
 grep -q 'set(TANDEM_WITH_CUDA ON)' "$libdir/cmake/Tandem/TandemConfig.cmake" && with_cuda=1
 
