@@ -37,10 +37,12 @@ rc=$?
 elapsed=$(awk -v a="$start" -v b="$(date +%s%N)" 'BEGIN { printf "%.1f", (b - a) / 1e9 }')
 # A hung job leaves its ranks behind once `timeout` killed mpirun (a stopped one for good): end
 # exactly this run's ranks, whose command line is the program and its arguments.
-for pid in $(pgrep -f -x -- "$prog ${args[*]}"); do
-  kill -CONT "$pid" 2>/dev/null
-  kill -KILL "$pid" 2>/dev/null
-done
+if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
+  for pid in $(pgrep -f -x -- "$prog ${args[*]}"); do
+    kill -CONT "$pid" 2>/dev/null
+    kill -KILL "$pid" 2>/dev/null
+  done
+fi
 
 fail() {
   echo "FAIL ($case_name): $*"
