@@ -33,7 +33,8 @@ ProcessGroupPtr init(const InitOptions& options = {});
 bool is_initialized();
 ProcessGroupPtr world();  // the group init() created
 WorldInfo world_info();
-// Drops the world group and finalises MPI if Tandem initialised it (also done at exit).
+// Drops the world group and finalises MPI if Tandem initialised it (also done at exit). After a
+// broken group, ends the job with MPI_Abort if a rank does not reach its exit (see mpi_finalize).
 void finalize();
 
 // True when the environment shows a launcher (Open MPI's mpirun, PMIx, Slurm's PMI).

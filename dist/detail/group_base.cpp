@@ -55,15 +55,39 @@ bool default_debug_checks() {
 
 // ---- BrokenState ----
 
+namespace {
+struct ProcessBreak {
+  std::mutex mutex;
+  std::string first;
+};
+ProcessBreak& process_break() {
+  static auto* b = new ProcessBreak();  // never destroyed: read by an exit handler
+  return *b;
+}
+}  // namespace
+
+std::string first_process_break() {
+  ProcessBreak& b = process_break();
+  std::lock_guard lock(b.mutex);
+  return b.first;
+}
+
 std::string BrokenState::reason() const {
   std::lock_guard lock(mutex_);
   return reason_;
 }
 
 void BrokenState::mark(const std::string& reason) {
-  std::lock_guard lock(mutex_);
-  if (reason_.empty()) reason_ = reason;
-  broken_.store(true);
+  {
+    std::lock_guard lock(mutex_);
+    if (reason_.empty()) reason_ = reason;
+    broken_.store(true);
+  }
+  if (!peers_are_processes_) return;
+  ProcessBreak& b = process_break();
+  std::lock_guard lock(b.mutex);
+  // Never empty once recorded: the exit path tests for "".
+  if (b.first.empty()) b.first = reason.empty() ? std::string("[dist] a group broke") : reason;
 }
 
 std::string BrokenState::message(std::string_view what) const {

@@ -58,6 +58,10 @@ bool default_debug_checks();
 // Shared with whatever may outlive the group object (the nccl watchdog).
 class BrokenState {
  public:
+  // `peers_are_processes`: the group's other ranks are other processes (mpi, nccl), so once it
+  // breaks one of them may be hung or gone for good; marking it then also records the reason
+  // process-wide (first_process_break), for the exit path.
+  explicit BrokenState(bool peers_are_processes = false) : peers_are_processes_(peers_are_processes) {}
   bool is_broken() const { return broken_.load(); }
   std::string reason() const;
   void mark(const std::string& reason);
@@ -72,7 +76,13 @@ class BrokenState {
   mutable std::mutex mutex_;
   std::string reason_;
   std::atomic<bool> broken_{false};
+  const bool peers_are_processes_;
 };
+
+// Why the first group of this process whose peers are other processes broke, or "" while none
+// has (groups destroyed since count too). Read at exit by mpi_finalize: MPI_Finalize waits for
+// every rank, and after such a break one may never come.
+std::string first_process_break();
 
 class GroupBase : public ProcessGroup {
  public:

@@ -8,7 +8,8 @@
 
 namespace tandem::dist {
 
-QueuedGroup::QueuedGroup(int rank, int size, std::string name) : GroupBase(rank, size, std::move(name)) {}
+QueuedGroup::QueuedGroup(int rank, int size, std::string name, std::shared_ptr<BrokenState> broken)
+    : GroupBase(rank, size, std::move(name), default_timeout(), default_debug_checks(), std::move(broken)) {}
 
 QueuedGroup::~QueuedGroup() { stop_comm_thread(); }
 

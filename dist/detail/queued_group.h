@@ -54,7 +54,9 @@ struct Op {
 
 class QueuedGroup : public GroupBase {
  public:
-  QueuedGroup(int rank, int size, std::string name);
+  // `broken`: the group's broken state (GroupBase's), e.g. one that records breaks process-wide.
+  QueuedGroup(int rank, int size, std::string name,
+              std::shared_ptr<BrokenState> broken = std::make_shared<BrokenState>());
   ~QueuedGroup() override;
 
   WorkPtr allreduce(const Tensor& tensor, ReduceOp op) override;

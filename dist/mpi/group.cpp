@@ -5,7 +5,12 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <optional>
+#include <thread>
 
 #include "dist/detail/host_staging.h"
 #include "dist/detail/queued_group.h"
@@ -24,7 +29,9 @@ class MpiGroup final : public QueuedGroup {
  public:
   // Takes ownership of `comm` (a communicator private to this group).
   MpiGroup(MPI_Comm comm, std::string name)
-      : QueuedGroup(comm_rank(comm), comm_size(comm), std::move(name)), comm_(comm), coll_(comm, rank(), size()) {
+      : QueuedGroup(comm_rank(comm), comm_size(comm), std::move(name),
+                    std::make_shared<BrokenState>(/*peers_are_processes=*/true)),
+        comm_(comm), coll_(comm, rank(), size()) {
     TANDEM_MPI_CHECK(MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN));
     TANDEM_MPI_CHECK(MPI_Comm_dup(comm, &p2p_));
     TANDEM_MPI_CHECK(MPI_Comm_dup(comm, &debug_));
@@ -42,7 +49,13 @@ class MpiGroup final : public QueuedGroup {
 
   // Stops the thread and frees the communicators (no throw: runs from destructors and finalize).
   void shutdown() noexcept {
-    stop_comm_thread();
+    stop();
+    release();
+  }
+  // Stops the communication thread: what it still runs ends by its deadline (or breaks the group).
+  void stop() noexcept { stop_comm_thread(); }
+  // Frees the communicators; the thread must be stopped.
+  void release() noexcept {
     if (comm_ == MPI_COMM_NULL || mpi_runtime().finalized) return;
     for (MPI_Comm* c : {&comm_, &p2p_, &debug_}) {
       if (*c != MPI_COMM_NULL) MPI_Comm_free(c);
@@ -397,14 +410,87 @@ ProcessGroupPtr make_mpi_world(std::optional<Milliseconds> timeout, std::optiona
   return g;
 }
 
+namespace {
+
+// How long a rank whose group broke waits at exit for the other ranks: the timeout, at most 10 s.
+// They are normally there within moments (they timed out too, or are already exiting).
+Milliseconds exit_grace() noexcept {
+  constexpr Milliseconds cap(10'000);
+  try {
+    return std::min(default_timeout(), cap);
+  } catch (...) {  // a malformed TANDEM_DIST_TIMEOUT, already reported when the groups were made
+    return cap;
+  }
+}
+
+// Every rank checks in on the exit communicator (an MPI_Ibarrier). True once all have; false at
+// the deadline (none: wait as long as it takes, as MPI_Finalize would) or when MPI fails.
+bool all_ranks_reach_exit(MpiRuntime& rt, std::optional<Clock::time_point> deadline) noexcept {
+  MPI_Request req = MPI_REQUEST_NULL;
+  {
+    auto lk = rt.lock();
+    if (MPI_Ibarrier(rt.exit_comm, &req) != MPI_SUCCESS) return false;
+  }
+  for (;;) {
+    int done = 0;
+    {
+      auto lk = rt.lock();
+      if (MPI_Test(&req, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) return false;
+    }
+    if (done) return true;
+    if (deadline && Clock::now() >= *deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
+// The one place the library ends the process itself. A group of this process broke (a collective
+// timed out or failed: its error already reached the program as an exception), and a rank has not
+// reached the exit: it is hung, dead, or stuck in a collective that will never complete. MPI_Finalize
+// would wait for it forever, and so would the job, holding its nodes until the scheduler's
+// wall-clock limit. No exception can help at exit, so, as PyTorch's NCCL watchdog tears the process
+// down, MPI_Abort ends the whole job (mpirun then stops every rank) with a non-zero status. The
+// reason goes to stderr first: the program may have caught the error without printing it.
+[[noreturn]] void abort_job(const MpiRuntime& rt, const std::string& reason, Milliseconds waited) noexcept {
+  std::fprintf(stderr,
+               "[dist] rank %d of %d: a group broke (%s) and not every rank reached the exit within %lld ms; "
+               "ending the job with MPI_Abort, as MPI_Finalize would wait for them forever\n",
+               rt.info.rank, rt.info.size, reason.c_str(), static_cast<long long>(waited.count()));
+  std::fflush(nullptr);  // what the program wrote: MPI_Abort does not flush stdio
+  MPI_Abort(MPI_COMM_WORLD, 1);
+  std::_Exit(1);  // MPI_Abort does not return; should an MPI ever return from it, the process still ends
+}
+
+}  // namespace
+
 void mpi_finalize() {
   MpiRuntime& rt = mpi_runtime();
   std::lock_guard lock(rt.init_mutex);
   if (!rt.initialized || rt.finalized) return;
   {
+    // Threads first: an operation still running times out here at the latest, and breaks its
+    // group, which the check below must see.
     std::lock_guard glock(rt.groups_mutex);
-    for (MpiGroup* g : rt.groups) g->shutdown();
+    for (MpiGroup* g : rt.groups) g->stop();
   }
+  if (rt.we_initialized) {
+    // MPI_Finalize waits for every rank. A rank whose groups are sound waits as long as it takes
+    // (a peer may still be computing); it also checks in, so that a peer whose group broke sees it
+    // is here. A rank whose group broke (this or an earlier, destroyed one) waits a little only:
+    // if everyone comes (a test that times out on purpose, a rank that failed and left) the job
+    // ends normally; otherwise it is aborted.
+    const std::string broke = first_process_break();
+    if (broke.empty()) {
+      (void)all_ranks_reach_exit(rt, std::nullopt);  // on an MPI error, MPI_Finalize decides
+    } else {
+      const Milliseconds grace = exit_grace();
+      if (!all_ranks_reach_exit(rt, Clock::now() + grace)) abort_job(rt, broke, grace);
+    }
+  }
+  {
+    std::lock_guard glock(rt.groups_mutex);
+    for (MpiGroup* g : rt.groups) g->release();
+  }
+  if (rt.exit_comm != MPI_COMM_NULL) MPI_Comm_free(&rt.exit_comm);  // at exit: nothing to report to
   rt.finalized = true;
   if (rt.we_initialized) MPI_Finalize();
 }

@@ -32,6 +32,11 @@ ProcessGroupPtr make_mpi_world(std::optional<Milliseconds> timeout = {}, std::op
 
 // Stops every MPI group's communication thread, frees their communicators and finalises MPI if
 // Tandem initialised it. Runs at exit automatically; later MPI use is an error.
+// MPI_Finalize waits for every rank. After a group of this process broke (a collective timed out
+// or failed), this rank waits for the others to reach their exit only briefly (the timeout, at
+// most 10 s): if one does not, it prints why to stderr and ends the whole job with MPI_Abort
+// (non-zero status) rather than hang forever. A program that initialised MPI itself finalises it
+// itself; it can ask its groups' is_broken() and call MPI_Abort.
 void mpi_finalize();
 
 }  // namespace tandem::dist

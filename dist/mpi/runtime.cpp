@@ -50,6 +50,10 @@ void ensure_mpi_initialized() {
   TANDEM_MPI_CHECK(MPI_Comm_rank(node, &info.local_rank));
   TANDEM_MPI_CHECK(MPI_Comm_size(node, &info.local_size));
   TANDEM_MPI_CHECK(MPI_Comm_free(&node));
+  if (rt.we_initialized) {
+    // Made now, while every rank is here: at exit a collective that creates it could block.
+    TANDEM_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &rt.exit_comm));  // inherits MPI_ERRORS_RETURN
+  }
   rt.initialized = true;
 }
 

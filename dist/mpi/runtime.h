@@ -30,6 +30,9 @@ struct MpiRuntime {
   bool we_initialized = false;
   bool serialized = false;
   MpiInfo info;
+  // A copy of MPI_COMM_WORLD (made when Tandem initialises MPI) on which every rank checks in at
+  // exit, so that a rank whose group broke can tell whether its peers will ever reach MPI_Finalize.
+  MPI_Comm exit_comm = MPI_COMM_NULL;
   std::mutex call_mutex;
   std::mutex groups_mutex;
   std::set<MpiGroup*> groups;

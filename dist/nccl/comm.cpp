@@ -6,18 +6,15 @@
 #include <fmt/format.h>
 
 #include <chrono>
+#include <thread>
 
 #include "dist/detail/comm_thread.h"
 
 namespace tandem::dist {
 
-namespace {
-
 std::string duration_text(Milliseconds t) {
   return t.count() % 1000 == 0 ? fmt::format("{} s", t.count() / 1000) : fmt::format("{} ms", t.count());
 }
-
-}  // namespace
 
 void throw_nccl_error(ncclResult_t rc, const char* call, const char* file, int line) {
   std::string_view fn(call);
@@ -54,6 +51,57 @@ ncclRedOp_t nccl_op(ReduceOp r, Dtype d) {
   return ncclSum;
 }
 
+ncclResult_t nccl_wait_ready(ncclComm_t comm, Clock::time_point deadline, const BrokenState* broken) noexcept {
+  // Enqueueing usually finishes within microseconds: spin on it first; connecting to the peers or
+  // creating the communicator takes longer: then poll gently.
+  for (uint64_t spin = 0;; ++spin) {
+    ncclResult_t state = ncclInProgress;
+    const ncclResult_t rc = ncclCommGetAsyncError(comm, &state);
+    if (rc != ncclSuccess) return rc;
+    if (state != ncclInProgress) return state;
+    if ((spin & 15) == 15 && (Clock::now() >= deadline || (broken && broken->is_broken()))) return ncclInProgress;
+    if (spin < 1000) {
+      std::this_thread::yield();
+    } else {
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+  }
+}
+
+void NcclLaunch::check(ncclResult_t rc, const char* call, const char* file, int line) const {
+  if (rc == ncclInProgress) rc = nccl_wait_ready(comm, deadline, owner.broken.get());
+  if (rc == ncclSuccess) [[likely]] return;
+  if (rc != ncclInProgress) throw_nccl_error(rc, call, file, line);
+  // Still in progress: another thread broke the group (and is aborting the communicator), or the
+  // deadline passed with NCCL waiting for a peer.
+  if (owner.broken->is_broken()) throw Error(owner.broken->message(what));
+  std::string_view fn(call);
+  fn = fn.substr(0, fn.find('('));
+  throw TimeoutError(fmt::format("[dist] {} timed out after {}: NCCL did not finish setting up {} (a rank that never "
+                                 "connects); the communicator was aborted and the group is broken",
+                                 what, duration_text(timeout), fn),
+                     false);
+}
+
+ncclComm_t init_nccl_comm(int size, const ncclUniqueId& id, int rank, Milliseconds timeout) {
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;  // see nccl_wait_ready: every call on this communicator may return ncclInProgress
+  ncclComm_t c = nullptr;
+  ncclResult_t rc = ncclCommInitRankConfig(&c, size, id, rank, &config);
+  if (rc == ncclInProgress) rc = nccl_wait_ready(c, Clock::now() + timeout);
+  if (rc == ncclSuccess) return c;
+  // The error text first: aborting may replace NCCL's last error.
+  std::string detail;
+  if (const char* last = ncclGetLastError(c); last && *last) detail = fmt::format(" ({})", last);
+  if (c != nullptr) (void)ncclCommAbort(c);  // the failure is reported below; nothing to add
+  if (rc == ncclInProgress) {
+    fail("ncclCommInitRank did not complete within {}: a rank did not join (each rank of the group must create it; "
+         "TANDEM_DIST_TIMEOUT sets the limit); the communicator was aborted",
+         duration_text(timeout));
+  }
+  fail("ncclCommInitRankConfig(...) failed: {}{}", ncclGetErrorString(rc), detail);
+}
+
 NcclComm::NcclComm(int rank_, int size_, int device_, std::string name_)
     : rank(rank_), size(size_), device(device_), name(std::move(name_)) {
   cuda::DeviceGuard guard(device);
@@ -66,7 +114,16 @@ NcclComm::~NcclComm() {
   // Never throws. Once the CUDA runtime is shutting down (a group destroyed at exit) NCCL cannot
   // be torn down safely: the process is ending anyway. A broken communicator is aborted, not flushed.
   if (cudaSetDevice(device) != cudaSuccess) return;
-  if (!broken->is_broken() && ncclCommDestroy(c) == ncclSuccess) return;
+  if (!broken->is_broken()) {
+    // A non-blocking communicator is flushed in the background (ncclCommFinalize returns
+    // ncclInProgress); a flush that does not end within the timeout is abandoned for an abort.
+    ncclResult_t rc = ncclCommFinalize(c);
+    if (rc == ncclInProgress) rc = nccl_wait_ready(c, Clock::now() + Milliseconds(teardown_ms.load()));
+    if (rc == ncclSuccess) {
+      (void)ncclCommDestroy(c);  // after a finalize only frees local resources; nothing to report to
+      return;
+    }
+  }
   (void)ncclCommAbort(c);
 }
 

@@ -1,6 +1,7 @@
-// The nccl backend's communicator: checked NCCL calls, the dtype and reduce-op mapping, and
-// NcclComm, which owns the communicator, its comm stream and the watchdog thread that completes
-// the collectives in flight. Internal to the nccl backend (not installed); only compiled with
+// The nccl backend's communicator: checked NCCL calls, the dtype and reduce-op mapping, the
+// bounded waits a non-blocking communicator needs (creation, enqueueing), and NcclComm, which owns
+// the communicator, its comm stream and the watchdog thread that completes the collectives in
+// flight. Internal to the nccl backend (not installed); only compiled with
 // TANDEM_WITH_NCCL.
 #pragma once
 
@@ -32,10 +33,46 @@ namespace tandem::dist {
       ::tandem::dist::throw_nccl_error(tandem_nccl_rc_, #call, __FILE__, __LINE__); \
   } while (0)
 
-// ncclGroupStart/End around several calls; the destructor closes a group left open by a throw.
+ncclDataType_t nccl_type(Dtype d);
+ncclRedOp_t nccl_op(ReduceOp r, Dtype d);
+
+// "5 s", "400 ms"
+std::string duration_text(Milliseconds t);
+
+// Tandem's communicators are non-blocking (ncclConfig_t::blocking = 0): a call may return
+// ncclInProgress while NCCL finishes it in the background (creating the communicator, connecting
+// to the peers before a first collective, enqueueing a group), so that a peer that never comes
+// cannot hold the calling thread inside NCCL. This polls the communicator's state until that work
+// is done and returns the state; ncclInProgress means the deadline passed, or `broken` was set (the
+// communicator is being aborted by another thread), first. Never throws.
+ncclResult_t nccl_wait_ready(ncclComm_t comm, Clock::time_point deadline, const BrokenState* broken = nullptr) noexcept;
+
+struct NcclComm;
+
+// The NCCL calls of one operation, made on the communicator's comm stream. A call that returns
+// ncclInProgress has not necessarily put its work on the stream yet, so whatever comes next on the
+// stream (a copy, the completion event) must wait until it has: every call goes through check()
+// (TANDEM_NCCL_ENQUEUE), which waits for that, bounded by the operation's deadline.
+struct NcclLaunch {
+  const NcclComm& owner;
+  ncclComm_t comm;
+  cudaStream_t stream;
+  const std::string& what;  // "allreduce #3 on group world (nccl, rank 0 of 2)"
+  Milliseconds timeout;
+  Clock::time_point deadline;
+
+  // Returns once NCCL has enqueued the call; throws the NCCL error, a TimeoutError at the
+  // deadline (naming the operation), or the broken group's error when another thread broke it.
+  void check(ncclResult_t rc, const char* call, const char* file, int line) const;
+};
+
+#define TANDEM_NCCL_ENQUEUE(launch, call) (launch).check((call), #call, __FILE__, __LINE__)
+
+// ncclGroupStart/End around several calls; the destructor closes a group left open by a throw
+// (the launch then fails, and the communicator is aborted).
 class NcclCallGroup {
  public:
-  NcclCallGroup() { TANDEM_NCCL_CHECK(ncclGroupStart()); }
+  explicit NcclCallGroup(const NcclLaunch& launch) : launch_(launch) { TANDEM_NCCL_CHECK(ncclGroupStart()); }
   ~NcclCallGroup() {
     if (open_) (void)ncclGroupEnd();
   }
@@ -43,15 +80,18 @@ class NcclCallGroup {
   NcclCallGroup& operator=(const NcclCallGroup&) = delete;
   void end() {
     open_ = false;
-    TANDEM_NCCL_CHECK(ncclGroupEnd());
+    TANDEM_NCCL_ENQUEUE(launch_, ncclGroupEnd());  // a non-blocking group ends in the background
   }
 
  private:
+  const NcclLaunch& launch_;
   bool open_ = true;
 };
 
-ncclDataType_t nccl_type(Dtype d);
-ncclRedOp_t nccl_op(ReduceOp r, Dtype d);
+// ncclCommInitRank of a non-blocking communicator, bounded by `timeout`: a rank that never joins
+// makes it fail with "ncclCommInitRank did not complete within <timeout>" instead of hanging; the
+// half-made communicator is aborted. Other NCCL errors are thrown as by TANDEM_NCCL_CHECK.
+ncclComm_t init_nccl_comm(int size, const ncclUniqueId& id, int rank, Milliseconds timeout);
 
 // ---- the communicator, its comm stream and its watchdog ----
 
@@ -92,11 +132,15 @@ struct NcclComm {
   const int rank, size, device;
   const std::string name;
   std::atomic<ncclComm_t> comm{nullptr};
+  // How long the destructor lets ncclCommFinalize flush before it aborts instead (the group's
+  // timeout, kept here because the communicator may outlive the group).
+  std::atomic<int64_t> teardown_ms{300'000};
   cuda::Stream stream;  // every collective of the group runs here, in issue order
   cuda::Event ready;    // the caller's stream position, re-recorded per collective (issue lock)
   std::mutex issue_mutex;  // NCCL calls, sequence numbers, `ready`
-  // The group's broken state (GroupBase's), which the watchdog sets too.
-  const std::shared_ptr<BrokenState> broken = std::make_shared<BrokenState>();
+  // The group's broken state (GroupBase's), which the watchdog sets too. Its peers are other
+  // processes under a launcher: a break is recorded process-wide for the exit (mpi_finalize).
+  const std::shared_ptr<BrokenState> broken = std::make_shared<BrokenState>(/*peers_are_processes=*/true);
 
  private:
   // The watchdog thread: polls the oldest collective's completion event and the communicator's

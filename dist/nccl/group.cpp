@@ -53,8 +53,9 @@ struct Launch {
   TensorList keep;
 };
 
-// Enqueues a collective's NCCL calls on the comm stream; may add scratch tensors to `keep`.
-using Body = std::function<void(ncclComm_t, cudaStream_t, TensorList& keep)>;
+// Enqueues a collective's NCCL calls on the comm stream (each through TANDEM_NCCL_ENQUEUE, see
+// NcclLaunch); may add scratch tensors to `keep`.
+using Body = std::function<void(const NcclLaunch&, TensorList& keep)>;
 
 std::shared_ptr<ProcessGroup> create_group(ProcessGroupPtr cpu, int device, int local_size);
 
@@ -70,6 +71,7 @@ class NcclGroup final : public GroupBase {
   void set_timeout(Milliseconds timeout) override {
     GroupBase::set_timeout(timeout);
     cpu_->set_timeout(timeout);
+    comm_->teardown_ms.store(timeout.count());
   }
   void set_debug_checks(bool on) override {
     GroupBase::set_debug_checks(on);
@@ -109,11 +111,11 @@ class NcclGroup final : public GroupBase {
     check_device(tensor, "allreduce", "tensor");
     l.kind = OpKind::allreduce;
     l.result = {tensor};
-    return launch(std::move(l), [tensor, reduce](ncclComm_t c, cudaStream_t s, TensorList&) {
+    return launch(std::move(l), [tensor, reduce](const NcclLaunch& on, TensorList&) {
       if (tensor.numel() == 0) return;
       void* p = tensor.data_ptr();
-      TANDEM_NCCL_CHECK(ncclAllReduce(p, p, tensor.numel(), nccl_type(tensor.dtype()),
-                                      nccl_op(reduce, tensor.dtype()), c, s));
+      TANDEM_NCCL_ENQUEUE(on, ncclAllReduce(p, p, tensor.numel(), nccl_type(tensor.dtype()),
+                                            nccl_op(reduce, tensor.dtype()), on.comm, on.stream));
     });
   }
 
@@ -125,13 +127,14 @@ class NcclGroup final : public GroupBase {
     check_device(tensors[0], "allreduce_coalesced", "tensor 0");  // the others: on tensor 0's device
     l.kind = OpKind::allreduce_coalesced;
     l.result = tensors;
-    return launch(std::move(l), [tensors, reduce](ncclComm_t c, cudaStream_t s, TensorList&) {
+    return launch(std::move(l), [tensors, reduce](const NcclLaunch& on, TensorList&) {
       const Dtype dt = tensors[0].dtype();
-      NcclCallGroup group;
+      NcclCallGroup group(on);
       for (const Tensor& t : tensors) {
         if (t.numel() == 0) continue;
         void* p = t.data_ptr();
-        TANDEM_NCCL_CHECK(ncclAllReduce(p, p, t.numel(), nccl_type(dt), nccl_op(reduce, dt), c, s));
+        TANDEM_NCCL_ENQUEUE(on,
+                            ncclAllReduce(p, p, t.numel(), nccl_type(dt), nccl_op(reduce, dt), on.comm, on.stream));
       }
       group.end();
     });
@@ -145,10 +148,10 @@ class NcclGroup final : public GroupBase {
     l.kind = OpKind::broadcast;
     l.peer = root;
     l.result = {tensor};
-    return launch(std::move(l), [tensor, root](ncclComm_t c, cudaStream_t s, TensorList&) {
+    return launch(std::move(l), [tensor, root](const NcclLaunch& on, TensorList&) {
       if (tensor.nbytes() == 0) return;
       void* p = tensor.data_ptr();
-      TANDEM_NCCL_CHECK(ncclBroadcast(p, p, tensor.nbytes(), ncclUint8, root, c, s));
+      TANDEM_NCCL_ENQUEUE(on, ncclBroadcast(p, p, tensor.nbytes(), ncclUint8, root, on.comm, on.stream));
     });
   }
 
@@ -161,16 +164,18 @@ class NcclGroup final : public GroupBase {
     l.result = outputs;
     l.keep = {input};
     const int n = size(), device = comm_->device;
-    return launch(std::move(l), [outputs, input, n, device](ncclComm_t c, cudaStream_t s, TensorList& keep) {
+    return launch(std::move(l), [outputs, input, n, device](const NcclLaunch& on, TensorList& keep) {
       const size_t bytes = input.nbytes();
       if (bytes == 0) return;
       // Gathered into one buffer, then copied out on the comm stream (the outputs need not be adjacent).
       Tensor flat = make_empty({n * input.numel()}, input.dtype(), Device::cuda(device), "allgather");
       keep.push_back(flat);
       char* f = static_cast<char*>(flat.data_ptr());
-      TANDEM_NCCL_CHECK(ncclAllGather(input.data_ptr(), f, input.numel(), nccl_type(input.dtype()), c, s));
+      TANDEM_NCCL_ENQUEUE(
+          on, ncclAllGather(input.data_ptr(), f, input.numel(), nccl_type(input.dtype()), on.comm, on.stream));
       for (int k = 0; k < n; ++k) {
-        TANDEM_CUDA_CHECK(cudaMemcpyAsync(outputs[k].data_ptr(), f + bytes * k, bytes, cudaMemcpyDeviceToDevice, s));
+        TANDEM_CUDA_CHECK(
+            cudaMemcpyAsync(outputs[k].data_ptr(), f + bytes * k, bytes, cudaMemcpyDeviceToDevice, on.stream));
       }
     });
   }
@@ -183,10 +188,10 @@ class NcclGroup final : public GroupBase {
     l.kind = OpKind::allgather_into;
     l.result = {output};
     l.keep = {input};
-    return launch(std::move(l), [output, input](ncclComm_t c, cudaStream_t s, TensorList&) {
+    return launch(std::move(l), [output, input](const NcclLaunch& on, TensorList&) {
       if (input.numel() == 0) return;
-      TANDEM_NCCL_CHECK(
-          ncclAllGather(input.data_ptr(), output.data_ptr(), input.numel(), nccl_type(input.dtype()), c, s));
+      TANDEM_NCCL_ENQUEUE(on, ncclAllGather(input.data_ptr(), output.data_ptr(), input.numel(),
+                                            nccl_type(input.dtype()), on.comm, on.stream));
     });
   }
 
@@ -199,18 +204,19 @@ class NcclGroup final : public GroupBase {
     l.result = {output};
     l.keep = inputs;
     const int n = size(), device = comm_->device;
-    return launch(std::move(l), [output, inputs, reduce, n, device](ncclComm_t c, cudaStream_t s, TensorList& keep) {
+    return launch(std::move(l), [output, inputs, reduce, n, device](const NcclLaunch& on, TensorList& keep) {
       const size_t bytes = output.nbytes();
       if (bytes == 0) return;
       Tensor flat = make_empty({n * output.numel()}, output.dtype(), Device::cuda(device), "reduce_scatter");
       keep.push_back(flat);
       char* f = static_cast<char*>(flat.data_ptr());
       for (int k = 0; k < n; ++k) {
-        TANDEM_CUDA_CHECK(cudaMemcpyAsync(f + bytes * k, inputs[k].data_ptr(), bytes, cudaMemcpyDeviceToDevice, s));
+        TANDEM_CUDA_CHECK(
+            cudaMemcpyAsync(f + bytes * k, inputs[k].data_ptr(), bytes, cudaMemcpyDeviceToDevice, on.stream));
       }
       const Dtype dt = output.dtype();
-      TANDEM_NCCL_CHECK(
-          ncclReduceScatter(f, output.data_ptr(), output.numel(), nccl_type(dt), nccl_op(reduce, dt), c, s));
+      TANDEM_NCCL_ENQUEUE(on, ncclReduceScatter(f, output.data_ptr(), output.numel(), nccl_type(dt),
+                                                nccl_op(reduce, dt), on.comm, on.stream));
     });
   }
 
@@ -222,11 +228,11 @@ class NcclGroup final : public GroupBase {
     l.kind = OpKind::reduce_scatter_tensor;
     l.result = {output};
     l.keep = {input};
-    return launch(std::move(l), [output, input, reduce](ncclComm_t c, cudaStream_t s, TensorList&) {
+    return launch(std::move(l), [output, input, reduce](const NcclLaunch& on, TensorList&) {
       if (output.numel() == 0) return;
       const Dtype dt = output.dtype();
-      TANDEM_NCCL_CHECK(ncclReduceScatter(input.data_ptr(), output.data_ptr(), output.numel(), nccl_type(dt),
-                                          nccl_op(reduce, dt), c, s));
+      TANDEM_NCCL_ENQUEUE(on, ncclReduceScatter(input.data_ptr(), output.data_ptr(), output.numel(), nccl_type(dt),
+                                                nccl_op(reduce, dt), on.comm, on.stream));
     });
   }
 
@@ -240,16 +246,16 @@ class NcclGroup final : public GroupBase {
     l.result = {output};
     l.keep = {input};
     std::vector<int64_t> in = l.in_splits, out = l.out_splits;  // copied before l moves into launch
-    return launch(std::move(l), [output, input, in, out, n](ncclComm_t c, cudaStream_t s, TensorList&) {
+    return launch(std::move(l), [output, input, in, out, n](const NcclLaunch& on, TensorList&) {
       const size_t row = row_bytes(output);
       const char* src = static_cast<const char*>(input.data_ptr());
       char* dst = static_cast<char*>(output.data_ptr());
-      NcclCallGroup group;
+      NcclCallGroup group(on);
       size_t soff = 0, roff = 0;
       for (int k = 0; k < n; ++k) {
         const size_t sb = in[k] * row, rb = out[k] * row;
-        if (sb) TANDEM_NCCL_CHECK(ncclSend(src + soff, sb, ncclUint8, k, c, s));
-        if (rb) TANDEM_NCCL_CHECK(ncclRecv(dst + roff, rb, ncclUint8, k, c, s));
+        if (sb) TANDEM_NCCL_ENQUEUE(on, ncclSend(src + soff, sb, ncclUint8, k, on.comm, on.stream));
+        if (rb) TANDEM_NCCL_ENQUEUE(on, ncclRecv(dst + roff, rb, ncclUint8, k, on.comm, on.stream));
         soff += sb;
         roff += rb;
       }
@@ -263,11 +269,12 @@ class NcclGroup final : public GroupBase {
     l.kind = OpKind::barrier;
     l.fingerprint = "barrier";
     const int device = comm_->device;
-    return launch(std::move(l), [this, device](ncclComm_t c, cudaStream_t s, TensorList& keep) {
+    return launch(std::move(l), [this, device](const NcclLaunch& on, TensorList& keep) {
       if (!barrier_buffer_.defined()) barrier_buffer_ = make_empty({1}, i32, Device::cuda(device), "barrier");
       keep.push_back(barrier_buffer_);
       void* p = barrier_buffer_.data_ptr();
-      TANDEM_NCCL_CHECK(ncclAllReduce(p, p, 1, ncclInt32, ncclSum, c, s));  // the value is never read
+      // The value is never read.
+      TANDEM_NCCL_ENQUEUE(on, ncclAllReduce(p, p, 1, ncclInt32, ncclSum, on.comm, on.stream));
     });
   }
 
@@ -320,12 +327,12 @@ class NcclGroup final : public GroupBase {
     l.peer = peer;
     l.tag = tag;
     l.result = {tensor};
-    return launch(std::move(l), [tensor, peer, sending](ncclComm_t c, cudaStream_t s, TensorList&) {
+    return launch(std::move(l), [tensor, peer, sending](const NcclLaunch& on, TensorList&) {
       if (tensor.nbytes() == 0) return;
       if (sending) {
-        TANDEM_NCCL_CHECK(ncclSend(tensor.data_ptr(), tensor.nbytes(), ncclUint8, peer, c, s));
+        TANDEM_NCCL_ENQUEUE(on, ncclSend(tensor.data_ptr(), tensor.nbytes(), ncclUint8, peer, on.comm, on.stream));
       } else {
-        TANDEM_NCCL_CHECK(ncclRecv(tensor.data_ptr(), tensor.nbytes(), ncclUint8, peer, c, s));
+        TANDEM_NCCL_ENQUEUE(on, ncclRecv(tensor.data_ptr(), tensor.nbytes(), ncclUint8, peer, on.comm, on.stream));
       }
     });
   }
@@ -354,24 +361,33 @@ class NcclGroup final : public GroupBase {
     p.keep = std::move(l.keep);
     p.timeout = timeout();
     p.deadline = Clock::now() + p.timeout;
+    ncclComm_t nc = c.comm.load();
+    if (nc == nullptr) throw Error(broken().message(what));  // aborted: the group broke meanwhile
     try {
       cuda::DeviceGuard guard(c.device);
-      ncclComm_t nc = c.comm.load();
-      if (nc == nullptr) throw Error(broken().message(what));
       cudaStream_t s = c.stream.raw();
       c.ready.record(cuda::current_stream(c.device));  // after everything the caller issued so far
       c.ready.wait(s);
-      body(nc, s, p.keep);
+      // Each NCCL call returns once NCCL has enqueued it, or by the deadline (NcclLaunch::check):
+      // a peer that never connects cannot hold this thread, which holds the issue lock.
+      body(NcclLaunch{c, nc, s, what, p.timeout, p.deadline}, p.keep);
       // The caching allocator must not hand these blocks out again before the comm stream is done.
       for (const Tensor& t : p.keep) cuda::record_stream(t, s);
       for (const Tensor& t : p.result) cuda::record_stream(t, s);
       p.done = c.take_event();
       p.done.record(s);
+    } catch (const TimeoutError& e) {
+      // NCCL was still waiting for a peer at the deadline; the message names the operation.
+      c.break_group(e.what(), true);
+      throw;
     } catch (const std::exception& e) {
+      if (c.broken->is_broken()) throw;  // broken by another thread meanwhile: its error says why
       // This rank's part may be missing while the peers' went ahead: they would wait for it until
       // their timeout, so this group cannot be trusted any more.
-      c.break_group(fmt::format("{} could not be launched: {}", what, e.what()), true);
-      throw;
+      std::string msg = fmt::format("[dist] {} could not be launched: {}; the communicator was aborted and the group "
+                                    "is broken", what, e.what());
+      c.break_group(msg, true);
+      throw Error(msg);
     }
     c.push(std::move(p));
     return work;
@@ -433,9 +449,8 @@ std::shared_ptr<ProcessGroup> create_group(ProcessGroupPtr cpu, int device, int 
   std::memcpy(&uid, id.data_ptr(), sizeof uid);
   try {
     cuda::DeviceGuard guard(device);
-    ncclComm_t c = nullptr;
-    TANDEM_NCCL_CHECK(ncclCommInitRank(&c, size, uid, rank));
-    comm->comm.store(c);
+    // Bounded by the timeout: a rank that never joins makes every other rank fail here, not hang.
+    comm->comm.store(init_nccl_comm(size, uid, rank, cpu->timeout()));
   } catch (const std::exception& e) {
     std::string hint;
     if (local_size > cuda::device_count()) {
@@ -443,9 +458,13 @@ std::shared_ptr<ProcessGroup> create_group(ProcessGroupPtr cpu, int device, int 
                          "backend mpi to share a GPU)", local_size, cuda::device_count(),
                          cuda::device_count() == 1 ? "" : "s");
     }
-    fail("[nccl] cannot create nccl group {} of {} ranks on rank {} (cuda:{}): {}{}", cpu->name(), size, rank, device,
-         e.what(), hint);
+    std::string msg = fmt::format("[nccl] cannot create nccl group {} of {} ranks on rank {} (cuda:{}): {}{}",
+                                  cpu->name(), size, rank, device, e.what(), hint);
+    // A peer may be hung: recorded process-wide, so that the exit does not wait for it forever.
+    comm->broken->mark(msg);
+    throw Error(msg);
   }
+  comm->teardown_ms.store(cpu->timeout().count());
   comm->start_watchdog(comm);
   return std::make_shared<NcclGroup>(std::move(cpu), std::move(comm), local_size);
 }

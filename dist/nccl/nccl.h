@@ -6,11 +6,17 @@
 // Each group owns an NCCL communicator on one device and a non-blocking comm stream. A collective
 // is launched from the calling thread: an event recorded on the caller's current stream orders the
 // comm stream after everything issued before the call, the NCCL call goes on the comm stream, and a
-// completion event follows it; the host never waits while issuing. A watchdog thread per group
+// completion event follows it; the host never waits for the collective while issuing (only for
+// NCCL to enqueue it, bounded: see below). A watchdog thread per group
 // polls the completion events (cudaEventQuery) and ncclCommGetAsyncError against each
 // collective's deadline: a Work completes when its event has fired (so after wait() every stream
 // sees the result), and on a timeout or an asynchronous NCCL error the communicator is aborted,
 // the Work fails naming the collective, its sequence number and the group, and the group is broken.
+// The communicators are non-blocking (ncclConfig_t::blocking = 0): creating one, and enqueueing a
+// collective (NCCL connects to the peers before a first collective), happen in the background and
+// are polled against the same timeout, so a rank that never comes makes the others fail with an
+// error instead of holding their threads inside NCCL. Every break is recorded for the exit path:
+// see mpi_finalize (dist/mpi/mpi.h).
 //
 // CPU tensors handed to an nccl group go to its companion group over the same ranks (mpi under a
 // launcher, else a world of size 1), which also bootstraps NCCL (rank 0's ncclUniqueId is
