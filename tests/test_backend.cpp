@@ -4,6 +4,8 @@
 // a process of its own (catch_discover_tests), so "not loaded yet" is a fresh process's state.
 #include <catch2/catch.hpp>
 
+#include <unistd.h>
+
 #include <cstdlib>
 #include <fstream>
 #include <string>
@@ -24,10 +26,32 @@ bool library_loaded(const std::string& name) {
   return false;
 }
 
+// Core decides once per process whether it has a CUDA backend. A case that must see a fresh
+// process's state, run after another case of this process asked for CUDA (the whole file run as one
+// program rather than a case per process under CTest), reruns itself in a new process.
+bool rerun_in_fresh_process(const std::string& test_name) {
+  // In the rerun itself (TANDEM_TEST_FRESH), CUDA mapped at the start is what the case must catch.
+  if (std::getenv("TANDEM_TEST_FRESH") != nullptr) return false;
+  if (!library_loaded("libtandem_cuda") && !library_loaded("libcudart")) return false;
+  char exe[4096] = {};
+  const ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+  REQUIRE(n > 0);
+  const std::string command = "TANDEM_TEST_FRESH=1 '" + std::string(exe, static_cast<size_t>(n)) + "' '" + test_name + "' > /dev/null";
+  INFO(command);
+  REQUIRE(std::system(command.c_str()) == 0);
+  return true;
+}
+
 }  // namespace
 
+// A CUDA build of shared libraries loads the backend on demand; a static one has nothing to load, so
+// a program that does not link Tandem::cuda (this one) has no CUDA there.
+#if defined(TANDEM_WITH_CUDA) && !defined(TANDEM_STATIC_LIBS)
+#define TANDEM_CUDA_LOADABLE 1
+#endif
+
 TEST_CASE("CUDA tensors without a usable CUDA backend are a clear error", "[backend]") {
-#ifdef TANDEM_WITH_CUDA
+#if defined(TANDEM_CUDA_LOADABLE)
   // A CUDA build always has the backend; without a usable device, CUDA tensors are a clear error.
   REQUIRE(has_backend(DeviceType::cuda));
   REQUIRE(backend_unavailable_reason(DeviceType::cuda).empty());
@@ -38,6 +62,11 @@ TEST_CASE("CUDA tensors without a usable CUDA backend are a clear error", "[back
   REQUIRE_THROWS_WITH(zeros({2}, Device::cuda(0)), Catch::StartsWith("[zeros] no CUDA device"));
   REQUIRE_THROWS_WITH(ones({2}).to(Device::cuda(1)), Catch::StartsWith("[to] no CUDA device"));
   REQUIRE_THROWS_WITH(randn({2}, TensorOptions(f32, Device::cuda())), Catch::Contains("no CUDA device"));
+#elif defined(TANDEM_WITH_CUDA)
+  REQUIRE_FALSE(has_backend(DeviceType::cuda));
+  REQUIRE_THROWS_WITH(zeros({2, 3}, Device::cuda(0)), Catch::StartsWith("[zeros] this Tandem is built as static "
+                                                                          "libraries: a program that uses CUDA links "
+                                                                          "Tandem::cuda"));
 #else
   REQUIRE_FALSE(has_backend(DeviceType::cuda));
   REQUIRE(backend_unavailable_reason(DeviceType::cuda) == "tandem was built without CUDA");
@@ -50,6 +79,7 @@ TEST_CASE("CUDA tensors without a usable CUDA backend are a clear error", "[back
 }
 
 TEST_CASE("a CPU program does not load CUDA until it asks for a CUDA device", "[backend]") {
+  if (rerun_in_fresh_process("a CPU program does not load CUDA until it asks for a CUDA device")) return;
   // CPU work of every layer, the dist layer included: nothing of CUDA is mapped.
   Tensor w = randn({8, 8}, f64).requires_grad_();
   matmul(w, w).sum().backward();
@@ -61,7 +91,7 @@ TEST_CASE("a CPU program does not load CUDA until it asks for a CUDA device", "[
   REQUIRE_FALSE(library_loaded("libnccl"));
   // The first CUDA device asked for loads the backend library where one was built.
   (void)has_backend(DeviceType::cuda);
-#ifdef TANDEM_WITH_CUDA
+#ifdef TANDEM_CUDA_LOADABLE
   REQUIRE(library_loaded("libtandem_cuda"));
   REQUIRE(library_loaded("libcudart"));
 #else
@@ -69,8 +99,9 @@ TEST_CASE("a CPU program does not load CUDA until it asks for a CUDA device", "[
 #endif
 }
 
-#ifdef TANDEM_WITH_CUDA
+#ifdef TANDEM_CUDA_LOADABLE
 TEST_CASE("a CUDA backend library that cannot be loaded is a clear error naming it", "[backend]") {
+  if (rerun_in_fresh_process("a CUDA backend library that cannot be loaded is a clear error naming it")) return;
   // TANDEM_CUDA_LIBRARY points core at another file; it is read once, at the first CUDA device.
   REQUIRE(setenv("TANDEM_CUDA_LIBRARY", "/nonexistent/libtandem_cuda.so", 1) == 0);
   REQUIRE_FALSE(has_backend(DeviceType::cuda));

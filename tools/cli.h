@@ -33,11 +33,7 @@ inline int parse(CLI::App& app, int argc, char** argv) {
   try {
     app.parse(argc, argv);
     return -1;
-  } catch (const CLI::Success& e) {  // --help
-    return app.exit(e);
-  } catch (const CLI::CallForHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::CallForAllHelp& e) {
+  } catch (const CLI::Success& e) {  // --help (CLI11's CallForHelp and CallForAllHelp derive from it)
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
     fmt::print(stderr, "{}: {} (see --help)\n", app.get_name(), e.what());
