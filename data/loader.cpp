@@ -43,10 +43,11 @@ struct DataLoader::Epoch {
   bool stop = false;
   std::thread worker;
 
-  Epoch(std::shared_ptr<const Dataset> d, std::vector<int64_t> idx, int64_t bs, int64_t nb, int prefetch)
+  Epoch(std::shared_ptr<const Dataset> d, std::vector<int64_t> idx, int64_t bs, int64_t nb, int64_t first,
+        int prefetch)
       : dataset(std::move(d)), indices(std::move(idx)), batch_size(bs), num_batches(nb),
-        capacity(static_cast<size_t>(prefetch)) {
-    if (capacity > 0 && num_batches > 0) worker = std::thread([this] { run(); });
+        capacity(static_cast<size_t>(prefetch)), taken(first), claimed(first) {
+    if (capacity > 0 && first < num_batches) worker = std::thread([this] { run(); });
   }
 
   ~Epoch() {
@@ -138,9 +139,11 @@ int64_t DataLoader::num_batches() const {
   return options_.drop_last ? n / bs : (n + bs - 1) / bs;
 }
 
-DataLoader::Iterator DataLoader::begin() {
+DataLoader::Iterator DataLoader::begin_at(int64_t first) {
+  TANDEM_CHECK(first >= 0 && first <= num_batches(), "[DataLoader] begin_at: batch {} is outside [0, {}]", first,
+               num_batches());
   running_.reset();
-  running_ = std::make_unique<Epoch>(dataset_, sampler_.indices(), options_.batch_size, num_batches(),
+  running_ = std::make_unique<Epoch>(dataset_, sampler_.indices(), options_.batch_size, num_batches(), first,
                                      options_.prefetch);
   return Iterator(this);
 }

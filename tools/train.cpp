@@ -25,10 +25,11 @@
 // Checkpoints: --save DIR writes DIR/checkpoint-<step>.safetensors every --save-every steps and at
 // the end (rank 0 writes, atomically; the two newest are kept): the model under "model.", the
 // optimizer under "optimizer.", the schedule under "lr_scheduler.", and "train.position" (step,
-// epoch, batch within the epoch) and "train.rng" (the generator's seed and offset). --resume
-// takes such a file, or the newest one in a folder, on every rank, and continues where it
-// stopped: on the CPU an interrupted and resumed run ends with the same bits as an uninterrupted
-// one (tests/check_train_resume.sh).
+// epoch, batch within the epoch), "train.total_steps" and "train.rng" (the generator's seed and
+// offset). --resume takes such a file, or the newest one in a folder, on every rank, and
+// continues where it stopped: on the CPU an interrupted and resumed run ends with the same bits
+// as an uninterrupted one (tests/check_train_resume.sh). A cosine or step schedule must be
+// resumed with the run length it was saved with.
 // --metrics FILE.jsonl: rank 0 writes one JSON object per logged step (step, epoch, loss, lr,
 // samples_per_s, forward_ms, backward_ms, comm_ms, overlap_ms; accuracy and test_loss on the
 // steps that end an epoch), as tools/plot.py reads. --trace FILE.json: every rank records a
@@ -312,6 +313,16 @@ int main(int argc, char** argv) {
       pos = {p[0], p[1], p[2]};
       auto r = rng->to_vector<int64_t>();
       set_rng_state({static_cast<uint64_t>(r[0]), static_cast<uint64_t>(r[1])});
+      // A cosine or step schedule is shaped by the run's length, which its state does not hold:
+      // resumed with another --steps/--epochs, it would go on along another curve than the one it
+      // started on (and not end with the uninterrupted run's weights).
+      if (const Tensor* horizon = all.find("train.total_steps"); horizon && lr_schedule != "constant") {
+        const int64_t saved = horizon->item<int64_t>();
+        TANDEM_CHECK(saved == total_steps,
+                     "[train] --resume: '{}' was saved by a run of {} steps whose --lr-schedule {} spans them; "
+                     "this run has {} steps: give the same --steps or --epochs",
+                     file, saved, lr_schedule, total_steps);
+      }
       if (rank == 0)
         std::fprintf(stdout, "train: resumed from %s at step %lld (epoch %lld, batch %lld)\n", file.c_str(),
                      static_cast<long long>(pos.step), static_cast<long long>(pos.epoch),
@@ -326,6 +337,7 @@ int main(int argc, char** argv) {
         if (in_backward) put_prefixed(all, "optimizer.", in_backward->state_dict());
         if (schedule) put_prefixed(all, "lr_scheduler.", schedule->state_dict());
         all.insert("train.position", from_vector<int64_t>({next.step, next.epoch, next.batch}));
+        all.insert("train.total_steps", from_vector<int64_t>({total_steps}));
         const PhiloxState rng = get_rng_state();
         all.insert("train.rng", from_vector<int64_t>({static_cast<int64_t>(rng.seed), static_cast<int64_t>(rng.offset)}));
         fs::create_directories(save_dir);
@@ -402,10 +414,9 @@ int main(int argc, char** argv) {
     double wait_s = 0;  // time the loop waited for the loader
     while (pos.step < total_steps) {
       loader.set_epoch(pos.epoch);
-      int64_t b = 0;
+      int64_t b = pos.batch;  // resumed mid-epoch: the batches before were trained on
       double asked = bench::now_s();
-      for (auto it = loader.begin(); it != loader.end() && pos.step < total_steps; ++it, ++b) {
-        if (b < pos.batch) continue;  // resumed mid-epoch: the batches before were trained on
+      for (auto it = loader.begin_at(pos.batch); it != loader.end() && pos.step < total_steps; ++it, ++b) {
         wait_s += bench::now_s() - asked;
         Tensor xb = prepare((*it)[0]), yb = (*it)[1].to(device);
         if (opt) opt->zero_grad(true);
