@@ -33,8 +33,11 @@
 // --metrics FILE.jsonl: rank 0 writes one JSON object per logged step (step, epoch, loss, lr,
 // samples_per_s, forward_ms, backward_ms, comm_ms, overlap_ms; accuracy and test_loss on the
 // steps that end an epoch), as tools/plot.py reads. --trace FILE.json: every rank records a
-// Chrome trace-event timeline (forward, backward, each bucket's reduction, the optimizer step,
-// waits); rank 0 merges them into one file that Perfetto or chrome://tracing opens.
+// Chrome trace-event timeline, one track per thread: each step's forward + loss, autograd's
+// backward, DDP's end-of-backward wait for its buckets and the optimizer step on the main thread;
+// the collectives on the communication thread; each bucket as an async span from its launch to
+// its reduction; the loader's batches and any wait for them. Rank 0 merges them into one file
+// that Perfetto (ui.perfetto.dev) or chrome://tracing opens.
 #include "cli.h"
 #include <unistd.h>
 
@@ -222,7 +225,7 @@ int main(int argc, char** argv) {
     TANDEM_CHECK(!optimizer_in_backward || lr_schedule == "constant" && warmup_steps == 0,
                  "[train] --lr-schedule and --warmup-steps need an optimizer the loop steps, not "
                  "--optimizer-in-backward");
-    if (!trace_path.empty()) trace::start();  // before init, so the process group's threads are named in it
+    if (!trace_path.empty()) trace::start();  // before init: DDP's start-up collectives are on it too
     dist::InitOptions init;
     init.backend = backend;
     dist::ProcessGroupPtr world = dist::init(init);
@@ -418,23 +421,25 @@ int main(int argc, char** argv) {
       double asked = bench::now_s();
       for (auto it = loader.begin_at(pos.batch); it != loader.end() && pos.step < total_steps; ++it, ++b) {
         wait_s += bench::now_s() - asked;
-        Tensor xb = prepare((*it)[0]), yb = (*it)[1].to(device);
-        if (opt) opt->zero_grad(true);
         Tensor loss;
         {
-          TANDEM_TRACE_SCOPE("forward", "train");
-          Tensor logits = ddp(xb);  // bf16/f16 under mixed precision: the loss is taken in f32
-          loss = nn::cross_entropy(logits.dtype() == f32 ? logits : logits.to(f32), yb);
+          TANDEM_TRACE_SCOPE("step", "train");
+          Tensor xb = prepare((*it)[0]), yb = (*it)[1].to(device);
+          if (opt) opt->zero_grad(true);
+          {
+            TANDEM_TRACE_SCOPE("forward + loss", "train");
+            Tensor logits = ddp(xb);  // bf16/f16 under mixed precision: the loss is taken in f32
+            loss = nn::cross_entropy(logits.dtype() == f32 ? logits : logits.to(f32), yb);
+          }
+          // Autograd's "backward" span: DDP's buckets launch inside it and its wait ends it. Under
+          // --optimizer-in-backward every parameter is stepped there and its .grad set to none.
+          loss.backward();
+          if (opt) {
+            TANDEM_TRACE_SCOPE("optimizer step", "train");
+            opt->step();
+          }
+          if (schedule) schedule->step();
         }
-        {
-          TANDEM_TRACE_SCOPE("backward", "train");
-          loss.backward();  // in backward: every parameter is stepped here and its .grad set to none
-        }
-        if (opt) {
-          TANDEM_TRACE_SCOPE("optimizer.step", "train");
-          opt->step();
-        }
-        if (schedule) schedule->step();
         ++pos.step;
         pos.batch = b + 1;
         const bool epoch_done = pos.batch == batches_per_epoch;
