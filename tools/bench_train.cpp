@@ -49,12 +49,12 @@ nlohmann::json epoch_worker(const std::string& data_root) {
   set_num_threads(1);
   dist::ProcessGroupPtr g = dist::init();
   auto train_set = std::make_shared<data::FashionMNIST>(data::Split::train, data::FashionMnistOptions{.root = data_root});
-  manual_seed(fmnist_init_seed(0));
+  manual_seed(train_init_seed(0));
   auto model = make_fmnist_cnn();
   optim::SGD opt(model->parameters(), {.lr = kFmnistCnnRecipe.lr, .momentum = kSgdMomentum});
   dist::DistributedDataParallel ddp(model, g);
   data::DataLoader loader(train_set, {.batch_size = kFmnistBatch,
-                                      .seed = fmnist_loader_seed(0),
+                                      .seed = train_loader_seed(0),
                                       .num_replicas = g->size(),
                                       .rank = g->rank()});
   loader.set_epoch(0);
@@ -96,11 +96,11 @@ nlohmann::json epoch_worker(const std::string& data_root) {
 
 void write_setup(const std::string& path, int64_t epochs_np2, int64_t dataset_size) {
   nn::TensorDict all;
-  manual_seed(fmnist_init_seed(0));
+  manual_seed(train_init_seed(0));
   for (const auto& [name, t] : make_fmnist_cnn()->state_dict()) all.insert("model." + name, t);
   for (int world : {1, 2}) {
     for (int rank = 0; rank < world; ++rank) {
-      dist::DistributedSampler sampler(dataset_size, world, rank, {.seed = fmnist_loader_seed(0)});
+      dist::DistributedSampler sampler(dataset_size, world, rank, {.seed = train_loader_seed(0)});
       for (int64_t e = 0; e < (world == 1 ? 1 : epochs_np2); ++e) {
         sampler.set_epoch(e);
         all.insert(fmt::format("order.{}.{}.{}", world, rank, e), from_vector(sampler.indices()));

@@ -54,20 +54,21 @@ inline std::shared_ptr<tandem::nn::Sequential> make_fmnist_mlp() {
 
 // train's seeds, from its --seed: the initial weights (manual_seed just before the model is
 // built) and the loader's shuffle. bench_train builds the same model and order for its peer.
-inline uint64_t fmnist_init_seed(uint64_t seed) { return seed + 7; }
-inline uint64_t fmnist_loader_seed(uint64_t seed) { return seed + 1000; }
+inline uint64_t train_init_seed(uint64_t seed) { return seed + 7; }
+inline uint64_t train_loader_seed(uint64_t seed) { return seed + 1000; }
 
-// What `train --data fashion-mnist` does when not told otherwise (SGD with momentum 0.9, per-rank
-// batch 64, the schedule stepped per step): the main job's recipe (tools/train.sh) for the CNN,
-// and the MLP's.
-struct FmnistRecipe {
+// What train does when not told otherwise (SGD with momentum 0.9, per-rank batch 64, the schedule
+// stepped per step): on Fashion-MNIST the main job's recipe (tools/train.sh) for the CNN, and the
+// MLP's; the synthetic set's for tests. bench_train's PyTorch peer repeats the CNN's.
+struct TrainRecipe {
   int64_t epochs;
   double lr;
   const char* lr_schedule;  // constant, cosine or step
   int64_t warmup_steps;
 };
-inline constexpr FmnistRecipe kFmnistCnnRecipe{.epochs = 8, .lr = 0.05, .lr_schedule = "cosine", .warmup_steps = 0};
-inline constexpr FmnistRecipe kFmnistMlpRecipe{.epochs = 8, .lr = 0.05, .lr_schedule = "cosine", .warmup_steps = 0};
+inline constexpr TrainRecipe kFmnistCnnRecipe{.epochs = 8, .lr = 0.05, .lr_schedule = "cosine", .warmup_steps = 0};
+inline constexpr TrainRecipe kFmnistMlpRecipe{.epochs = 8, .lr = 0.05, .lr_schedule = "cosine", .warmup_steps = 0};
+inline constexpr TrainRecipe kSyntheticRecipe{.epochs = 3, .lr = 0.05, .lr_schedule = "constant", .warmup_steps = 0};
 inline constexpr int64_t kFmnistBatch = 64;
 inline constexpr double kSgdMomentum = 0.9;
 
