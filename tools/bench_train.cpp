@@ -129,12 +129,25 @@ std::optional<std::pair<double, double>> run_main_job(const std::string& cmd) {
   return std::make_pair(accuracy, seconds);
 }
 
-std::string note_runs(const bench::Samples& ours, const bench::Samples& peer, const std::string& unit) {
-  std::string s = fmt::format("{} run{}: ours {} {}", ours.values.size(), ours.values.size() == 1 ? "" : "s",
-                              ours.str(), unit);
-  if (!peer.empty()) s += fmt::format(", peer {} {}", peer.str(), unit);
-  return s;
-}
+// One row's runs, ours and the peer's alternating. Each round's ratio compares figures taken
+// moments apart: on a shared machine whose load drifts it is steadier than the medians' ratio.
+struct Paired {
+  bench::Samples ours, peer, ratio;
+  void round(std::optional<double> o, std::optional<double> p) {
+    if (o) ours.add(*o);
+    if (p) peer.add(*p);
+    if (o && p) ratio.add(*o / *p);
+  }
+  std::optional<double> peer_median() const { return peer.empty() ? std::nullopt : std::optional(peer.median()); }
+  // "3 runs: ours M [lo-hi] s, peer M [lo-hi] s, per run ours / peer R [lo-hi]"
+  std::string note(const std::string& unit) const {
+    std::string s = fmt::format("{} run{}: ours {} {}", ours.values.size(), ours.values.size() == 1 ? "" : "s",
+                                ours.str(), unit);
+    if (!peer.empty()) s += fmt::format(", peer {} {}", peer.str(), unit);
+    if (ratio.values.size() > 1) s += fmt::format(", per run ours / peer {}", ratio.str(3));
+    return s;
+  }
+};
 
 }  // namespace
 
@@ -197,53 +210,53 @@ int main(int argc, char** argv) {
     {
       ConvBench conv;
       for (int i = 0; i < 2; ++i) conv.step();
-      bench::Samples ours, peer;
+      Paired row;
       for (int r = 0; r < runs; ++r) {
         const double t0 = bench::now_s();
         for (int i = 0; i < 3; ++i) conv.step();
-        ours.add((bench::now_s() - t0) / 3 * 1e3);
-        if (!peer_ok) continue;
-        if (auto j = run_json(fmt::format("{} {} conv 2>&1", py, peer_script))) {
-          peer.add((*j)["conv2d_fwd_bwd_ms"].get<double>());
-          torch_version = (*j)["version"].get<std::string>();
-        }
+        const double ours = (bench::now_s() - t0) / 3 * 1e3;
+        std::optional<double> peer;
+        if (peer_ok)
+          if (auto j = run_json(fmt::format("{} {} conv 2>&1", py, peer_script))) {
+            peer = (*j)["conv2d_fwd_bwd_ms"].get<double>();
+            torch_version = (*j)["version"].get<std::string>();
+          }
+        row.round(ours, peer);
       }
-      rows.push_back({"conv2d_fwd_bwd", ours.median(), peer.empty() ? std::nullopt : std::optional(peer.median()),
-                      "ms", "ratio <= 1.0", "64x32x28x28, 3x3 to 64, pad 1; " + note_runs(ours, peer, "ms")});
+      rows.push_back({"conv2d_fwd_bwd", row.ours.median(), row.peer_median(), "ms", "ratio <= 1.0",
+                      "64x32x28x28, 3x3 to 64, pad 1; " + row.note("ms")});
     }
 
     // The epochs: ours alone, the peer alone, ours at 2 ranks, the peer at 2 ranks; again.
     {
-      bench::Samples ours1, peer1, ours2, peer2, wait2, wait1;
-      std::string acc1, acc2;
+      Paired alone, np2;
+      bench::Samples wait1, wait2;
+      std::string acc1, acc2;  // the first round's test accuracies, ours and the peer's (evaluated then only)
+      auto ours_epoch = [&](const std::string& launch, bench::Samples& wait, std::string& acc,
+                            int r) -> std::optional<double> {
+        auto j = run_json(fmt::format("{}{} --worker epoch --data-root {} 2>&1", launch, self, data_root));
+        if (!j) return std::nullopt;
+        wait.add(100 * (*j)["wait_s"].get<double>() / (*j)["epoch_s"].get<double>());
+        if (r == 0) acc = fmt::format("after it: ours {:.2f}%", 100 * (*j)["accuracy"].get<double>());
+        return (*j)["epoch_s"].get<double>();
+      };
+      auto peer_epoch = [&](int world, std::string& acc, int r) -> std::optional<double> {
+        if (!peer_ok) return std::nullopt;
+        auto j = peer_train(world, 1, "constant", r == 0);
+        if (!j) return std::nullopt;
+        if (r == 0) acc += fmt::format(", peer {:.2f}%", 100 * (*j)["accuracy"].get<double>());
+        return (*j)["epoch_s"].get<double>();
+      };
       for (int r = 0; r < runs; ++r) {
-        if (auto j = run_json(fmt::format("{} --worker epoch --data-root {} 2>&1", self, data_root))) {
-          ours1.add((*j)["epoch_s"].get<double>());
-          wait1.add(100 * (*j)["wait_s"].get<double>() / (*j)["epoch_s"].get<double>());
-          acc1 = fmt::format("after it: ours {:.2f}%", 100 * (*j)["accuracy"].get<double>());
-        }
-        if (peer_ok)
-          if (auto j = peer_train(1, 1, "constant", r == 0)) {
-            peer1.add((*j)["epoch_s"].get<double>());
-            if (r == 0) acc1 += fmt::format(", peer {:.2f}%", 100 * (*j)["accuracy"].get<double>());
-          }
-        if (auto j = run_json(
-                fmt::format("{} {} --worker epoch --data-root {} 2>&1", bench::mpirun_prefix(2), self, data_root))) {
-          ours2.add((*j)["epoch_s"].get<double>());
-          wait2.add(100 * (*j)["wait_s"].get<double>() / (*j)["epoch_s"].get<double>());
-          acc2 = fmt::format("after it: ours {:.2f}%", 100 * (*j)["accuracy"].get<double>());
-        }
-        if (peer_ok)
-          if (auto j = peer_train(2, 1, "constant", r == 0)) {
-            peer2.add((*j)["epoch_s"].get<double>());
-            if (r == 0) acc2 += fmt::format(", peer {:.2f}%", 100 * (*j)["accuracy"].get<double>());
-          }
+        const std::optional<double> o1 = ours_epoch("", wait1, acc1, r);
+        alone.round(o1, peer_epoch(1, acc1, r));
+        const std::optional<double> o2 = ours_epoch(bench::mpirun_prefix(2) + " ", wait2, acc2, r);
+        np2.round(o2, peer_epoch(2, acc2, r));
       }
-      auto peer_of = [](const bench::Samples& s) { return s.empty() ? std::nullopt : std::optional(s.median()); };
-      rows.push_back({"fmnist_cnn_epoch", ours1.median(), peer_of(peer1), "s", "ratio <= 0.8",
-                      fmt::format("1 process; {}; {}", note_runs(ours1, peer1, "s"), acc1)});
-      rows.push_back({"fmnist_cnn_epoch_np2", ours2.median(), peer_of(peer2), "s", "ratio <= 0.5",
-                      fmt::format("DDP vs PyTorch DDP gloo; {}; {}", note_runs(ours2, peer2, "s"), acc2)});
+      rows.push_back({"fmnist_cnn_epoch", alone.ours.median(), alone.peer_median(), "s", "ratio <= 0.8",
+                      fmt::format("1 process; {}; {}", alone.note("s"), acc1)});
+      rows.push_back({"fmnist_cnn_epoch_np2", np2.ours.median(), np2.peer_median(), "s", "ratio <= 0.5",
+                      fmt::format("DDP vs PyTorch DDP gloo; {}; {}", np2.note("s"), acc2)});
       rows.push_back({"loader_wait", wait2.median(), std::nullopt, "%", "<= 1%",
                       fmt::format("np2 epoch, {} runs: {} %; 1 process: {} %", wait2.values.size(), wait2.str(3),
                                   wait1.str(3))});
@@ -251,25 +264,28 @@ int main(int argc, char** argv) {
 
     // The main job (train's defaults under mpirun -np 2) and the peer after the same recipe.
     if (acc_runs > 0) {
-      bench::Samples ours, peer, ours_s, peer_s;
+      Paired accuracy;
+      bench::Samples ours_s, peer_s;
       for (int r = 0; r < acc_runs; ++r) {
+        std::optional<double> ours, peer;
         if (auto a = run_main_job(fmt::format("{} {} --progress lines --data-root {} 2>&1", bench::mpirun_prefix(2),
                                               train, data_root))) {
-          ours.add(a->first);
+          ours = a->first;
           ours_s.add(a->second);
         }
         if (peer_ok)
           if (auto j = peer_train(2, kFmnistCnnRecipe.epochs, kFmnistCnnRecipe.lr_schedule, true)) {
-            peer.add(100 * (*j)["accuracy"].get<double>());
+            peer = 100 * (*j)["accuracy"].get<double>();
             peer_s.add((*j)["train_s"].get<double>());
           }
+        accuracy.round(ours, peer);
       }
-      const double diff = ours.median() - (peer.empty() ? NAN : peer.median());
+      const double diff = accuracy.ours.median() - accuracy.peer_median().value_or(NAN);
       // The main job's time includes its evaluation after every epoch; the peer's is training only.
       rows.push_back({"fmnist_cnn_acc", diff, std::nullopt, "points", ">= -0.5",
                       fmt::format("{} epochs, lr {} {}, np2: {}; time ours {} s (with its evaluations), peer {} s",
                                   kFmnistCnnRecipe.epochs, kFmnistCnnRecipe.lr, kFmnistCnnRecipe.lr_schedule,
-                                  note_runs(ours, peer, "%"), ours_s.str(3), peer_s.str(3))});
+                                  accuracy.note("%"), ours_s.str(3), peer_s.str(3))});
     }
     fs::remove_all(tmp);
     if (!torch_version.empty() && !json) fmt::print("PyTorch {}; one intra-op thread per process\n", torch_version);

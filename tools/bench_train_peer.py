@@ -134,7 +134,7 @@ def train_rank(rank, args, port, queue):
         dist.all_reduce(last_loss)
         last_loss /= world
     if rank == 0:
-        accuracy = float("nan")
+        accuracy = None  # JSON has no NaN
         if not args.no_eval:
             tx, ty = fashion_mnist(args.data_root, "test", args.mean, args.std)
             model.eval()
