@@ -17,6 +17,7 @@
 
 #include "autograd/hooks.h"
 #include "autograd/ops.h"
+#include "core/trace.h"
 
 namespace tandem::autograd {
 
@@ -140,6 +141,7 @@ TensorList AccumulateGrad::apply(TensorList&& grads) {
 }
 
 void backward(const TensorList& roots, const TensorList& grads, bool retain_graph) {
+  TANDEM_TRACE_SCOPE("backward", "autograd");  // DDP's buckets launch inside it, its wait ends it
   TANDEM_CHECK(!roots.empty(), "[backward] no tensors given");
   TANDEM_CHECK(grads.empty() || grads.size() == roots.size(), "[backward] got {} roots but {} gradients",
                roots.size(), grads.size());

@@ -49,14 +49,20 @@ Registry& registry() {
   return *r;
 }
 
+// A thread's name until it records: naming a thread registers nothing, so threads that name
+// themselves at start (communication, prefetch) cost nothing while no recording runs.
+thread_local std::string tls_name;
+thread_local ThreadLog* tls_log = nullptr;
+
 ThreadLog& this_thread_log() {
   thread_local std::shared_ptr<ThreadLog> log = [] {
     auto l = std::make_shared<ThreadLog>();
     Registry& r = registry();
     std::lock_guard lock(r.mutex);
     l->tid = r.next_tid++;
-    l->name = "thread " + std::to_string(l->tid);  // set_thread_name says which
+    l->name = tls_name.empty() ? "thread " + std::to_string(l->tid) : tls_name;
     r.threads.push_back(l);
+    tls_log = l.get();
     return l;
   }();
   return *log;
@@ -85,9 +91,15 @@ void start() {
 void stop() { detail::trace_recording.store(false); }
 
 void set_thread_name(const std::string& name) {
-  ThreadLog& log = this_thread_log();
-  std::lock_guard lock(log.mutex);
-  log.name = name;
+  tls_name = name;
+  if (!tls_log) return;
+  std::lock_guard lock(tls_log->mutex);
+  tls_log->name = name;
+}
+
+uint64_t new_async_id() {
+  static std::atomic<uint64_t> next{1};
+  return next.fetch_add(1, std::memory_order_relaxed);
 }
 
 void Scope::begin(std::string name, const char* category) {

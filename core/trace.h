@@ -13,6 +13,7 @@
 #pragma once
 
 #include <atomic>
+#include <concepts>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -27,7 +28,8 @@ inline bool enabled() { return detail::trace_recording.load(std::memory_order_re
 void start();  // drops what an earlier recording kept, then records
 void stop();
 
-// The name this thread's track shows ("main", "comm world", ...); kept for later recordings.
+// The name this thread's track shows ("main", "rank 0 comm world", ...); kept for later
+// recordings. Cheap enough for any thread to call once at its start, recording or not.
 void set_thread_name(const std::string& name);
 
 // A span on the calling thread from construction to destruction.
@@ -38,6 +40,12 @@ class Scope {
   }
   Scope(const std::string& name, const char* category) {
     if (enabled()) begin(name, category);
+  }
+  // A name that costs something to make (a format) is made only while recording:
+  //   trace::Scope span([&] { return "wait " + what; }, "dist");
+  template <std::invocable F>
+  Scope(F&& make_name, const char* category) {
+    if (enabled()) begin(std::forward<F>(make_name)(), category);
   }
   ~Scope() {
     if (active_) end();
@@ -60,6 +68,8 @@ void instant(const std::string& name, const char* category);
 // spans of one name that overlap).
 void async_begin(const std::string& name, const char* category, uint64_t id);
 void async_end(const std::string& name, const char* category, uint64_t id);
+// A fresh id for async_begin/async_end, unique in this process.
+uint64_t new_async_id();
 
 // Everything recorded since start(), as one JSON object {"traceEvents": [...]}, process id `pid`
 // (the rank) named `process_name`, one thread id per thread with its name.

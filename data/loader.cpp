@@ -8,6 +8,9 @@
 #include <vector>
 
 #include "autograd/grad_mode.h"
+#include <fmt/format.h>
+
+#include "core/trace.h"
 
 namespace tandem::data {
 
@@ -33,6 +36,7 @@ struct DataLoader::Epoch {
   int64_t batch_size;
   int64_t num_batches;
   size_t capacity;
+  int rank;  // names the thread's track in a trace
   int64_t taken = 0;  // batches handed to the consumer (its side only)
   int64_t claimed = 0;  // batches made or being made, by either side (under the mutex)
 
@@ -43,10 +47,11 @@ struct DataLoader::Epoch {
   bool stop = false;
   std::thread worker;
 
-  Epoch(std::shared_ptr<const Dataset> d, std::vector<int64_t> idx, int64_t bs, int64_t nb, int prefetch)
+  Epoch(std::shared_ptr<const Dataset> d, std::vector<int64_t> idx, int64_t bs, int64_t nb, int64_t first,
+        int prefetch, int rank)
       : dataset(std::move(d)), indices(std::move(idx)), batch_size(bs), num_batches(nb),
-        capacity(static_cast<size_t>(prefetch)) {
-    if (capacity > 0 && num_batches > 0) worker = std::thread([this] { run(); });
+        capacity(static_cast<size_t>(prefetch)), rank(rank), taken(first), claimed(first) {
+    if (capacity > 0 && first < num_batches) worker = std::thread([this] { run(); });
   }
 
   ~Epoch() {
@@ -59,6 +64,7 @@ struct DataLoader::Epoch {
   }
 
   TensorList make(int64_t b) const {
+    TANDEM_TRACE_SCOPE("make batch", "data");
     // Data code never records on the tape: the batch is an input, not a result.
     NoGradGuard no_grad;
     const int64_t begin = b * batch_size;
@@ -70,6 +76,7 @@ struct DataLoader::Epoch {
   // The prefetch thread: makes the batches in order, at most `capacity` ahead of the consumer
   // (waiting for room before claiming one, so no more than that many exist beside the consumer's).
   void run() {
+    trace::set_thread_name(fmt::format("rank {} loader", rank));
     for (;;) {
       int64_t b;
       {
@@ -112,7 +119,10 @@ struct DataLoader::Epoch {
       }
       // The thread pushes every batch it claims (up to the first failure), and stop is only set
       // by this side, so this wait always ends.
-      ready.wait(lock, [&] { return !queue.empty(); });
+      if (queue.empty()) {
+        TANDEM_TRACE_SCOPE("wait for batch", "data");  // the step waits on the loader
+        ready.wait(lock, [&] { return !queue.empty(); });
+      }
       slot = std::move(queue.front());
       queue.pop_front();
     }
@@ -138,10 +148,12 @@ int64_t DataLoader::num_batches() const {
   return options_.drop_last ? n / bs : (n + bs - 1) / bs;
 }
 
-DataLoader::Iterator DataLoader::begin() {
+DataLoader::Iterator DataLoader::begin_at(int64_t first) {
+  TANDEM_CHECK(first >= 0 && first <= num_batches(), "[DataLoader] begin_at: batch {} is outside [0, {}]", first,
+               num_batches());
   running_.reset();
-  running_ = std::make_unique<Epoch>(dataset_, sampler_.indices(), options_.batch_size, num_batches(),
-                                     options_.prefetch);
+  running_ = std::make_unique<Epoch>(dataset_, sampler_.indices(), options_.batch_size, num_batches(), first,
+                                     options_.prefetch, options_.rank);
   return Iterator(this);
 }
 

@@ -84,7 +84,10 @@ class DataLoader {
 
   // Starts an epoch (stopping one still running) and takes its first batch. One pass at a time:
   // a second begin() ends the first pass's epoch.
-  Iterator begin();
+  Iterator begin() { return begin_at(0); }
+  // The same from batch `first` of the epoch (in [0, num_batches()]): a run resumed mid-epoch
+  // goes on with the batches it had not trained on, without making the ones before.
+  Iterator begin_at(int64_t first);
   std::default_sentinel_t end() const { return {}; }
 
  private:

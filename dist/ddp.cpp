@@ -10,6 +10,7 @@
 
 #include "autograd/grad_mode.h"
 #include "autograd/ops.h"
+#include "core/trace.h"
 #include "dist/init.h"
 
 namespace tandem::dist {
@@ -132,8 +133,11 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
                    m.tensor.dtype(), *reduce_dtype, m.tensor.dtype());
     }
   }
-  verify_same_model_across_ranks(sig_params);
-  broadcast_states(options_.broadcast_buffers);
+  {
+    TANDEM_TRACE_SCOPE("ddp construction sync", "ddp");
+    verify_same_model_across_ranks(sig_params);
+    broadcast_states(options_.broadcast_buffers);
+  }
   // Optimizer in backward: DDP steps each managed parameter after its reduction (the local hook
   // no longer does), and applying one after this point is an error.
   auto take_over = [this](const Tensor& p) {
@@ -332,8 +336,13 @@ void DistributedDataParallel::before_forward() {
   // no_sync and the synchronised one that ends the window run on each rank's own buffers.
   // Read afresh every time: a reassigned buffer (set_buffer) is synced too.
   if (autograd::grad_mode_enabled() && sync_buffers_before_forward_ && options_.broadcast_buffers &&
-      group_->size() > 1)
-    broadcast_from_rank0(*group_, synced_buffers());
+      group_->size() > 1) {
+    const std::vector<Tensor> buffers = synced_buffers();
+    if (!buffers.empty()) {  // a module without buffers broadcasts nothing: no span either
+      TANDEM_TRACE_SCOPE("ddp broadcast buffers", "ddp");
+      broadcast_from_rank0(*group_, buffers);
+    }
+  }
   if (shadows_) shadows_->cast_in();  // synchronised and no_sync forwards alike
 }
 
@@ -350,6 +359,7 @@ void DistributedDataParallel::after_forward(const TensorList& outputs) {
 }
 
 Tensor DistributedDataParallel::forward(const Tensor& input) {
+  TANDEM_TRACE_SCOPE("ddp forward", "ddp");
   before_forward();
   const auto start = std::chrono::steady_clock::now();
   // With mixed precision a floating input is cast to param_dtype, as PyTorch's cast_forward_inputs.

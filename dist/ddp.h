@@ -27,6 +27,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/trace.h"
 #include "dist/comm_hooks.h"
 #include "dist/delayed_allreduce.h"
 #include "dist/mixed_precision.h"
@@ -108,6 +109,7 @@ class DistributedDataParallel {
   // this iteration's; for other result types any backward that reaches the parameters is.
   template <class F>
   auto call(F&& run_forward) -> decltype(run_forward()) {
+    TANDEM_TRACE_SCOPE("ddp forward", "ddp");
     before_forward();
     auto out = run_forward();
     TensorList outputs;

@@ -11,6 +11,7 @@
 #include "autograd/grad_mode.h"
 #include "autograd/ops.h"
 #include "core/elementwise.h"
+#include "core/trace.h"
 
 namespace tandem::dist {
 
@@ -306,6 +307,7 @@ void Reducer::chain_in_backward_steps(size_t index) {
   Bucket& b = buckets_[index];
   if (std::none_of(b.params.begin(), b.params.end(), [this](size_t p) { return steps_with_bucket(p); })) return;
   b.work = b.work->then([this, index](Work& w) {
+    TANDEM_TRACE_SCOPE("optimizer step (in backward)", "ddp");
     NoGradGuard no_grad;
     // On a device the step's kernels follow the reduction on the communication stream; the end
     // of backward joins that stream before anything reads the stepped parameters.
@@ -467,6 +469,16 @@ void Reducer::launch_ready_buckets() {
     gb.lengths = b.lengths;
     gb.group = group_.get();
     if (index == 0) first_launch_ = Clock::now();
+    // The timeline: an async span from the launch (this thread, before the collective is issued,
+    // which may start it at once) to the reduction's completion (the thread that completes it),
+    // so its overlap with the rest of backward shows. Named only while recording.
+    std::string span;
+    uint64_t span_id = 0;
+    if (trace::enabled()) {
+      span = fmt::format("bucket {} ({:.2f} MiB)", index, static_cast<double>(b.buffer.nbytes()) / (1 << 20));
+      span_id = trace::new_async_id();
+      trace::async_begin(span, "ddp", span_id);
+    }
     // Without a hook the slots were divided on the way in: a plain sum averages.
     if (comm_hook_) {
       b.work = comm_hook_(gb);
@@ -476,7 +488,8 @@ void Reducer::launch_ready_buckets() {
     TANDEM_CHECK(b.work != nullptr, "[ddp] the comm hook returned no Work for bucket {}", index);
     events_.push_back({ReducerEvent::bucket_launched, static_cast<int64_t>(index)});
     // The completion time, for the statistics (runs on whichever thread completes the work).
-    b.work->then([m = completion_mutex_, last = last_completion_](Work&) {
+    b.work->then([m = completion_mutex_, last = last_completion_, span = std::move(span), span_id](Work&) {
+      if (span_id) trace::async_end(span, "ddp", span_id);
       std::lock_guard<std::mutex> lock(*m);
       *last = std::max(*last, Clock::now());
       return TensorList{};
@@ -496,6 +509,7 @@ void Reducer::launch_used_map() {
 void Reducer::finalize() {
   finalize_ran_ = true;
   if (!expect_hooks_) return;
+  TANDEM_TRACE_SCOPE("ddp finalize", "ddp");
   try {
     if (static_first_iteration()) {
       finalize_static_first_iteration();
@@ -559,6 +573,7 @@ void Reducer::wait_and_write_back() {
   bool waited = false;  // some bucket was still in flight: its completion time is about wait_end
   for (const Bucket& b : buckets_) waited = waited || !b.work->is_completed();
   try {
+    TANDEM_TRACE_SCOPE("ddp wait for buckets", "ddp");  // the communication backward did not hide
     for (size_t i = 0; i < buckets_.size(); ++i) {
       take_result(i, buckets_[i].work->result());  // waits; rethrows a failed collective
       events_.push_back({ReducerEvent::bucket_reduced, static_cast<int64_t>(i)});
@@ -625,6 +640,7 @@ void Reducer::wait_and_write_back() {
 }
 
 void Reducer::rebuild_buckets() {
+  TANDEM_TRACE_SCOPE("ddp rebuild buckets", "ddp");
   rebuild_pending_ = false;
   rebuilt_ = true;
   const size_t n = params_.size();

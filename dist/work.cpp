@@ -1,5 +1,6 @@
 #include "dist/process_group.h"
 
+#include "core/trace.h"
 #include "dist/detail/comm_thread.h"
 
 #include <atomic>
@@ -49,6 +50,7 @@ void Work::wait() const {
     TANDEM_CHECK(!on_comm_thread(), "[dist] wait on {} from a communication thread (inside a continuation) would "
                  "deadlock; chain it with then() instead", description_);
     CountedWait counted;
+    trace::Scope span([&] { return "wait " + description_; }, "dist");  // only a wait that blocks
     cv_.wait(lock, [&] { return done_; });
   }
   if (error_) std::rethrow_exception(error_);
@@ -60,6 +62,7 @@ void Work::wait(Milliseconds timeout) const {
     TANDEM_CHECK(!on_comm_thread(), "[dist] wait on {} from a communication thread (inside a continuation) would "
                  "deadlock; chain it with then() instead", description_);
     CountedWait counted;
+    trace::Scope span([&] { return "wait " + description_; }, "dist");
     if (!cv_.wait_for(lock, timeout, [&] { return done_; })) {
       fail("[dist] wait on {} timed out after {} ms (the operation is still running)", description_, timeout.count());
     }

@@ -330,6 +330,7 @@ const PoolCase kPoolCases[] = {
     {{1, 2, 9, 8}, 3, 2, 1, {2, 1}, false},  // dilation (max only)
     {{1, 1, 5, 6}, {3, 2}, {2, 3}, {1, 0}, 1, true},
     {{1, 1, 4, 4}, 4, 1, 2, 1, false},  // every window reaches into the padding
+    {{2, 2, 5, 5}, 2, 2, 0, 1, true},   // 2x2/2 whose last windows stick out: the clipped walk
 };
 }  // namespace
 
@@ -351,6 +352,20 @@ TEST_CASE("max_pool2d matches the definition, first maximum and NaN included", "
   auto [y, idx] = max_pool2d_with_indices(x, 2);
   REQUIRE(std::isnan(y.item<double>()));
   REQUIRE(idx.item<int64_t>() == 1);
+  // The last NaN of a window wins; a window of -inf keeps its first position (2x2/2 and the
+  // general walk alike: a 3x3 window with padding 1 holds the same four values).
+  const double inf = std::numeric_limits<double>::infinity();
+  for (int64_t k : {2, 3}) {
+    INFO("kernel " << k);
+    const int64_t pad = k == 3 ? 1 : 0;
+    auto [yn, in] = max_pool2d_with_indices(from_vector<double>({std::nan(""), 5, std::nan(""), 7}, {1, 1, 2, 2}), k,
+                                            2, pad);
+    REQUIRE(std::isnan(yn.item<double>()));
+    REQUIRE(in.item<int64_t>() == 2);
+    auto [yi, ii] = max_pool2d_with_indices(from_vector<double>({-inf, -inf, -inf, -inf}, {1, 1, 2, 2}), k, 2, pad);
+    REQUIRE(yi.item<double>() == -inf);
+    REQUIRE(ii.item<int64_t>() == 0);
+  }
   // Stride defaults to the kernel size.
   REQUIRE(max_pool2d(zeros({1, 1, 6, 6}), 2).shape() == Shape{1, 1, 3, 3});
   REQUIRE(max_pool2d(zeros({1, 1, 6, 6}), 2, 1).shape() == Shape{1, 1, 5, 5});

@@ -400,6 +400,31 @@ TEST_CASE("DataLoader: prefetch makes batches on one background thread, at most 
   }
 }
 
+TEST_CASE("DataLoader: begin_at resumes an epoch at a batch without making the ones before", "[data][loader]") {
+  for (int prefetch : {0, 2}) {
+    INFO("prefetch " << prefetch);
+    auto ds = std::make_shared<ProbeDataset>();  // 40 examples, counts what it makes
+    data::DataLoader loader(ds, {.batch_size = 4, .seed = 5, .prefetch = prefetch});
+    loader.set_epoch(3);
+    const std::vector<std::vector<int64_t>> whole = epoch_batches(loader);
+    REQUIRE(whole.size() == 10);
+    {
+      std::lock_guard<std::mutex> lock(ds->mutex);
+      ds->made = 0;
+    }
+    std::vector<std::vector<int64_t>> rest;
+    for (auto it = loader.begin_at(7); it != loader.end(); ++it) rest.push_back(as_i64((*it)[0]));
+    REQUIRE(rest == std::vector<std::vector<int64_t>>(whole.begin() + 7, whole.end()));
+    {
+      std::lock_guard<std::mutex> lock(ds->mutex);
+      REQUIRE(ds->made == 3);
+    }
+    REQUIRE(loader.begin_at(10) == loader.end());  // resumed at the epoch's end: nothing left
+    REQUIRE_THROWS_WITH(loader.begin_at(11), "[DataLoader] begin_at: batch 11 is outside [0, 10]");
+    REQUIRE_THROWS_WITH(loader.begin_at(-1), "[DataLoader] begin_at: batch -1 is outside [0, 10]");
+  }
+}
+
 TEST_CASE("DataLoader: destroyed or restarted mid-epoch, it stops its thread", "[data][loader]") {
   auto ds = std::make_shared<ProbeDataset>();
   {

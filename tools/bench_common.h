@@ -1,6 +1,8 @@
-// Shared by the benchmark programs: timing, medians, RSS, and the row table / --json output
-// (one JSON object per row: name, ours, peer, unit, ratio = ours / peer).
+// Shared by the benchmark programs: timing, medians, RSS, launching workers under mpirun, and the
+// row table / --json output (one JSON object per row: name, ours, peer, unit, ratio = ours / peer).
 #pragma once
+
+#include <unistd.h>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -61,6 +63,43 @@ inline std::vector<double> median_seconds_interleaved(const std::vector<std::fun
     medians.push_back(s[s.size() / 2]);
   }
   return medians;
+}
+
+// Samples of one figure, summarised as a row reports it: median, range, count.
+struct Samples {
+  std::vector<double> values;
+  void add(double v) { values.push_back(v); }
+  bool empty() const { return values.empty(); }
+  double median() const {
+    if (values.empty()) return NAN;
+    std::vector<double> v = values;
+    std::sort(v.begin(), v.end());
+    return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
+  }
+  double min() const { return values.empty() ? NAN : *std::min_element(values.begin(), values.end()); }
+  double max() const { return values.empty() ? NAN : *std::max_element(values.begin(), values.end()); }
+  // "12.3 [12.1-12.9]" (one value: just it), with `digits` significant digits.
+  std::string str(int digits = 4) const {
+    if (values.empty()) return "-";
+    if (values.size() == 1) return fmt::format("{:.{}g}", values[0], digits);
+    return fmt::format("{:.{}g} [{:.{}g}-{:.{}g}]", median(), digits, min(), digits, max(), digits);
+  }
+};
+
+// This program's path, to launch itself as a worker.
+inline std::string self_exe(const char* fallback) {
+  std::array<char, 4096> buf{};
+  ssize_t n = readlink("/proc/self/exe", buf.data(), buf.size() - 1);
+  return n > 0 ? std::string(buf.data(), static_cast<size_t>(n)) : fallback;
+}
+
+// `mpirun -np N` with what this machine needs (root, more ranks than cores) and one intra-op
+// thread per rank.
+inline std::string mpirun_prefix(int np) {
+  std::string flags;
+  if (geteuid() == 0) flags += " --allow-run-as-root";
+  if (np > static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN))) flags += " --oversubscribe";
+  return fmt::format("mpirun -np {}{} -x TANDEM_NUM_THREADS=1", np, flags);
 }
 
 // Resident set size of this process, in bytes (from /proc/self/statm).

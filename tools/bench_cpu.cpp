@@ -52,19 +52,10 @@ std::pair<double, double> matmul_gflops(int64_t n, int runs) {
   return {flops / ours / 1e9, flops / peer / 1e9};
 }
 
-// One forward and backward of nn::Conv2d(32, 64, 3, padding 1) on a 64x32x28x28 input, gradients
-// cleared first (as the peer does), in ms.
+// tools/mlp.h's ConvBench, in ms.
 double conv2d_fwd_bwd_ms(int runs) {
-  nn::Conv2d conv(32, 64, 3, 1, 1);
-  Tensor x = randn({64, 32, 28, 28}).requires_grad_();
-  double s = bench::median_seconds(
-      [&] {
-        conv.zero_grad(true);
-        x.set_grad(Tensor());
-        sum(conv(x)).backward();
-      },
-      3, runs, 2);
-  return s * 1e3;
+  ConvBench conv;
+  return bench::median_seconds([&] { conv.step(); }, 3, runs, 2) * 1e3;
 }
 
 // The PyTorch peer's rows; nullopt (silently) where it cannot run.

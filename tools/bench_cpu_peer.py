@@ -10,8 +10,7 @@ import time
 
 import torch
 
-torch.set_num_threads(1)
-runs = int(sys.argv[1]) if len(sys.argv) > 1 else 5
+runs = 5  # samples per row; the command line's first argument (bench_train imports the rows)
 
 
 def median_time(fn, iters, warmup):
@@ -69,5 +68,8 @@ def conv2d_fwd_bwd():
     return median_time(step, 3, 2) * 1e3  # ms
 
 
-out = {"mlp_step": mlp_step(), "tiny_op": tiny_op(), "conv2d_fwd_bwd": conv2d_fwd_bwd()}
-print(json.dumps(out))
+if __name__ == "__main__":
+    torch.set_num_threads(1)
+    runs = int(sys.argv[1]) if len(sys.argv) > 1 else runs
+    out = {"mlp_step": mlp_step(), "tiny_op": tiny_op(), "conv2d_fwd_bwd": conv2d_fwd_bwd()}
+    print(json.dumps(out))

@@ -46,19 +46,6 @@ double peak_rss_mib() {
 // A worker's or the peer's JSON result; failures are told on stderr (bench_common.h).
 std::optional<nlohmann::json> run_json(const std::string& cmd) { return bench::run_json(cmd, "bench_ddp"); }
 
-std::string self_exe() {
-  std::array<char, 4096> buf{};
-  ssize_t n = readlink("/proc/self/exe", buf.data(), buf.size() - 1);
-  return n > 0 ? std::string(buf.data(), static_cast<size_t>(n)) : "bench_ddp";
-}
-
-std::string mpirun_prefix(int np) {
-  std::string flags;
-  if (geteuid() == 0) flags += " --allow-run-as-root";
-  if (np > static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN))) flags += " --oversubscribe";
-  return fmt::format("mpirun -np {}{} -x TANDEM_NUM_THREADS=1", np, flags);
-}
-
 // ---- workers (under mpirun; rank 0 prints one JSON line) ----
 
 double max_abs_diff(const TensorList& a, const TensorList& b) {
@@ -271,13 +258,13 @@ int main(int argc, char** argv) {
   try {
     if (!worker_task.empty()) return worker(worker_task, runs, momentum);
     set_num_threads(1);
-    const std::string self = self_exe();
+    const std::string self = bench::self_exe("bench_ddp");
     std::vector<bench::Row> rows;
 
     manual_seed(0);
     MlpBench single(64, 784, 512, 10);
     double single_ms = bench::median_seconds([&] { single.step(); }, 20, runs, 5) * 1e3;
-    auto ddp = run_json(fmt::format("{} {} --worker ddp_step --runs {} 2>&1", mpirun_prefix(2), self, runs));
+    auto ddp = run_json(fmt::format("{} {} --worker ddp_step --runs {} 2>&1", bench::mpirun_prefix(2), self, runs));
     auto figure = [](const std::optional<nlohmann::json>& j, const char* key) {
       return j ? (*j)[key].get<double>() : NAN;
     };
@@ -305,7 +292,7 @@ int main(int argc, char** argv) {
     rows.push_back({"optim_in_bwd_np2", in_bwd_ms, ddp_ms, "ms", "ratio <= 1.0",
                     "DDP + SGD (momentum 0.9) in backward vs DDP + step()"});
 
-    auto mp = run_json(fmt::format("{} {} --worker mixed_precision --runs {} 2>&1", mpirun_prefix(2), self, runs));
+    auto mp = run_json(fmt::format("{} {} --worker mixed_precision --runs {} 2>&1", bench::mpirun_prefix(2), self, runs));
     if (mp) {
       rows.push_back({"mp_bf16_comm_np2", figure(mp, "mp_comm_ms"), figure(mp, "f32_comm_ms"), "ms", "ratio <= 0.6",
                       "4x Linear(1024,1024), 8 rows/rank: the reducer's comm time per step, bf16 mixed precision vs "
@@ -313,7 +300,7 @@ int main(int argc, char** argv) {
       rows.push_back({"mp_bf16_step_np2", figure(mp, "mp_step_ms"), figure(mp, "f32_step_ms"), "ms", "ratio <= 0.9",
                       "the same model, whole step (forward, backward, step), bf16 mixed precision vs f32 DDP"});
     }
-    auto bucketing = run_json(fmt::format("{} {} --worker bucketing --runs {} 2>&1", mpirun_prefix(2), self, runs));
+    auto bucketing = run_json(fmt::format("{} {} --worker bucketing --runs {} 2>&1", bench::mpirun_prefix(2), self, runs));
     if (bucketing) {
       double bucketed = (*bucketing)["bucketed_ms"].get<double>(), per_param = (*bucketing)["per_param_ms"].get<double>();
       rows.push_back({"bucketing_gain", per_param / bucketed, std::nullopt, "x", ">= 5x",
@@ -321,7 +308,7 @@ int main(int argc, char** argv) {
     }
     if (!quick) {
       auto single_rss = run_json(fmt::format("{} --worker rss_single 2>&1", self));
-      auto ddp_rss = run_json(fmt::format("{} {} --worker rss_ddp 2>&1", mpirun_prefix(2), self));
+      auto ddp_rss = run_json(fmt::format("{} {} --worker rss_ddp 2>&1", bench::mpirun_prefix(2), self));
       if (single_rss && ddp_rss) {
         double s = (*single_rss)["peak_rss_mib"].get<double>(), d = (*ddp_rss)["peak_rss_mib"].get<double>();
         rows.push_back({"bucket_view_rss", d / s, std::nullopt, "x", "<= 1.1",
@@ -330,7 +317,7 @@ int main(int argc, char** argv) {
       // The same model under DDP (default options), SGD with momentum both ways, each in its own
       // processes; plain SGD (no optimizer state) beside it in the note.
       auto rss = [&](const char* what, double m) {
-        return run_json(fmt::format("{} {} --worker {} --momentum {} 2>&1", mpirun_prefix(2), self, what, m));
+        return run_json(fmt::format("{} {} --worker {} --momentum {} 2>&1", bench::mpirun_prefix(2), self, what, m));
       };
       auto in_bwd_rss = rss("rss_in_bwd", 0.9), step_rss = rss("rss_step", 0.9);
       auto in_bwd_plain = rss("rss_in_bwd", 0), step_plain = rss("rss_step", 0);

@@ -31,7 +31,7 @@ expect_help() {
   fi
 }
 
-for tool in train bench_cpu bench_ddp bench_gpu allreduce_bench; do
+for tool in train bench_cpu bench_ddp bench_gpu bench_train allreduce_bench; do
   expect_help "$tool"
   expect_bad "$tool" --no-such-flag
 done
@@ -43,6 +43,8 @@ expect_bad train stray-argument
 expect_bad bench_cpu --runs 0
 expect_bad bench_ddp --runs -3
 expect_bad bench_gpu --runs x
+expect_bad bench_train --runs 0
+expect_bad bench_train --worker nonsense
 expect_bad allreduce_bench --backend gloo
 expect_bad allreduce_bench --min-bytes 4Q
 expect_bad allreduce_bench --dtype f8

@@ -4,6 +4,7 @@
 
 #include <map>
 
+#include "core/trace.h"
 #include "dist/detail/comm_thread.h"
 
 namespace tandem::dist {
@@ -85,6 +86,9 @@ void QueuedGroup::wait_quietly(const Work& work) {
 }
 
 void QueuedGroup::run_inline(Op op) {
+  // On the issuing thread's track: the start and the polls (the communication thread's track
+  // shows the rest when the peers are late).
+  TANDEM_TRACE_SCOPE(op_kind_name(op.kind).data(), "comm");
   op.deadline = Clock::now() + op.timeout;
   try {
     std::unique_ptr<StartedOp> started = start(op);
@@ -142,6 +146,7 @@ void QueuedGroup::stop_comm_thread() {
 
 void QueuedGroup::run_loop() {
   set_on_comm_thread(true);
+  trace::set_thread_name(fmt::format("rank {} comm {}", rank(), name()));
   for (;;) {
     Op op;
     bool broken_group = false;
@@ -164,6 +169,9 @@ void QueuedGroup::run_loop() {
 }
 
 void QueuedGroup::run_one(Op& op) {
+  // The op's whole turn, its completion and continuations included (a bucket's reduction ends
+  // inside it). op_kind_name's views are of literals: null-terminated.
+  TANDEM_TRACE_SCOPE(op_kind_name(op.kind).data(), "comm");
   try {
     if (!op.started) op.deadline = Clock::now() + op.timeout;  // a started op keeps its deadline
     execute(op);
