@@ -129,6 +129,24 @@ TEST_CASE("CPU storage is 64-byte aligned and the thread count is settable", "[b
   REQUIRE_THROWS_WITH(set_num_threads(0), Catch::Contains("[set_num_threads]"));
 }
 
+TEST_CASE("large CPU blocks are reused after a free, aligned and holding what is written", "[backend]") {
+  // Sizes on both sides of the cache's 128 KiB threshold, and one that rounds up to a page.
+  for (int64_t n : {int64_t{32767}, int64_t{32768}, int64_t{32769}, int64_t{1} << 20}) {
+    void* first = nullptr;
+    {
+      Tensor t = full({n}, 3.0f);
+      first = t.data_ptr();
+    }
+    Tensor z = zeros({n});
+    REQUIRE(reinterpret_cast<uintptr_t>(z.data_ptr()) % 64 == 0);
+    if (n * 4 >= (int64_t{128} << 10)) REQUIRE(z.data_ptr() == first);
+    REQUIRE(sum(z).item<float>() == 0.0f);
+    Tensor o = ones({n});
+    REQUIRE(o.data_ptr() != z.data_ptr());
+    REQUIRE(sum(o).item<float>() == static_cast<float>(n));
+  }
+}
+
 TEST_CASE("sizes that overflow 64 bits are errors, not undersized buffers", "[backend]") {
   REQUIRE_THROWS_WITH(zeros({int64_t{1} << 62}), Catch::Contains("does not fit in 64 bits"));
   REQUIRE_THROWS_WITH(zeros({int64_t{1} << 32, int64_t{1} << 32}), Catch::Contains("too large"));
