@@ -154,9 +154,10 @@ Tensor read_idx(const std::string& path, Dtype dtype) {
   TANDEM_CHECK(!overflow, "[read_idx] {}: dims {} are too large to be real", path, shape);
   const size_t need = count * type->size;
 
-  // The dims are not trusted with an allocation: the payload is read in growing pieces, so a
-  // corrupt header claiming terabytes fails at the file's real end, not in the allocator.
-  std::vector<uint8_t> payload(std::min<size_t>(need, size_t{256} << 20));
+  // The dims are not trusted with an allocation: the payload is read into a buffer that doubles
+  // from 1 MiB, so a corrupt header claiming terabytes fails at the file's real end, having
+  // allocated (and zeroed) about twice what the file holds, not what it claims.
+  std::vector<uint8_t> payload(std::min<size_t>(need, size_t{1} << 20));
   size_t have = in.read(payload.data(), payload.size());
   while (have == payload.size() && have < need) {
     payload.resize(std::min(need, payload.size() * 2));

@@ -10,7 +10,7 @@
 extern "C" const char* __asan_default_options() {
   return "allocator_may_return_null=1:max_allocation_size_mb=1024";
 }
-// UBSan: stop at the first report, except those tools/fuzz/ubsan.supp lists (element values of
+// UBSan: stop at the first report, except those tools/ubsan.supp lists (element values of
 // integer tensors wrapping, and tensor casts, as in PyTorch; see that file).
 extern "C" const char* __ubsan_default_options() {
   return "halt_on_error=1:print_stacktrace=1:suppressions=" TANDEM_FUZZ_UBSAN_SUPP;

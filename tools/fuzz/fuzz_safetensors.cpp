@@ -6,7 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "core/backend.h"
+#include "core/threads.h"
 #include "core/error.h"
 #include "fuzz_common.h"
 #include "nn/safetensors.h"

@@ -4,6 +4,8 @@
 safetensors: valid files laid out as Tandem's save_safetensors writes them (compact JSON, padded
 with spaces to a multiple of 8, tensors by decreasing element size then name), and malformed ones
 that each break one rule the loader checks.
+idx: IDX files, plain and gzipped, of every element type, and broken ones (bad magic, payload
+too short or too long, truncated gzip, CRC error).
 ops, collectives: small programs in the byte encodings that fuzz_ops.cpp and fuzz_collectives.cpp
 read (each helper below mirrors one op's reads; a reader past the end yields zeros).
 
@@ -12,6 +14,7 @@ that covers it (tests/test_*.cpp, tagged [fuzz]); they run with the other seeds 
 
 Run it again only to change the seeds; the bytes are committed.
 """
+import gzip
 import json
 import os
 import struct
@@ -208,7 +211,41 @@ collectives_seeds = {
                                        + change(6, 0, 221) + KEEP,
 }
 
-for name, table in [("safetensors", safetensors_seeds), ("ops", ops_seeds), ("collectives", collectives_seeds)]:
+
+def idx(type_code, dims, payload, dtype=0):
+    """An IDX file (magic 00 00 type ndim, big-endian u32 dims, payload) behind fuzz_idx's dtype
+    byte (0 f32, 1 f64, 2 f16, 3 bf16, 4 i32, 5 i64, 6 bool)."""
+    head = bytes([0, 0, type_code, len(dims)]) + b"".join(struct.pack(">I", d) for d in dims)
+    return bytes([dtype]) + head + payload
+
+
+def gz(seed):
+    """The same seed with its file gzipped (mtime 0, so the bytes are reproducible)."""
+    return seed[:1] + gzip.compress(seed[1:], mtime=0)
+
+
+idx_images = idx(0x08, [2, 3, 3], bytes(range(0, 180, 10)))
+idx_seeds = {
+    "u8_images": idx_images,
+    "u8_images_gz": gz(idx_images),
+    "u8_labels_i64": idx(0x08, [5], bytes([0, 9, 3, 1, 7]), dtype=5),
+    "i8_bool": idx(0x09, [4], bytes([0, 1, 0xFF, 0x80]), dtype=6),
+    "i16_i32": idx(0x0B, [2, 2], struct.pack(">4h", -1, 2, -32768, 32767), dtype=4),
+    "i32_f64": idx(0x0C, [3], struct.pack(">3i", -7, 2**31 - 1, 0), dtype=1),
+    "f32_f16": idx(0x0D, [2], struct.pack(">2f", 1.5, -70000.0), dtype=2),
+    "f64_bf16_gz": gz(idx(0x0E, [2], struct.pack(">2d", 3.25, 1e300), dtype=3)),
+    "zero_dim": idx(0x08, [0, 4], b""),
+    "scalar": idx(0x08, [], b"\x2a"),
+    "bad_magic": bytes([0]) + b"\x1f\x00\x08\x01" + struct.pack(">I", 1) + b"x",
+    "float_as_int": idx(0x0D, [1], struct.pack(">f", 2.0), dtype=4),
+    "too_short": idx(0x08, [4, 4], bytes(10)),
+    "too_long": idx(0x08, [2], bytes(3)),
+    "huge_dims": idx(0x08, [0xFFFFFFFF, 0xFFFFFFFF, 16], bytes(8)),
+    "truncated_gz": gz(idx_images)[:-9],
+    "bad_crc_gz": gz(idx_images)[:-8] + b"\0\0\0\0" + gz(idx_images)[-4:],
+}
+
+for name, table in [("safetensors", safetensors_seeds), ("ops", ops_seeds), ("collectives", collectives_seeds), ("idx", idx_seeds)]:
     out_dir = os.path.join(corpus_dir, name)
     os.makedirs(out_dir, exist_ok=True)
     for seed_name, data in table.items():
