@@ -477,7 +477,7 @@ Tensor var_kernel(const Tensor& a, const ReducePlan& pl, int64_t correction, boo
     using T = scalar_t;
     using Acc = acc_t<T>;
     T* o = out_ptr<T>(out);
-    const Acc denom = static_cast<Acc>(std::max<int64_t>(0, pl.count - correction));
+    const Acc denom = static_cast<Acc>(pl.var_denominator(correction));
     // Exactly 0 on a constant slice (see shifted_moments). N - correction <= 0 divides by 0
     // (NaN, or inf), as PyTorch's forward does.
     for_each_slice<T>(pl, a, [&](int64_t i, const T* p, int64_t stride, int64_t n) {
@@ -648,7 +648,7 @@ Tensor var_grad(const Tensor& g, const Tensor& a, const Tensor& result, const Re
     require_floating(a, op);
     ReduceDeviceKernels& k = device_table(a, op);
     k.reduce(ReduceOp::mean, a, pl, mean, 0);
-    const double denom = static_cast<double>(std::max<int64_t>(0, pl.count - correction));
+    const double denom = pl.var_denominator(correction);
     if (is_std) {
       k.pointwise_grad(ReduceGradOp::std_factor, factor, g, result, Tensor(), denom);
     } else {
@@ -665,7 +665,7 @@ Tensor var_grad(const Tensor& g, const Tensor& a, const Tensor& result, const Re
     for_each_slice<T>(pl, a, [&](int64_t i, const T* p, int64_t stride, int64_t n) {
       mo[i] = static_cast<T>(slice_moments<Acc>(p, stride, n, /*want_m2=*/false).mean());
     });
-    const Acc denom = static_cast<Acc>(std::max<int64_t>(0, pl.count - correction));
+    const Acc denom = static_cast<Acc>(pl.var_denominator(correction));
     for_each_run<3>(pl.out_shape, {&factor, &g, &result}, [&](const StridedRun<3>& r) {
       for (int64_t i = 0; i < r.n; ++i) {
         Acc gi = static_cast<Acc>(*reinterpret_cast<const T*>(r.ptr[1] + i * r.stride[1]));

@@ -9,6 +9,7 @@
 // place; otherwise the slice is gathered into a small buffer first.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <initializer_list>
 #include <vector>
@@ -46,6 +47,12 @@ struct ReducePlan {
   Strides outer_strides;      // their input strides (elements)
   Shape inner_sizes;          // reduced dims of size > 1, coalesced, outermost first
   Strides inner_strides;
+
+  // var/std's divisor, max(0, count - correction), in floating point: any int64 correction is
+  // accepted (negative ones too, as in PyTorch), and the difference must not overflow int64.
+  double var_denominator(int64_t correction) const {
+    return std::max(0.0, static_cast<double>(count) - static_cast<double>(correction));
+  }
 };
 
 // Wraps and validates `dims` ("[op] dim 1 appears more than once in dims [1, -1]"); an empty

@@ -503,7 +503,7 @@ class CudaReduceKernels final : public detail::ReduceDeviceKernels {
         const char* name = take_sqrt ? "std" : "var";
         TANDEM_DISPATCH_FLOATING(a.dtype(), name, [&] {
           using T = scalar_t;
-          const auto denom = static_cast<acc_t<T>>(std::max<int64_t>(0, pl.count - correction));
+          const auto denom = static_cast<acc_t<T>>(pl.var_denominator(correction));
           launch_reduce<T>(a, pl, VarOp<T>{ptr<T>(out), denom, take_sqrt}, name);
         });
         return;

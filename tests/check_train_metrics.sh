@@ -4,19 +4,7 @@
 # overlap_ms (numbers); accuracy and test_loss exactly on the lines of steps that end an epoch or
 # the run; steps rising; only rank 0 writes (under mpirun, when MPIRUN is given).
 # Usage: check_train_metrics.sh TRAIN [MPIRUN]
-set -euo pipefail
-train=${1:?usage: check_train_metrics.sh TRAIN [MPIRUN]}
-mpirun=${2:-}
-py=/usr/bin/python3
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-launch=(env)
-ranks=1
-if [ -n "$mpirun" ]; then
-  launch=("$mpirun" -np 2 --oversubscribe)
-  ranks=2
-fi
+source "$(dirname "$0")/train_check_setup.sh"
 # 1280 samples at batch 64: 20 steps per epoch alone, 10 per rank at 2 ranks; the run stops 3
 # steps into its third epoch, so the last line ends the run but no epoch.
 per_epoch=$((1280 / 64 / ranks))

@@ -9,13 +9,7 @@
 #   - resumed from the checkpoint an uninterrupted run wrote at step M (cosine schedule with
 #     warm-up, AdamW), as after a crash; resuming that schedule with another run length is refused.
 # Usage: check_train_resume.sh TRAIN [MPIRUN]   (without MPIRUN, the single process only)
-set -euo pipefail
-train=${1:?usage: check_train_resume.sh TRAIN [MPIRUN]}
-mpirun=${2:-}
-py=/usr/bin/python3
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+source "$(dirname "$0")/train_check_setup.sh"
 failed=0
 
 # 1280 samples at batch 64: 20 batches per epoch alone, 10 per rank at 2 ranks; step 23 is batch 3

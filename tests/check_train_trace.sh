@@ -5,19 +5,7 @@
 # communication thread; each bucket an async span whose begin and end pair up; every thread's
 # spans nested. Without MPIRUN the single process is checked the same way.
 # Usage: check_train_trace.sh TRAIN [MPIRUN]
-set -euo pipefail
-train=${1:?usage: check_train_trace.sh TRAIN [MPIRUN]}
-mpirun=${2:-}
-py=/usr/bin/python3
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-launch=(env)
-ranks=1
-if [ -n "$mpirun" ]; then
-  launch=("$mpirun" -np 2 --oversubscribe)
-  ranks=2
-fi
+source "$(dirname "$0")/train_check_setup.sh"
 steps=5
 # --bucket-cap-mb 0.01: the MLP's six parameters make several buckets.
 "${launch[@]}" "$train" --data synthetic --model mlp --samples 1280 --hidden 64 --progress lines --target 0 \

@@ -374,6 +374,20 @@ TEST_CASE("var/std backward: 0 where std is 0 (PyTorch masks it), exactly 0 on a
   }
 }
 
+// Found by fuzz_ops: N - correction was computed in int64 and overflowed (UBSan) for a correction
+// near INT64_MIN. Any correction is valid; a huge negative one divides by about 2^63.
+TEST_CASE("var/std: corrections at the ends of int64 do not overflow the divisor", "[fuzz]") {
+  const int64_t lowest = std::numeric_limits<int64_t>::min();
+  const int64_t highest = std::numeric_limits<int64_t>::max();
+  Tensor p = leaf(from_vector<double>({1.0, 3.0, 5.0}, {3}));
+  Tensor v = var(p, {0}, lowest);
+  REQUIRE(v.item<double>() == Approx(8.0 / 9.223372036854775811e18));
+  v.backward();
+  for (double g : vals(p.grad())) REQUIRE(std::abs(g) < 1e-17);
+  REQUIRE(tandem::std(p, {0}, highest).item<double>() == std::numeric_limits<double>::infinity());
+  REQUIRE(var(p, {0}, highest).item<double>() == std::numeric_limits<double>::infinity());
+}
+
 TEST_CASE("var/std: values and gradients match PyTorch 1.13, also at N - correction <= 0") {
   // Row 1 is constant; row 2 sits on a large offset (cancellation in E[x^2] - E[x]^2).
   const std::vector<double> data = {0.3,    -1.2,   2.5,    0.7,    -0.4,   0.1,    0.1,   0.1,
