@@ -557,11 +557,14 @@ Tensor stack(const TensorList& tensors, int64_t dim) {
 
 // ---- split / chunk ----
 
+// ceil(n / d) for n >= 0, d > 0, without the n + d - 1 that overflows for d near INT64_MAX.
+static int64_t ceil_div(int64_t n, int64_t d) { return n / d + (n % d != 0); }
+
 std::vector<int64_t> split_sizes(int64_t n, int64_t split_size) {
   TANDEM_CHECK(split_size >= 0, "[split] split_size must be non-negative, got {}", split_size);
   TANDEM_CHECK(split_size > 0 || n == 0, "[split] split_size can only be 0 when the dim has size 0, got size {}", n);
   if (n == 0) return {0};  // one empty piece, as in PyTorch
-  const int64_t pieces = (n + split_size - 1) / split_size;
+  const int64_t pieces = ceil_div(n, split_size);
   std::vector<int64_t> sizes(static_cast<size_t>(pieces), split_size);
   sizes.back() = n - split_size * (pieces - 1);
   return sizes;
@@ -569,7 +572,7 @@ std::vector<int64_t> split_sizes(int64_t n, int64_t split_size) {
 
 std::vector<int64_t> chunk_sizes(int64_t n, int64_t chunks) {
   TANDEM_CHECK(chunks > 0, "[chunk] chunks must be positive, got {}", chunks);
-  const int64_t size = (n + chunks - 1) / chunks;
+  const int64_t size = ceil_div(n, chunks);
   // An empty dim gives `chunks` empty pieces (PyTorch); otherwise pieces of ceil(n / chunks),
   // which may be fewer than `chunks`.
   if (n == 0) return std::vector<int64_t>(static_cast<size_t>(chunks), 0);

@@ -3,6 +3,8 @@
 // gradchecks in f64, and error messages.
 #include <catch2/catch.hpp>
 
+#include <limits>
+
 #include "tandem.h"
 
 using namespace tandem;
@@ -406,6 +408,19 @@ TEST_CASE("chunk uses chunk size ceil(n / chunks)", "[index][chunk]") {
   REQUIRE(sizes(chunk(zeros({0}, f64), 3), 0) == std::vector<int64_t>{0, 0, 0});
   TensorList c = chunk(iota({2, 4}), 2, 1);
   REQUIRE(vals(c[1]) == std::vector<double>{2, 3, 6, 7});
+}
+
+// Found by fuzz_ops: the piece count ceil(n / size) was (n + size - 1) / size, which overflows
+// int64 for a split size or chunk count near INT64_MAX (UBSan; a release build got a negative
+// count). torch.split(t, 2**63 - 1) is one piece; torch.chunk(t, 2**63 - 1) pieces of one.
+TEST_CASE("split and chunk take sizes and counts up to INT64_MAX", "[index][split][chunk][fuzz]") {
+  const int64_t highest = std::numeric_limits<int64_t>::max();
+  TensorList s = split(iota({3}), highest);
+  REQUIRE(s.size() == 1);
+  REQUIRE(s[0].size(0) == 3);
+  TensorList c = chunk(iota({3}), highest);
+  REQUIRE(c.size() == 3);
+  for (const Tensor& t : c) REQUIRE(t.size(0) == 1);
 }
 
 TEST_CASE("split and chunk gradients", "[index][split][chunk][grad]") {
