@@ -1,6 +1,7 @@
 // The backend registry: the CPU backend built in, the CUDA backend library loaded on first use.
 #include "core/backend.h"
 #include "core/kernel_tables.h"
+#include "core/sanitizers.h"
 
 #include <algorithm>
 #include <cstdlib>
@@ -33,7 +34,7 @@ namespace {
 class BlockCache {
  public:
   static constexpr size_t kMinCached = size_t{128} << 10;
-#if defined(__SANITIZE_ADDRESS__)
+#if TANDEM_ASAN
   static constexpr size_t kMaxHeld = 0;
 #else
   static constexpr size_t kMaxHeld = size_t{512} << 20;

@@ -11,6 +11,7 @@
 #include <string>
 #include <thread>
 
+#include "core/sanitizers.h"
 #include "ddp_cases.h"
 
 namespace leak_cases {
@@ -59,17 +60,7 @@ inline Resources settled(const Resources& want) {
 // Under ASan freed memory waits in a quarantine (256 MiB by default) and TSan keeps shadow and
 // history for every allocation, so RSS grows there whatever the code does; LeakSanitizer checks
 // for leaks in those builds instead, and the thread and descriptor counts still hold.
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-inline constexpr bool kUnderSanitizer = true;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-inline constexpr bool kUnderSanitizer = true;
-#else
-inline constexpr bool kUnderSanitizer = false;
-#endif
-#else
-inline constexpr bool kUnderSanitizer = false;
-#endif
+inline constexpr bool kUnderSanitizer = TANDEM_ASAN || TANDEM_TSAN;
 
 // `iteration` runs `warm_up` times (caches, pools and lazily made threads fill up), then 1,000
 // more between two snapshots taken on every rank with the ranks in step. RSS may move by a

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "core/backend.h"
+#include "core/sanitizers.h"
 #include "tandem.h"
 
 using namespace tandem;
@@ -130,6 +131,10 @@ TEST_CASE("CPU storage is 64-byte aligned and the thread count is settable", "[b
 }
 
 TEST_CASE("large CPU blocks are reused after a free, aligned and holding what is written", "[backend]") {
+#if TANDEM_ASAN
+  WARN("SKIP: the block cache is off under AddressSanitizer (every free must reach it)");
+  return;
+#endif
   // Sizes on both sides of the cache's 128 KiB threshold, and one that rounds up to a page.
   for (int64_t n : {int64_t{32767}, int64_t{32768}, int64_t{32769}, int64_t{1} << 20}) {
     void* first = nullptr;

@@ -20,6 +20,7 @@
 #include <unistd.h>
 #include <vector>
 
+#include "core/sanitizers.h"
 #include "tandem.h"
 
 using namespace tandem;
@@ -200,7 +201,7 @@ TEST_CASE("read_idx names the file and the defect of a bad one", "[data][idx]") 
 // claimed that much, before finding the file short. A child process whose address space allows
 // 64 MiB more than it has must get the "payload too short" error, not std::bad_alloc.
 TEST_CASE("read_idx: a header claiming more than the file holds allocates what the file holds", "[data][idx][fuzz]") {
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#if TANDEM_ASAN || TANDEM_TSAN
   WARN("SKIP: address-space limits do not apply under a sanitizer's shadow memory");
 #else
   TempDir dir;

@@ -1,19 +1,28 @@
 #!/usr/bin/env bash
 # Sanitizer runs of the CPU tests, and the fuzzers.
 #
-#   tools/sanitize.sh tsan   ThreadSanitizer over the tests that run several threads (the threads
-#                            backend's ranks, its comm threads, DDP's reducer, hooks from workers):
-#                            test_autograd test_dist test_ddp test_readme test_optim_in_backward
-#   tools/sanitize.sh asan   AddressSanitizer + UndefinedBehaviorSanitizer over the same tests
-#   tools/sanitize.sh fuzz   the libFuzzer targets of tools/fuzz/ (fuzz_safetensors, fuzz_ops,
-#                            fuzz_collectives), built with clang-14 under ASan + UBSan, each run for
-#                            a fixed number of inputs from its committed seed corpus
+#   tools/sanitize.sh asan   AddressSanitizer + UndefinedBehaviorSanitizer (LeakSanitizer included)
+#                            over the whole CPU suite through CTest: every test program, the
+#                            mpirun suites at 2 and 4 ranks, the fault and tool checks
+#   tools/sanitize.sh tsan   ThreadSanitizer over the tests that run several threads in one
+#                            process (the threads backend's ranks, its comm threads, DDP's reducer,
+#                            hooks from workers): test_autograd test_dist test_ddp test_readme
+#                            test_optim_in_backward
+#   tools/sanitize.sh fuzz   the libFuzzer targets of tools/fuzz/ (fuzz_safetensors, fuzz_idx,
+#                            fuzz_ops, fuzz_collectives), built with clang-14 under ASan + UBSan,
+#                            each run for a fixed number of inputs from its committed seed corpus
+#   tools/sanitize.sh ci     the three in turn (what .ci/run does after the test command); exits
+#                            non-zero if any of them failed, after running them all
 #
-# Each builds a CPU-only tree (build-tsan / build-asan / build-fuzz beside build/; -g -O1, ccache
-# when there) and exits non-zero when a test fails, a fuzzer finds a crash, or a sanitizer reports
-# anything. Extra arguments name the test programs (fuzz targets) to run instead of the default
-# set. JOBS sets the build's parallelism (default 2); TANDEM_SANITIZE_BUILD_DIR overrides the build
-# folder.
+# Each builds a CPU-only tree (build-asan / build-tsan / build-fuzz beside build/; -O1 with line
+# tables, ccache when there) and exits non-zero when a test fails, a fuzzer finds a crash, or a
+# sanitizer reports anything. Extra arguments: for asan, a CTest regex (-R) choosing the tests;
+# for tsan, the test programs to run; for fuzz, the targets. JOBS sets the build's and CTest's
+# parallelism (default 2); TANDEM_SANITIZE_BUILD_DIR overrides the build folder (one mode only).
+#
+# Suppressions, each commented in its file: tools/lsan.supp (leaks wholly inside Open MPI),
+# tools/tsan.supp (one libstdc++ exception_ptr handover), tools/ubsan.supp (integer tensor
+# elements that wrap and float-to-integer element casts, as PyTorch leaves them).
 #
 # fuzz: FUZZ_RUNS sets the inputs per target (default 100000; fuzz_collectives, which starts a
 # world of threads per input, 20000), FUZZ_RUNS_<target> one target's; FUZZ_TIME caps each
@@ -26,51 +35,66 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 kind=${1:-}
 shift || true
+jobs=${JOBS:-2}
+
+if [ "$kind" = ci ]; then
+  # One after the other (two cores); each mode's summary is its last lines.
+  status=0
+  for mode in asan tsan fuzz; do
+    start=$SECONDS
+    echo "=== sanitize.sh $mode"
+    TANDEM_SANITIZE_BUILD_DIR="" "$0" "$mode" || status=1
+    echo "=== sanitize.sh $mode: $((SECONDS - start)) s"
+  done
+  exit $status
+fi
+
+# -g1: line tables for the reports' stacks, at a fraction of -g's compile time.
 case "$kind" in
   tsan)
-    flags="-fsanitize=thread -g -O1"
+    flags="-fsanitize=thread -g1 -O1"
     link="-fsanitize=thread"
     ;;
   asan)
-    flags="-fsanitize=address,undefined -fno-sanitize-recover=undefined -g -O1 -fno-omit-frame-pointer"
+    # UBSan checks recoverable so tools/ubsan.supp can suppress the element-value ones;
+    # halt_on_error=1 below still stops at the first report that is not suppressed.
+    flags="-fsanitize=address,undefined -fsanitize-recover=undefined -g1 -O1 -fno-omit-frame-pointer"
     link="-fsanitize=address,undefined"
     ;;
   fuzz)
     # Coverage instrumentation everywhere (fuzzer-no-link); only the fuzzers link libFuzzer's main
-    # (tools/fuzz/CMakeLists.txt adds -fsanitize=fuzzer to them). UBSan checks are recoverable so
-    # tools/fuzz/ubsan.supp can suppress the element-value ones; halt_on_error=1 below still stops
-    # at the first report that is not suppressed.
-    flags="-fsanitize=fuzzer-no-link,address,undefined -fsanitize-recover=undefined -g -O1 -fno-omit-frame-pointer"
+    # (tools/fuzz/CMakeLists.txt adds -fsanitize=fuzzer to them).
+    flags="-fsanitize=fuzzer-no-link,address,undefined -fsanitize-recover=undefined -gline-tables-only -O1 -fno-omit-frame-pointer"
     link="-fsanitize=address,undefined"
     ;;
   *)
-    echo "usage: $0 tsan|asan|fuzz [test_program|fuzz_target...]" >&2
+    echo "usage: $0 asan|tsan|fuzz|ci [ctest_regex | test_program... | fuzz_target...]" >&2
     exit 2
     ;;
 esac
-tests=("$@")
+args=("$@")
 build=${TANDEM_SANITIZE_BUILD_DIR:-$root/build-$kind}
-jobs=${JOBS:-2}
-
 launcher=()
 command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+# CMAKE_BUILD_TYPE=None: no -O2/-O3/-DNDEBUG on top of ours, so asserts stay on.
+common=(-DCMAKE_BUILD_TYPE=None -DTANDEM_CUDA=OFF "-DCMAKE_CXX_FLAGS=$flags" "-DCMAKE_EXE_LINKER_FLAGS=$link"
+        "-DCMAKE_SHARED_LINKER_FLAGS=$link" "${launcher[@]}")
+export TANDEM_NUM_THREADS=1
+export UBSAN_SUPPRESSIONS=$root/tools/ubsan.supp
+
 if [ "$kind" = fuzz ]; then
   # clang for libFuzzer; tests and tools off: only the library and the fuzz targets are built.
   fuzz_dir=$root/tools/fuzz
-  # The IDX reader's fuzzer (fuzz_idx, seeds in tools/fuzz/corpus/idx/) joins this list once the
-  # reader exists; tools/fuzz/CMakeLists.txt already builds every tools/fuzz/fuzz_*.cpp.
-  [ ${#tests[@]} -gt 0 ] || tests=(fuzz_safetensors fuzz_ops fuzz_collectives)
-  CC=${CC:-clang-14} CXX=${CXX:-clang++-14} cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=None \
-    -DTANDEM_CUDA=OFF -DTANDEM_BUILD_TOOLS=OFF -DTANDEM_BUILD_TESTS=OFF -DTANDEM_FUZZ=ON \
-    "-DCMAKE_CXX_FLAGS=$flags" "-DCMAKE_EXE_LINKER_FLAGS=$link" "-DCMAKE_SHARED_LINKER_FLAGS=$link" \
-    "${launcher[@]}" >/dev/null
+  tests=("${args[@]}")
+  [ ${#tests[@]} -gt 0 ] || tests=(fuzz_safetensors fuzz_idx fuzz_ops fuzz_collectives)
+  CC=${CC:-clang-14} CXX=${CXX:-clang++-14} cmake -S "$root" -B "$build" "${common[@]}" \
+    -DTANDEM_BUILD_TOOLS=OFF -DTANDEM_BUILD_TESTS=OFF -DTANDEM_FUZZ=ON >/dev/null
   cmake --build "$build" -j "$jobs" --target "${tests[@]}"
 
   logs=$build/fuzz-logs
-  export TANDEM_NUM_THREADS=1
   # fuzz_common.h sets allocator_may_return_null and max_allocation_size_mb; these add to it.
   export ASAN_OPTIONS="detect_leaks=1 ${ASAN_OPTIONS:-}"
-  export UBSAN_OPTIONS="print_stacktrace=1 halt_on_error=1 suppressions=$fuzz_dir/ubsan.supp ${UBSAN_OPTIONS:-}"
+  export UBSAN_OPTIONS="print_stacktrace=1 halt_on_error=1 suppressions=$UBSAN_SUPPRESSIONS ${UBSAN_OPTIONS:-}"
   # Sanitizer and libFuzzer reports, and the fuzzers' own findings ("fuzz_ops: expectation failed").
   report_pattern='^==[0-9]+==ERROR: (AddressSanitizer|LeakSanitizer|libFuzzer)|runtime error:|^SUMMARY: '
   report_pattern+='|deadly signal|^fuzz_[a-z]+: '
@@ -111,29 +135,70 @@ if [ "$kind" = fuzz ]; then
   if [ $status -eq 0 ]; then echo "fuzz: clean"; else echo "fuzz: findings or failures above"; fi
   exit $status
 fi
-[ ${#tests[@]} -gt 0 ] || tests=(test_autograd test_dist test_ddp test_readme test_optim_in_backward)
-# CMAKE_BUILD_TYPE=None: no -O2/-O3/-DNDEBUG on top of ours, so asserts stay on.
-cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=None -DTANDEM_CUDA=OFF -DTANDEM_BUILD_TOOLS=OFF \
-  "-DCMAKE_CXX_FLAGS=$flags" "-DCMAKE_EXE_LINKER_FLAGS=$link" "-DCMAKE_SHARED_LINKER_FLAGS=$link" \
-  "${launcher[@]}" >/dev/null
-cmake --build "$build" -j "$jobs" --target "${tests[@]}"
 
 logs=$build/sanitize-logs
-rm -rf "$logs"
-mkdir -p "$logs"
-export TANDEM_NUM_THREADS=1
-# Reports go to files (log_path appends .<pid>), so a report is seen even when the test passes.
+report_pattern='^WARNING: ThreadSanitizer|^==[0-9]+==ERROR: (AddressSanitizer|LeakSanitizer)|runtime error:'
+# Reports go to files (log_path appends .<pid>), so a report is seen even when the test passes,
+# and from every process: mpirun's ranks and the programs the check scripts start inherit these.
 case "$kind" in
   tsan)
     export TSAN_OPTIONS="halt_on_error=0 second_deadlock_stack=1 suppressions=$root/tools/tsan.supp log_path=$logs/report ${TSAN_OPTIONS:-}"
     ;;
   asan)
-    export ASAN_OPTIONS="detect_leaks=1 log_path=$logs/report ${ASAN_OPTIONS:-}"
-    export UBSAN_OPTIONS="print_stacktrace=1 halt_on_error=1 log_path=$logs/report ${UBSAN_OPTIONS:-}"
+    # fast_unwind_on_malloc=0: Open MPI unloads its components (mca_*.so, built without frame
+    # pointers) in MPI_Finalize, before LeakSanitizer looks; the frame-pointer unwinder stops in
+    # them at allocation time, leaving stacks that name no library tools/lsan.supp could match.
+    # The DWARF unwinder walks on to libmpi / libopen-rte, which stay loaded.
+    export ASAN_OPTIONS="detect_leaks=1 fast_unwind_on_malloc=0 log_path=$logs/report ${ASAN_OPTIONS:-}"
+    export LSAN_OPTIONS="suppressions=$root/tools/lsan.supp print_suppressions=0 ${LSAN_OPTIONS:-}"
+    export UBSAN_OPTIONS="print_stacktrace=1 halt_on_error=1 suppressions=$UBSAN_SUPPRESSIONS log_path=$logs/report ${UBSAN_OPTIONS:-}"
     ;;
 esac
 
-report_pattern='^WARNING: ThreadSanitizer|^==[0-9]+==ERROR: (AddressSanitizer|LeakSanitizer)|runtime error:'
+# Prints each report file's summary lines; returns 1 when there is any.
+scan_reports() {  # label
+  local found=0 r n
+  for r in "$logs"/report.*; do
+    [ -e "$r" ] || continue
+    n=$(grep -cE "$report_pattern" "$r" || true)
+    [ "$n" -gt 0 ] || { rm -f "$r"; continue; }
+    mv "$r" "$logs/$1.$(basename "$r")"
+    r=$logs/$1.$(basename "$r")
+    echo "   sanitizer report: $r ($n reports)"
+    grep -E "^SUMMARY|runtime error:" "$r" | sort | uniq -c | head -n 10 | sed 's/^/   | /'
+    found=1
+  done
+  return $found
+}
+
+if [ "$kind" = asan ]; then
+  # The sanitizer options are unset while building: catch_discover_tests runs each test program to
+  # list its cases, and those runs' leak reports (Open MPI's, unsuppressed there) are not findings.
+  (unset ASAN_OPTIONS LSAN_OPTIONS UBSAN_OPTIONS
+   cmake -S "$root" -B "$build" "${common[@]}" -DTANDEM_BUILD_TOOLS=ON >/dev/null
+   ASAN_OPTIONS=detect_leaks=0 cmake --build "$build" -j "$jobs")
+  rm -rf "$logs"
+  mkdir -p "$logs"
+  regex=()
+  [ ${#args[@]} -gt 0 ] && regex=(-R "${args[0]}")
+  status=0
+  start=$SECONDS
+  # The timeout multiplier: ASan + UBSan at -O1 run the suite several times slower.
+  ctest --test-dir "$build" -j "$jobs" --output-on-failure --timeout 1500 "${regex[@]}" \
+    >"$logs/ctest.out" 2>&1 || status=1
+  grep -E "tests passed|tests failed|^\s+[0-9]+ - |Total Test time" "$logs/ctest.out" | sed 's/^/   /'
+  scan_reports asan || status=1
+  echo "   $((SECONDS - start)) s, CTest output: $logs/ctest.out"
+  if [ $status -eq 0 ]; then echo "asan: clean"; else echo "asan: reports or failures above"; fi
+  exit $status
+fi
+
+tests=("${args[@]}")
+[ ${#tests[@]} -gt 0 ] || tests=(test_autograd test_dist test_ddp test_readme test_optim_in_backward)
+cmake -S "$root" -B "$build" "${common[@]}" -DTANDEM_BUILD_TOOLS=OFF >/dev/null
+cmake --build "$build" -j "$jobs" --target "${tests[@]}"
+rm -rf "$logs"
+mkdir -p "$logs"
 status=0
 for t in "${tests[@]}"; do
   exe=$build/tests/$t
@@ -147,24 +212,12 @@ for t in "${tests[@]}"; do
     status=1
   fi
   tail -n 3 "$logs/$t.out" | grep -E '^(All tests passed|test cases)' | sed 's/^/   /' || true
-  # Tests with no test cases registered mean the program could not start its suite.
+  # A program with no test cases registered could not start its suite.
   if grep -q '^No tests ran' "$logs/$t.out"; then
     echo "   no test cases ran"
     status=1
   fi
-  # Most reports land in report.<pid>; UBSan's (under ASan) go to the test's own output.
-  for r in "$logs"/report.* "$logs/$t.out"; do
-    [ -e "$r" ] || continue
-    n=$(grep -cE "$report_pattern" "$r" || true)
-    [ "$r" = "$logs/$t.out" ] && [ "$n" -eq 0 ] && continue
-    if [ "$r" != "$logs/$t.out" ]; then
-      mv "$r" "$logs/$t.$(basename "$r")"
-      r=$logs/$t.$(basename "$r")
-    fi
-    echo "   sanitizer report: $r ($n reports)"
-    grep -E "^SUMMARY|runtime error:" "$r" | sort | uniq -c | head -n 10 | sed 's/^/   | /'
-    status=1
-  done
+  scan_reports "$t" || status=1
   echo "   $((SECONDS - start)) s"
 done
 if [ $status -eq 0 ]; then echo "$kind: clean"; else echo "$kind: reports or failures above"; fi

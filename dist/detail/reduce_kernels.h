@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "core/dtype.h"
+#include "core/sanitizers.h"
 #include "dist/process_group.h"
 
 namespace tandem::dist::detail {
@@ -32,14 +33,9 @@ inline auto combine(acc_t<T> a, acc_t<T> b, ReduceOp op) -> acc_t<T> {
 // loop is the ring allreduce's arithmetic, and the baseline's SSE2 version is slower than Open
 // MPI's own AVX reduction. Not under ThreadSanitizer: the clones' ifunc resolver, run while the
 // program is loaded, crashes there, so a TSan build keeps the baseline.
-#if defined(__SANITIZE_THREAD__)
+#if TANDEM_TSAN
 #define TANDEM_REDUCE_CLONES
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#define TANDEM_REDUCE_CLONES
-#endif
-#endif
-#ifndef TANDEM_REDUCE_CLONES
+#else
 #define TANDEM_REDUCE_CLONES __attribute__((target_clones("avx2", "default")))
 #endif
 template <class T>
