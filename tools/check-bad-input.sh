@@ -48,4 +48,35 @@ expect_bad bench_train --worker nonsense
 expect_bad allreduce_bench --backend gloo
 expect_bad allreduce_bench --min-bytes 4Q
 expect_bad allreduce_bench --dtype f8
+
+# Files that are missing, empty of checkpoints or not what they claim: one error naming the file.
+# expect_named checks the message names it, on top of expect_bad's one line and status 2.
+scratch=$(mktemp -d)
+trap 'rm -rf "$scratch"' EXIT
+expect_named() {  # file tool args...
+  local file=$1
+  shift
+  local before=$failed
+  expect_bad "$@"
+  [ -x "$dir/$1" ] || return 0
+  local err
+  err=$("$dir/$@" 2>&1 >/dev/null)
+  if [ "$failed" = "$before" ] && [[ "$err" != *"$file"* ]]; then
+    echo "FAIL: $* -> the message does not name $file"
+    failed=1
+  fi
+}
+echo "not a checkpoint" > "$scratch/checkpoint-3.safetensors"
+mkdir "$scratch/empty"
+# Every file of the set, the training images cut short.
+for f in train-labels-idx1-ubyte t10k-images-idx3-ubyte t10k-labels-idx1-ubyte; do
+  printf '\x00\x00\x08\x01\x00\x00\x00\x01a' > "$scratch/$f"
+done
+printf '\x00\x00\x08\x01\x00\x00\x00\x05ab' > "$scratch/train-images-idx3-ubyte"
+expect_named "$scratch/missing" train --resume "$scratch/missing"
+expect_named "$scratch/empty" train --resume "$scratch/empty"
+expect_named "$scratch/checkpoint-3.safetensors" train --resume "$scratch/checkpoint-3.safetensors"
+expect_named "$scratch/checkpoint-3.safetensors" train --resume "$scratch"
+expect_named "$scratch/empty" train --data fashion-mnist --data-root "$scratch/empty"
+expect_named "$scratch/train-images-idx3-ubyte" train --data fashion-mnist --data-root "$scratch"
 exit $failed
