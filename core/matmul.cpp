@@ -11,6 +11,7 @@
 #include "core/elementwise.h"
 #include "core/iter.h"
 #include "core/reduce.h"
+#include "core/threads.h"
 
 namespace tandem::detail {
 
@@ -68,6 +69,10 @@ void blas_gemm(int64_t M, int64_t N, int64_t K, const T* a, int64_t as0, int64_t
   const CBLAS_TRANSPOSE ta = a_trans ? CblasTrans : CblasNoTrans, tb = b_trans ? CblasTrans : CblasNoTrans;
   for (int64_t v : {M, N, K, lda, ldb, ldc}) check_blas_size(v, op);
   const T beta = accumulate ? T(1) : T(0);
+  // The first GEMM settles the intra-op thread count (TANDEM_NUM_THREADS, else the node's cores over
+  // its ranks) into OpenBLAS, whose own default is every core: with two ranks on a node that would
+  // be twice as many GEMM threads as cores. Later calls cost one atomic load.
+  get_num_threads();
   if constexpr (std::is_same_v<T, float>) {
     cblas_sgemm(CblasRowMajor, ta, tb, blasint(M), blasint(N), blasint(K), 1.0f, a, blasint(lda), b, blasint(ldb),
                 beta, c, blasint(ldc));

@@ -4,6 +4,7 @@
 // a process of its own (catch_discover_tests), so "not loaded yet" is a fresh process's state.
 #include <catch2/catch.hpp>
 
+#include <dlfcn.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -116,6 +117,32 @@ TEST_CASE("a CUDA backend library that cannot be loaded is a clear error naming 
   REQUIRE(ones({3}).sum().item<double>() == 3.0);
 }
 #endif
+
+// Nothing applied TANDEM_NUM_THREADS (or the cores-over-ranks default) to OpenBLAS unless the
+// program called set_num_threads: OpenBLAS kept its own default, every core, in each rank. Checked
+// in a fresh process (the count is settled once per process) with TANDEM_NUM_THREADS=1; on a
+// one-core machine OpenBLAS's default is 1 too and this cannot tell.
+TEST_CASE("the intra-op thread count reaches OpenBLAS before its first GEMM", "[backend]") {
+  using GetThreads = int (*)();
+  auto openblas_threads = reinterpret_cast<GetThreads>(dlsym(RTLD_DEFAULT, "openblas_get_num_threads"));
+  if (openblas_threads == nullptr) {
+    WARN("SKIP: the BLAS is not OpenBLAS");
+    return;
+  }
+  if (std::getenv("TANDEM_TEST_FRESH") == nullptr) {
+    char exe[4096] = {};
+    const ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    REQUIRE(n > 0);
+    const std::string command = "TANDEM_TEST_FRESH=1 TANDEM_NUM_THREADS=1 '" + std::string(exe, static_cast<size_t>(n)) +
+                                "' 'the intra-op thread count reaches OpenBLAS before its first GEMM' > /dev/null";
+    INFO(command);
+    REQUIRE(std::system(command.c_str()) == 0);
+    return;
+  }
+  Tensor c = matmul(ones({128, 128}), ones({128, 128}));
+  REQUIRE(c.sum().item<float>() == 128.0f * 128 * 128);
+  REQUIRE(openblas_threads() == 1);
+}
 
 TEST_CASE("CPU storage is 64-byte aligned and the thread count is settable", "[backend]") {
   for (int64_t n : {1, 3, 17, 1000}) {
