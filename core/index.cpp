@@ -586,6 +586,9 @@ TensorList split_with_sizes(const Tensor& a, const std::vector<int64_t>& sizes, 
   int64_t total = 0;
   for (int64_t s : sizes) {
     TANDEM_CHECK(s >= 0, "[{}] sizes must be non-negative, got {}", op, fmt::join(sizes, ", "));
+    // Compared before adding: sizes near INT64_MAX would overflow the sum.
+    TANDEM_CHECK(s <= a.size(dim) - total, "[{}] sizes [{}] sum to more than dim {} of the input {}, size {}", op,
+                 fmt::join(sizes, ", "), dim, a.shape(), a.size(dim));
     total += s;
   }
   TANDEM_CHECK(total == a.size(dim), "[{}] sizes [{}] sum to {} but dim {} of the input {} has size {}", op,

@@ -421,6 +421,10 @@ TEST_CASE("split and chunk take sizes and counts up to INT64_MAX", "[index][spli
   TensorList c = chunk(iota({3}), highest);
   REQUIRE(c.size() == 3);
   for (const Tensor& t : c) REQUIRE(t.size(0) == 1);
+  // Explicit sizes whose sum overflows int64 (fuzz_ops, UBSan): an error, not a wrapped sum.
+  REQUIRE_THROWS_WITH(split(iota({3}), std::vector<int64_t>{highest, 3}),
+                      Contains("[split]") && Contains("sum to more than dim 0") && Contains("size 3"));
+  REQUIRE_THROWS_WITH(split(iota({3}), std::vector<int64_t>{1, highest}), Contains("sum to more than"));
 }
 
 TEST_CASE("split and chunk gradients", "[index][split][chunk][grad]") {

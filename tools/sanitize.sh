@@ -24,8 +24,7 @@
 # tools/tsan.supp (one libstdc++ exception_ptr handover), tools/ubsan.supp (integer tensor
 # elements that wrap and float-to-integer element casts, as PyTorch leaves them).
 #
-# fuzz: FUZZ_RUNS sets the inputs per target (default 100000; fuzz_collectives, which starts a
-# world of threads per input, 20000), FUZZ_RUNS_<target> one target's; FUZZ_TIME caps each
+# fuzz: FUZZ_RUNS sets the inputs per target (default 100000), FUZZ_RUNS_<target> one target's; FUZZ_TIME caps each
 # target's seconds (default 600: a run that stops there says so and fails); FUZZ_SEED fixes
 # libFuzzer's seed (default: a random one, printed). Seeds are copied from tools/fuzz/corpus/<name>/
 # to build-fuzz/fuzz-corpus/<name>/ (the committed corpus is never written to); logs and any
@@ -102,9 +101,7 @@ if [ "$kind" = fuzz ]; then
   for t in "${tests[@]}"; do
     name=${t#fuzz_}
     runs_var=FUZZ_RUNS_$t
-    default_runs=100000
-    [ "$t" = fuzz_collectives ] && default_runs=20000
-    runs=${!runs_var:-${FUZZ_RUNS:-$default_runs}}
+    runs=${!runs_var:-${FUZZ_RUNS:-100000}}
     max_time=${FUZZ_TIME:-600}
     corpus=$build/fuzz-corpus/$name
     rm -rf "$corpus" "$logs/$name" "$logs/$t.log"

@@ -33,10 +33,12 @@ inline auto combine(acc_t<T> a, acc_t<T> b, ReduceOp op) -> acc_t<T> {
 // loop is the ring allreduce's arithmetic, and the baseline's SSE2 version is slower than Open
 // MPI's own AVX reduction. Not under ThreadSanitizer: the clones' ifunc resolver, run while the
 // program is loaded, crashes there, so a TSan build keeps the baseline.
+#ifndef TANDEM_REDUCE_CLONES  // the build may set it (empty for clang: no clones of templates)
 #if TANDEM_TSAN
 #define TANDEM_REDUCE_CLONES
 #else
 #define TANDEM_REDUCE_CLONES __attribute__((target_clones("avx2", "default")))
+#endif
 #endif
 template <class T>
 TANDEM_REDUCE_CLONES void reduce_into(T* acc, const T* src, int64_t n, ReduceOp op) {
