@@ -31,16 +31,23 @@ bool library_loaded(const std::string& name) {
 // Core decides once per process whether it has a CUDA backend. A case that must see a fresh
 // process's state, run after another case of this process asked for CUDA (the whole file run as one
 // program rather than a case per process under CTest), reruns itself in a new process.
+// Runs one case of this program in a new process (TANDEM_TEST_FRESH set, `env` before it) and
+// requires it to pass.
+void run_case_in_new_process(const std::string& test_name, const std::string& env = "") {
+  char exe[4096] = {};
+  const ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+  REQUIRE(n > 0);
+  const std::string command =
+      "TANDEM_TEST_FRESH=1 " + env + " '" + std::string(exe, static_cast<size_t>(n)) + "' '" + test_name + "' > /dev/null";
+  INFO(command);
+  REQUIRE(std::system(command.c_str()) == 0);
+}
+
 bool rerun_in_fresh_process(const std::string& test_name) {
   // In the rerun itself (TANDEM_TEST_FRESH), CUDA mapped at the start is what the case must catch.
   if (std::getenv("TANDEM_TEST_FRESH") != nullptr) return false;
   if (!library_loaded("libtandem_cuda") && !library_loaded("libcudart")) return false;
-  char exe[4096] = {};
-  const ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-  REQUIRE(n > 0);
-  const std::string command = "TANDEM_TEST_FRESH=1 '" + std::string(exe, static_cast<size_t>(n)) + "' '" + test_name + "' > /dev/null";
-  INFO(command);
-  REQUIRE(std::system(command.c_str()) == 0);
+  run_case_in_new_process(test_name);
   return true;
 }
 
@@ -130,13 +137,7 @@ TEST_CASE("the intra-op thread count reaches OpenBLAS before its first GEMM", "[
     return;
   }
   if (std::getenv("TANDEM_TEST_FRESH") == nullptr) {
-    char exe[4096] = {};
-    const ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    REQUIRE(n > 0);
-    const std::string command = "TANDEM_TEST_FRESH=1 TANDEM_NUM_THREADS=1 '" + std::string(exe, static_cast<size_t>(n)) +
-                                "' 'the intra-op thread count reaches OpenBLAS before its first GEMM' > /dev/null";
-    INFO(command);
-    REQUIRE(std::system(command.c_str()) == 0);
+    run_case_in_new_process("the intra-op thread count reaches OpenBLAS before its first GEMM", "TANDEM_NUM_THREADS=1");
     return;
   }
   Tensor c = matmul(ones({128, 128}), ones({128, 128}));

@@ -5,13 +5,16 @@ set -uo pipefail
 dir=${1:?usage: check-bad-input.sh TOOLS_DIR}
 failed=0
 
+last_err=""  # expect_bad's last stderr, for expect_named
 expect_bad() {  # tool args...
   local tool=$1
   shift
+  last_err=""
   [ -x "$dir/$tool" ] || return 0  # not built in this configuration (bench_gpu without CUDA)
   local err rc lines
   err=$("$dir/$tool" "$@" 2>&1 >/dev/null)
   rc=$?
+  last_err=$err
   lines=$(printf '%s\n' "$err" | grep -c .)
   if [ "$rc" -ne 2 ] || [ "$lines" -ne 1 ]; then
     echo "FAIL: $tool $* -> status $rc, $lines stderr lines (want 2 and 1):"
@@ -59,9 +62,7 @@ expect_named() {  # file tool args...
   local before=$failed
   expect_bad "$@"
   [ -x "$dir/$1" ] || return 0
-  local err
-  err=$("$dir/$@" 2>&1 >/dev/null)
-  if [ "$failed" = "$before" ] && [[ "$err" != *"$file"* ]]; then
+  if [ "$failed" = "$before" ] && [[ "$last_err" != *"$file"* ]]; then
     echo "FAIL: $* -> the message does not name $file"
     failed=1
   fi
