@@ -35,8 +35,6 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 kind=${1:-}
 shift || true
 jobs=${JOBS:-2}
-# clang-14 and libFuzzer for fuzz, the rest as for the tests: installed when missing (idempotent).
-"$root/tools/deps.sh"
 
 if [ "$kind" = ci ]; then
   # One after the other (two cores); each mode's summary is its last lines.
@@ -73,6 +71,8 @@ case "$kind" in
     exit 2
     ;;
 esac
+# clang-14 and libFuzzer for fuzz, the rest as for the tests: installed when missing (idempotent).
+"$root/tools/deps.sh"
 args=("$@")
 build=${TANDEM_SANITIZE_BUILD_DIR:-$root/build-$kind}
 launcher=()
