@@ -103,7 +103,10 @@ void for_each_slice(const ReducePlan& pl, const Tensor& a, Fn&& fn) {
   }
 }
 
-ReducePlan plan_from_mask(const Tensor& a, std::vector<bool> reduced, bool keepdim) {
+// An empty input's sizes need not have products that fit in int64 (a [3, 0, 2^62] tensor exists): the
+// output's element count is checked, since an output that large cannot exist, and the reduced count
+// saturates, since it then only matters as "not zero" (the zero dim is kept, so nothing is reduced).
+ReducePlan plan_from_mask(const Tensor& a, std::vector<bool> reduced, bool keepdim, const char* op = "reduce") {
   ReducePlan p;
   p.reduced = std::move(reduced);
   p.keepdim = keepdim;
@@ -114,23 +117,27 @@ ReducePlan plan_from_mask(const Tensor& a, std::vector<bool> reduced, bool keepd
     if (p.reduced[i]) {
       p.keep_shape.push_back(1);
       if (keepdim) p.out_shape.push_back(1);
-      p.count *= s[i];
+      if (__builtin_mul_overflow(p.count, s[i], &p.count)) [[unlikely]]
+        p.count = std::numeric_limits<int64_t>::max();
       if (s[i] != 1) inner.emplace_back(s[i], st[i]);
     } else {
       p.keep_shape.push_back(s[i]);
       p.out_shape.push_back(s[i]);
-      p.out_numel *= s[i];
+      p.out_numel = checked_mul(p.out_numel, s[i], op);
       if (s[i] != 1) {
         p.outer_sizes.push_back(s[i]);
         p.outer_strides.push_back(st[i]);
       }
     }
   }
-  // Coalesce reduced dims whose memory is one strided run (keeps row-major order).
+  // Coalesce reduced dims whose memory is one strided run (keeps row-major order). The products are
+  // checked: an empty input's sizes and strides may overflow them, and such dims stay apart.
   for (auto [size, stride] : inner) {
     size_t n = p.inner_sizes.size();
-    if (n > 0 && p.inner_strides[n - 1] == stride * size) {
-      p.inner_sizes[n - 1] *= size;
+    int64_t span = 0, merged = 0;
+    if (n > 0 && !__builtin_mul_overflow(stride, size, &span) && p.inner_strides[n - 1] == span &&
+        !__builtin_mul_overflow(p.inner_sizes[n - 1], size, &merged)) {
+      p.inner_sizes[n - 1] = merged;
       p.inner_strides[n - 1] = stride;
     } else {
       p.inner_sizes.push_back(size);
@@ -237,7 +244,7 @@ ReducePlan plan_reduction(const Tensor& a, const Shape& dims, bool keepdim, cons
     seen[w] = true;
     if (nd > 0) reduced[w] = true;
   }
-  return plan_from_mask(a, std::move(reduced), keepdim);
+  return plan_from_mask(a, std::move(reduced), keepdim, op);
 }
 
 ReducePlan plan_full_reduction(const Tensor& a, const char* op) {

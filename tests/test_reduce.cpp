@@ -388,6 +388,21 @@ TEST_CASE("var/std: corrections at the ends of int64 do not overflow the divisor
   REQUIRE(var(p, {0}, highest).item<double>() == std::numeric_limits<double>::infinity());
 }
 
+// Found by fuzz_ops: an empty tensor's sizes need not have products that fit in int64, and the
+// plan multiplied the kept sizes (and the reduced ones) unchecked (UBSan: signed overflow).
+TEST_CASE("reductions of an empty tensor whose other sizes multiply past int64", "[fuzz]") {
+  const int64_t huge = int64_t{1} << 62;
+  Tensor e = zeros({3, 0, huge});
+  // Keeping 3 and 2^62 would make an output of 3 * 2^62 elements: an error naming the op.
+  REQUIRE_THROWS_WITH(sum(e, {1}), Contains("[sum]") && Contains("overflow"));
+  REQUIRE_THROWS_WITH(argmin(e, 1), Contains("[argmin]"));
+  // Reducing 3 and 2^62 keeps the zero dim: an empty result, whatever the reduced count.
+  REQUIRE(sum(e, {0, 2}).shape() == Shape{0});
+  REQUIRE(mean(e, {0, 2}, true).shape() == Shape{1, 0, 1});
+  REQUIRE(amax(e, {0, 2}).shape() == Shape{0});
+  REQUIRE(var(e, {0, 2}).shape() == Shape{0});
+}
+
 TEST_CASE("var/std: values and gradients match PyTorch 1.13, also at N - correction <= 0") {
   // Row 1 is constant; row 2 sits on a large offset (cancellation in E[x^2] - E[x]^2).
   const std::vector<double> data = {0.3,    -1.2,   2.5,    0.7,    -0.4,   0.1,    0.1,   0.1,

@@ -29,7 +29,8 @@
 # libFuzzer's seed (default: a random one, printed). Seeds are copied from tools/fuzz/corpus/<name>/
 # to build-fuzz/fuzz-corpus/<name>/ (the committed corpus is never written to); logs and any
 # crashing input (crash-*, timeout-*, oom-*, leak-*) land in build-fuzz/fuzz-logs/. Reproduce one
-# with `build-fuzz/tools/fuzz/fuzz_<name> build-fuzz/fuzz-logs/<name>/crash-...`.
+# with `build-fuzz/tools/fuzz/fuzz_<name> build-fuzz/fuzz-logs/<name>/crash-...`. A failure also prints
+# the log's end and the input in base64 (`base64 -d >crash` rebuilds it from a CI log).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 kind=${1:-}
@@ -122,7 +123,15 @@ if [ "$kind" = fuzz ]; then
     grep -oE '^INFO: Seed: [0-9]+' "$logs/$t.log" | sed 's/^INFO: /   /' || true
     if [ $rc -ne 0 ] || grep -qE "$report_pattern" "$logs/$t.log"; then
       echo "   FAILED (exit $rc), log: $logs/$t.log"
-      grep -E "$report_pattern|^artifact_prefix|Test unit written" "$logs/$t.log" | head -n 12 | sed 's/^/   | /'
+      # The report is the log's end: what the process printed before dying (an uncaught exception's
+      # "terminate called ...", a stack), then libFuzzer's summary. The input goes out as base64 too,
+      # so a failure on a machine whose files are gone (CI) can still be replayed.
+      tail -n 40 "$logs/$t.log" | grep -vE '^#[0-9]+\s+(pulse|NEW|REDUCE|INITED|RELOAD)' | sed 's/^/   | /'
+      for artifact in "$logs/$name"/crash-* "$logs/$name"/timeout-* "$logs/$name"/oom-* "$logs/$name"/leak-*; do
+        [ -f "$artifact" ] || continue
+        echo "   input $(basename "$artifact") ($(stat -c %s "$artifact") bytes), base64:"
+        head -c 8192 "$artifact" | base64 -w 100 | sed 's/^/   > /'
+      done
       status=1
     elif [ "${done_runs:-0}" -lt "$runs" ]; then
       echo "   STOPPED by the ${max_time} s guard after ${done_runs:-0} of $runs runs, log: $logs/$t.log"
