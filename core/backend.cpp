@@ -117,6 +117,7 @@ Backend* backends[2] = {&cpu_backend, nullptr};
 std::once_flag cuda_once;
 std::string cuda_missing = "the CUDA backend has not been loaded yet";
 
+#if defined(TANDEM_CUDA_LIBRARY_FILE)
 // Where libtandem (or, statically linked, the program) lives: the plugin is looked for beside it.
 std::string this_library_folder() {
   Dl_info info{};
@@ -125,6 +126,7 @@ std::string this_library_folder() {
   size_t slash = path.rfind('/');
   return slash == std::string::npos ? "." : path.substr(0, slash);
 }
+#endif
 
 using InstallFn = void (*)();
 

@@ -26,7 +26,7 @@
 #
 # fuzz: FUZZ_RUNS sets the inputs per target (default 100000), FUZZ_RUNS_<target> one target's; FUZZ_TIME caps each
 # target's seconds (default 600: a run that stops there says so and fails); FUZZ_SEED fixes
-# libFuzzer's seed (default: a random one, printed). Seeds are copied from tools/fuzz/corpus/<name>/
+# libFuzzer's seed (default: a random one, printed; in `ci` mode a fixed one). Seeds are copied from tools/fuzz/corpus/<name>/
 # to build-fuzz/fuzz-corpus/<name>/ (the committed corpus is never written to); logs and any
 # crashing input (crash-*, timeout-*, oom-*, leak-*) land in build-fuzz/fuzz-logs/. Reproduce one
 # with `build-fuzz/tools/fuzz/fuzz_<name> build-fuzz/fuzz-logs/<name>/crash-...`. A failure also prints
@@ -38,7 +38,10 @@ shift || true
 jobs=${JOBS:-2}
 
 if [ "$kind" = ci ]; then
-  # One after the other (two cores); each mode's summary is its last lines.
+  # One after the other (two cores); each mode's summary is its last lines. The fuzzers run from a
+  # fixed seed (FUZZ_SEED overrides it): a commit gets the same verdict each time CI runs it, and a
+  # failure replays exactly. Exploring with fresh random seeds is `tools/sanitize.sh fuzz`.
+  export FUZZ_SEED=${FUZZ_SEED:-20261205}
   status=0
   for mode in asan tsan fuzz; do
     start=$SECONDS
