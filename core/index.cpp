@@ -565,6 +565,9 @@ std::vector<int64_t> split_sizes(int64_t n, int64_t split_size) {
   TANDEM_CHECK(split_size > 0 || n == 0, "[split] split_size can only be 0 when the dim has size 0, got size {}", n);
   if (n == 0) return {0};  // one empty piece, as in PyTorch
   const int64_t pieces = ceil_div(n, split_size);
+  TANDEM_CHECK(pieces <= kMaxSplitPieces,
+               "[split] a dim of size {} in pieces of {} makes {} views, more than the {} one call returns", n,
+               split_size, pieces, kMaxSplitPieces);
   std::vector<int64_t> sizes(static_cast<size_t>(pieces), split_size);
   sizes.back() = n - split_size * (pieces - 1);
   return sizes;
@@ -572,11 +575,14 @@ std::vector<int64_t> split_sizes(int64_t n, int64_t split_size) {
 
 std::vector<int64_t> chunk_sizes(int64_t n, int64_t chunks) {
   TANDEM_CHECK(chunks > 0, "[chunk] chunks must be positive, got {}", chunks);
-  const int64_t size = ceil_div(n, chunks);
   // An empty dim gives `chunks` empty pieces (PyTorch); otherwise pieces of ceil(n / chunks),
   // which may be fewer than `chunks`.
-  if (n == 0) return std::vector<int64_t>(static_cast<size_t>(chunks), 0);
-  return split_sizes(n, size);
+  if (n == 0) {
+    TANDEM_CHECK(chunks <= kMaxSplitPieces, "[chunk] {} chunks of an empty dim: more than the {} views one call returns",
+                 chunks, kMaxSplitPieces);
+    return std::vector<int64_t>(static_cast<size_t>(chunks), 0);
+  }
+  return split_sizes(n, ceil_div(n, chunks));
 }
 
 TensorList split_with_sizes(const Tensor& a, const std::vector<int64_t>& sizes, int64_t dim, const char* op) {

@@ -95,7 +95,10 @@ void dispatch_index(Dtype dt, const char* op, F&& f) {
 // True for the 1-D empty tensors cat skips (PyTorch's legacy behaviour).
 inline bool cat_skips(const Tensor& t) { return t.dim() == 1 && t.size(0) == 0; }
 
-// Sizes of the pieces split/chunk cut a dim of size n into.
+// Sizes of the pieces split/chunk cut a dim of size n into. At most kMaxSplitPieces: each piece is a
+// view object (a few hundred bytes), and an empty tensor's dim, or chunk's count for it, can be
+// as large as int64 allows with no memory behind it, so the list itself would exhaust memory.
+inline constexpr int64_t kMaxSplitPieces = int64_t{1} << 24;
 std::vector<int64_t> split_sizes(int64_t n, int64_t split_size);
 std::vector<int64_t> chunk_sizes(int64_t n, int64_t chunks);
 // Views of consecutive slices of `a` along dim with the given sizes (which must sum to its size).

@@ -427,6 +427,19 @@ TEST_CASE("split and chunk take sizes and counts up to INT64_MAX", "[index][spli
   REQUIRE_THROWS_WITH(split(iota({3}), std::vector<int64_t>{1, highest}), Contains("sum to more than"));
 }
 
+// Found by fuzz_ops: chunk of an empty dim made `chunks` pieces and split of an empty tensor's huge
+// dim ceil(n / size) pieces, whatever their number: a std::vector of 2^62 sizes threw
+// std::length_error (or exhausted memory) instead of a tandem::Error.
+TEST_CASE("split and chunk refuse more pieces than one call returns", "[index][split][chunk][fuzz]") {
+  const int64_t highest = std::numeric_limits<int64_t>::max();
+  REQUIRE_THROWS_WITH(chunk(zeros({0}), highest), Contains("[chunk]") && Contains("empty dim"));
+  REQUIRE_THROWS_WITH(split(zeros({0, int64_t{1} << 62}), 1, 1),
+                      Contains("[split]") && Contains("4611686018427387904 views"));
+  REQUIRE_THROWS_WITH(chunk(zeros({0}), (int64_t{1} << 24) + 1), Contains("[chunk]") && Contains("16777216"));
+  // A huge empty dim in few pieces is fine.
+  REQUIRE(split(zeros({0, int64_t{1} << 62}), int64_t{1} << 61, 1).size() == 2);
+}
+
 TEST_CASE("split and chunk gradients", "[index][split][chunk][grad]") {
   // each piece alone: the pieces nobody used get zero gradients
   for (int k = 0; k < 3; ++k)
