@@ -116,6 +116,21 @@ Tensor transpose(const Tensor& a, int64_t d0, int64_t d1) {
   return make_view(a, shape, strides, a.storage_offset());
 }
 
+namespace {
+// Products for a view's strides and offset. A tensor with elements keeps them in int64 (its storage
+// does); an empty tensor's sizes, and so its strides, can be anything up to INT64_MAX, and a
+// stride or offset it never reads through is then 0 rather than an overflow.
+int64_t empty_safe_product(int64_t a, int64_t b) {
+  int64_t r;
+  return __builtin_mul_overflow(a, b, &r) ? 0 : r;
+}
+int64_t empty_safe_offset(const Tensor& a, int64_t index, int64_t stride) {
+  int64_t r;
+  if (__builtin_mul_overflow(index, stride, &r) || __builtin_add_overflow(a.storage_offset(), r, &r)) return 0;
+  return r;
+}
+}  // namespace
+
 SliceArgs slice_args(const Tensor& a, int64_t dim, int64_t start, int64_t end, int64_t step, const char* op) {
   TANDEM_CHECK(a.dim() > 0, "[{}] cannot slice a 0-dim tensor", op);
   dim = wrap_dim(dim, a.dim(), op);
@@ -137,8 +152,8 @@ Tensor slice_view(const Tensor& a, const SliceArgs& s) {
   shape[s.dim] = s.end > s.start ? (s.end - s.start - 1) / s.step + 1 : 0;
   // Only a dim of 2 or more elements steps by it, and then step < size keeps the product in range;
   // with one element (any step up to INT64_MAX) the stride is never used, so it is left as is.
-  if (shape[s.dim] > 1) strides[s.dim] = a.strides()[s.dim] * s.step;
-  return make_view(a, shape, strides, a.storage_offset() + s.start * a.strides()[s.dim]);
+  if (shape[s.dim] > 1) strides[s.dim] = empty_safe_product(a.strides()[s.dim], s.step);
+  return make_view(a, shape, strides, empty_safe_offset(a, s.start, a.strides()[s.dim]));
 }
 }  // namespace
 
@@ -170,7 +185,7 @@ Tensor select(const Tensor& a, int64_t dim, int64_t index) {
   Strides strides = a.strides();
   shape.erase(dim);
   strides.erase(dim);
-  return make_view(a, shape, strides, a.storage_offset() + index * a.strides()[dim]);
+  return make_view(a, shape, strides, empty_safe_offset(a, index, a.strides()[dim]));
 }
 
 Tensor expand(const Tensor& a, const Shape& shape) {
@@ -231,7 +246,7 @@ Tensor unsqueeze(const Tensor& a, int64_t dim) {
   Shape shape = a.shape();
   Strides strides = a.strides();
   // The new dim's stride only matters for is_contiguous: pick the one a contiguous tensor has.
-  int64_t st = dim < a.dim() ? shape[dim] * strides[dim] : 1;
+  int64_t st = dim < a.dim() ? empty_safe_product(shape[dim], strides[dim]) : 1;
   shape.insert(dim, 1);
   strides.insert(dim, st);
   return make_view(a, shape, strides, a.storage_offset());

@@ -106,6 +106,20 @@ TEST_CASE("slice and narrow follow Python's rules", "[views]") {
 
 // Found by tools/fuzz/fuzz_ops (corpus/ops/crash-slice-huge-step): a step past the dim's size
 // leaves one element, but the stride was still multiplied by it (3 * INT64_MAX overflowed).
+// Found by fuzz_ops: an empty tensor's sizes can reach INT64_MAX, and so can its strides; unsqueeze
+// multiplied size by stride, slice and select index by stride, unchecked (UBSan: signed overflow).
+TEST_CASE("views of an empty tensor whose sizes and strides are near INT64_MAX", "[views][fuzz]") {
+  const int64_t highest = std::numeric_limits<int64_t>::max();
+  Tensor e = zeros({1048576, 0, highest});
+  REQUIRE(e.unsqueeze(0).shape() == Shape{1, 1048576, 0, highest});
+  REQUIRE(e.unsqueeze(1).shape() == Shape{1048576, 1, 0, highest});
+  REQUIRE(e.select(0, 1048575).shape() == Shape{0, highest});
+  REQUIRE(e.narrow(0, 1048575, 1).shape() == Shape{1, 0, highest});
+  REQUIRE(e.slice(0, 3, 1048576, 1 << 10).shape() == Shape{1024, 0, highest});
+  REQUIRE(e.slice(2, 1, highest, highest / 2).shape() == Shape{1048576, 0, 2});
+  REQUIRE(e.unsqueeze(0).numel() == 0);
+}
+
 TEST_CASE("slice with a step past the end of the dim", "[views][fuzz]") {
   constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
   Tensor m = iota({2, 3});
