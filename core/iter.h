@@ -27,9 +27,11 @@ void strided_loop(const Shape& shape, const std::array<Strides, N>& elem_strides
                   const std::array<char*, N>& base, const std::array<int64_t, N>& itemsizes,
                   Kernel&& kernel) {
   const size_t nd = shape.size();
+  // Nothing to do when a size is 0 (the others may then multiply past int64: checked first).
+  for (int64_t d : shape)
+    if (d == 0) return;
   int64_t numel = 1;
   for (int64_t d : shape) numel *= d;
-  if (numel == 0) return;
   // Coalesce: walk from the innermost dim outwards, merging dim i into the current one when
   // every operand's stride satisfies stride[i] == stride[cur] * size[cur].
   int64_t sizes[64];

@@ -16,7 +16,11 @@ void TensorImpl::refresh_contiguity() {
       contiguous = false;
       return;
     }
-    expected *= shape[i];
+    // An empty tensor's sizes may multiply past int64; no stride can then match what follows.
+    if (__builtin_mul_overflow(expected, shape[i], &expected)) {
+      contiguous = false;
+      return;
+    }
   }
 }
 

@@ -118,6 +118,10 @@ TEST_CASE("views of an empty tensor whose sizes and strides are near INT64_MAX",
   REQUIRE(e.slice(0, 3, 1048576, 1 << 10).shape() == Shape{1024, 0, highest});
   REQUIRE(e.slice(2, 1, highest, highest / 2).shape() == Shape{1048576, 0, 2});
   REQUIRE(e.unsqueeze(0).numel() == 0);
+  // The contiguity check multiplied the sizes (transpose, permute: UBSan).
+  REQUIRE(e.transpose(0, 2).shape() == Shape{highest, 0, 1048576});
+  REQUIRE_FALSE(e.permute({2, 1, 0}).is_contiguous());
+  REQUIRE(e.is_contiguous());
 }
 
 TEST_CASE("slice with a step past the end of the dim", "[views][fuzz]") {
