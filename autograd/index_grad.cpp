@@ -3,6 +3,7 @@
 #include "autograd/node.h"
 #include "autograd/ops.h"
 #include "core/index.h"
+#include "core/views.h"
 
 namespace tandem {
 
@@ -123,7 +124,7 @@ Tensor cat(const TensorList& tensors, int64_t dim) {
         continue;
       }
       const int64_t len = p.shape[d];
-      if (ctx.needs_input_grad[i]) grads[i] = slice_grad(detail::narrow_view(g, d, offset, len), p.dtype);
+      if (ctx.needs_input_grad[i]) grads[i] = slice_grad(detail::narrow(g, d, offset, len), p.dtype);
       offset += len;
     }
     return grads;
@@ -143,7 +144,7 @@ Tensor stack(const TensorList& tensors, int64_t dim) {
     TensorList grads(dtypes.size());
     for (size_t i = 0; i < dtypes.size(); ++i)
       if (ctx.needs_input_grad[i])
-        grads[i] = slice_grad(detail::select_view(ctx.grads[0], d, static_cast<int64_t>(i)), dtypes[i]);
+        grads[i] = slice_grad(detail::select(ctx.grads[0], d, static_cast<int64_t>(i)), dtypes[i]);
     return grads;
   });
   return outs[0];

@@ -7,6 +7,7 @@
 #include "core/kernel_tables.h"
 #include "core/elementwise.h"
 #include "core/iter.h"
+#include "core/views.h"
 
 namespace tandem::detail {
 
@@ -206,31 +207,6 @@ void check_index_geometry(const Tensor& a, int64_t dim, const Tensor& index, con
 }
 
 }  // namespace
-
-// ---- geometry ----
-
-Tensor narrow_view(const Tensor& a, int64_t dim, int64_t start, int64_t length) {
-  Shape shape = a.shape();
-  shape[dim] = length;
-  return make_view(a, shape, a.strides(), a.storage_offset() + start * a.stride(dim));
-}
-
-Tensor select_view(const Tensor& a, int64_t dim, int64_t index) {
-  Shape shape;
-  Strides strides;
-  slice_geometry(a, dim, shape, strides);
-  return make_view(a, shape, strides, a.storage_offset() + index * a.stride(dim));
-}
-
-Tensor unsqueeze_view(const Tensor& a, int64_t dim) {
-  Shape shape = a.shape();
-  Strides strides = a.strides();
-  // Any stride is valid for a size-1 dim; this one keeps a contiguous tensor contiguous.
-  const int64_t st = dim < a.dim() ? a.stride(dim) * a.size(dim) : 1;
-  shape.insert(static_cast<size_t>(dim), 1);
-  strides.insert(static_cast<size_t>(dim), st);
-  return make_view(a, shape, strides, a.storage_offset());
-}
 
 Tensor zeros_of(const Shape& shape, Dtype dtype, Device device, const char* op) {
   Tensor out = make_empty(shape, dtype, device, op);
@@ -526,7 +502,8 @@ Tensor cat(const TensorList& tensors, int64_t dim, const char* op) {
       TANDEM_CHECK(t.size(d) == r.size(d), "[{}] sizes must match except in dim {}: tensor {} is {}, tensor {} is {}",
                    op, dim, ref, r.shape(), i, t.shape());
     }
-    out_shape[dim] += t.size(dim);
+    TANDEM_CHECK(!__builtin_add_overflow(out_shape[dim], t.size(dim), &out_shape[dim]),
+                 "[{}] sizes in dim {} sum past int64 (tensor {} is {})", op, dim, i, t.shape());
   }
   // Any device: copy_into casts and copies each piece with the device's copy kernel.
   Tensor out = make_empty(out_shape, dtype, device, op);
@@ -534,7 +511,7 @@ Tensor cat(const TensorList& tensors, int64_t dim, const char* op) {
   for (const Tensor& t : tensors) {
     if (cat_skips(t)) continue;
     const int64_t len = t.size(dim);
-    if (len > 0) copy_into(narrow_view(out, dim, offset, len), t, op);
+    if (len > 0) copy_into(narrow(out, dim, offset, len), t, op);
     offset += len;
   }
   return out;
@@ -551,7 +528,7 @@ Tensor stack(const TensorList& tensors, int64_t dim) {
   dim = wrap_dim(dim, tensors[0].dim() + 1, op);
   TensorList expanded;
   expanded.reserve(tensors.size());
-  for (const Tensor& t : tensors) expanded.push_back(unsqueeze_view(t, dim));
+  for (const Tensor& t : tensors) expanded.push_back(unsqueeze(t, dim));
   return cat(expanded, dim, op);
 }
 
@@ -603,7 +580,7 @@ TensorList split_with_sizes(const Tensor& a, const std::vector<int64_t>& sizes, 
   out.reserve(sizes.size());
   int64_t start = 0;
   for (int64_t s : sizes) {
-    out.push_back(narrow_view(a, dim, start, s));
+    out.push_back(narrow(a, dim, start, s));
     start += s;
   }
   return out;

@@ -11,11 +11,6 @@
 
 namespace tandem::detail {
 
-// ---- geometry helpers (views share storage, carry no autograd history) ----
-Tensor narrow_view(const Tensor& a, int64_t dim, int64_t start, int64_t length);
-Tensor select_view(const Tensor& a, int64_t dim, int64_t index);
-Tensor unsqueeze_view(const Tensor& a, int64_t dim);
-
 // A zero-filled contiguous tensor.
 Tensor zeros_of(const Shape& shape, Dtype dtype, Device device, const char* op);
 // Copies src into dst elementwise (same shape), casting between any two dtypes.

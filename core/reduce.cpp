@@ -248,7 +248,7 @@ ReducePlan plan_reduction(const Tensor& a, const Shape& dims, bool keepdim, cons
 }
 
 ReducePlan plan_full_reduction(const Tensor& a, const char* op) {
-  return plan_from_mask(a, std::vector<bool>(a.dim(), true), false);
+  return plan_from_mask(a, std::vector<bool>(a.dim(), true), false, op);
 }
 
 ReducePlan replan(const Tensor& t, const ReducePlan& like) { return plan_from_mask(t, like.reduced, like.keepdim); }

@@ -440,6 +440,19 @@ TEST_CASE("split and chunk refuse more pieces than one call returns", "[index][s
   REQUIRE(split(zeros({0, int64_t{1} << 62}), int64_t{1} << 61, 1).size() == 2);
 }
 
+// Found by fuzz_ops: cat summed the sizes along dim unchecked, and split's pieces of an empty tensor
+// with strides near INT64_MAX got offsets start * stride that overflow (UBSan). The pieces are
+// now views made by narrow, whose offset arithmetic is checked.
+TEST_CASE("cat and split of empty tensors with sizes near INT64_MAX", "[index][cat][split][fuzz]") {
+  const int64_t highest = std::numeric_limits<int64_t>::max();
+  REQUIRE_THROWS_WITH(cat({zeros({0, highest}), zeros({0, highest})}, 1),
+                      Contains("[cat]") && Contains("sum past int64") && Contains("tensor 1"));
+  REQUIRE(cat({zeros({0, highest}), zeros({0, highest})}, 0).shape() == Shape{0, highest});
+  TensorList parts = split(zeros({4, 0, highest}), 2, 0);
+  REQUIRE(parts.size() == 2);
+  for (const Tensor& p : parts) REQUIRE(p.shape() == Shape{2, 0, highest});
+}
+
 TEST_CASE("split and chunk gradients", "[index][split][chunk][grad]") {
   // each piece alone: the pieces nobody used get zero gradients
   for (int k = 0; k < 3; ++k)

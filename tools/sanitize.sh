@@ -126,12 +126,15 @@ if [ "$kind" = fuzz ]; then
     grep -oE '^INFO: Seed: [0-9]+' "$logs/$t.log" | sed 's/^INFO: /   /' || true
     if [ $rc -ne 0 ] || grep -qE "$report_pattern" "$logs/$t.log"; then
       echo "   FAILED (exit $rc), log: $logs/$t.log"
-      # The report is the log's end: what the process printed before dying (an uncaught exception's
-      # "terminate called ...", a stack), then libFuzzer's summary. The input goes out as base64 too,
-      # so a failure on a machine whose files are gone (CI) can still be replayed.
-      tail -n 40 "$logs/$t.log" | grep -vE '^#[0-9]+\s+(pulse|NEW|REDUCE|INITED|RELOAD)' | sed 's/^/   | /'
+      # The report, from its first line (a sanitizer's, an uncaught exception's "terminate called",
+      # a fuzzer's own finding) to the log's end: the stack, libFuzzer's summary and, for inputs up to
+      # 256 bytes, the input in base64 ("Base64:"), so a CI failure replays without its files.
+      first=$(grep -nE "$report_pattern|^terminate called" "$logs/$t.log" | head -n 1 | cut -d: -f1)
+      tail -n +"${first:-1}" "$logs/$t.log" | grep -vE '^#[0-9]+\s+(pulse|NEW|REDUCE|INITED|RELOAD)' |
+        head -n 80 | sed 's/^/   | /'
+      # libFuzzer prints no Base64 line for a longer input: printed here.
       for artifact in "$logs/$name"/crash-* "$logs/$name"/timeout-* "$logs/$name"/oom-* "$logs/$name"/leak-*; do
-        [ -f "$artifact" ] || continue
+        [ -f "$artifact" ] && [ "$(stat -c %s "$artifact")" -gt 256 ] || continue
         echo "   input $(basename "$artifact") ($(stat -c %s "$artifact") bytes), base64:"
         head -c 8192 "$artifact" | base64 -w 100 | sed 's/^/   > /'
       done
