@@ -110,6 +110,8 @@ void slice_geometry(const Tensor& t, int64_t dim, Shape& shape, Strides& strides
 // out.select(dim, k) = a.select(dim, idx[k]) for every k. Raw strided loops per slice (no
 // TensorImpl per row): embedding lookups copy many short rows.
 void select_slices(const Tensor& out, const Tensor& a, int64_t dim, const std::vector<int64_t>& idx, const char* op) {
+  // Nothing to copy; and an empty tensor's strides, which may be near INT64_MAX, must not be scaled.
+  if (out.numel() == 0) return;
   Shape shape;
   Strides os, as;
   slice_geometry(out, dim, shape, os);
@@ -128,6 +130,7 @@ void select_slices(const Tensor& out, const Tensor& a, int64_t dim, const std::v
 
 // out.select(dim, idx[k]) += src.select(dim, k) for every k, in order (repeated indices add up).
 void add_slices(const Tensor& out, int64_t dim, const std::vector<int64_t>& idx, const Tensor& src, const char* op) {
+  if (out.numel() == 0 || src.numel() == 0) return;  // as in select_slices
   Shape shape;
   Strides os, ss;
   slice_geometry(out, dim, shape, os);

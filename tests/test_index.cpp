@@ -451,6 +451,12 @@ TEST_CASE("cat and split of empty tensors with sizes near INT64_MAX", "[index][c
   TensorList parts = split(zeros({4, 0, highest}), 2, 0);
   REQUIRE(parts.size() == 2);
   for (const Tensor& p : parts) REQUIRE(p.shape() == Shape{2, 0, highest});
+  // index_select scaled the slices' strides by the element size before seeing there was nothing to copy.
+  Tensor e = zeros({1048576, 0, highest}).requires_grad_();
+  Tensor picked = index_select(e, 0, from_vector<int64_t>({0, 3}, {2}));
+  REQUIRE(picked.shape() == Shape{2, 0, highest});
+  sum(picked).backward();
+  REQUIRE(e.grad().shape() == e.shape());
 }
 
 TEST_CASE("split and chunk gradients", "[index][split][chunk][grad]") {
