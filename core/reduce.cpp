@@ -67,6 +67,12 @@ template <class T, class Fn>
 void for_each_slice(const ReducePlan& pl, const Tensor& a, Fn&& fn) {
   if (pl.out_numel == 0) return;
   const T* base = static_cast<const T*>(a.data_ptr());
+  if (pl.count == 0) {
+    // Empty slices: nothing is read, so nothing is addressed (an empty input's strides may be near
+    // INT64_MAX, and stepping by them would overflow).
+    for (int64_t o = 0; o < pl.out_numel; ++o) fn(o, base, int64_t{1}, int64_t{0});
+    return;
+  }
   const size_t no = pl.outer_sizes.size();
   const size_t ni = pl.inner_sizes.size();
   const bool one_d = ni <= 1 || pl.count == 0;

@@ -401,6 +401,12 @@ TEST_CASE("reductions of an empty tensor whose other sizes multiply past int64",
   REQUIRE(mean(e, {0, 2}, true).shape() == Shape{1, 0, 1});
   REQUIRE(amax(e, {0, 2}).shape() == Shape{0});
   REQUIRE(var(e, {0, 2}).shape() == Shape{0});
+  // Reducing the zero dim and the huge one keeps 3 outputs of empty slices; the loop stepped the
+  // input pointer by the huge stride between them (UBSan: pointer overflow).
+  Tensor f = zeros({3, 0, huge});
+  REQUIRE(vals(sum(f, {1, 2})) == std::vector<double>{0, 0, 0});
+  for (double m : vals(mean(f, {1, 2}))) REQUIRE(std::isnan(m));
+  REQUIRE_THROWS_WITH(amax(f, {1, 2}), Contains("[amax]"));
 }
 
 TEST_CASE("var/std: values and gradients match PyTorch 1.13, also at N - correction <= 0") {
