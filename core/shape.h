@@ -122,6 +122,21 @@ inline int64_t checked_mul(int64_t a, int64_t b, const char* op) {
     fail("[{}] size overflow: {} * {} does not fit in 64 bits", op, a, b);
   return r;
 }
+
+// The address rule. Byte offsets are formed only for elements a kernel visits: a tensor with
+// elements keeps every one of them inside its storage, so its offset and the strides of its dims of
+// two or more elements, times anything bounded by its extent, fit in int64. An empty tensor's sizes,
+// strides and offset may be anything up to INT64_MAX (views of it compute them with overflow
+// checks), and so may the stride of a dim of one element: those are never multiplied. Hence:
+// - `Tensor::data_ptr()` of an empty tensor is its storage's start, whatever its offset;
+// - strided walks return before anything else when there is nothing to visit (`strided_loop`,
+//   the reduction plans, the index walks);
+// - the step along one dim is `dim_step_bytes`, never `stride * itemsize` by hand.
+// Bytes between consecutive elements along a dim of `size` elements: 0 for a dim of at most one
+// element (never stepped along, and its stride may then be anything).
+inline int64_t dim_step_bytes(int64_t stride, int64_t size, int64_t itemsize) {
+  return size <= 1 ? 0 : checked_mul(stride, itemsize, "strides");
+}
 Strides contiguous_strides(const Shape& shape);
 std::string shape_str(const Shape& shape);  // "[2, 3]"
 

@@ -35,7 +35,12 @@ int64_t Tensor::stride(int64_t d) const {
 
 void* Tensor::data_ptr() const {
   auto* i = checked();
-  return static_cast<char*>(i->storage->data()) + i->offset * static_cast<int64_t>(itemsize(i->dtype));
+  char* start = static_cast<char*>(i->storage->data());
+  // The address rule (core/shape.h): a tensor with no elements addresses nothing, and its offset may
+  // be anything a view of an empty tensor computed (up to INT64_MAX): its pointer is the storage's
+  // start. A tensor with elements has its first one inside the storage, so the product fits.
+  if (i->numel == 0) return start;
+  return start + i->offset * static_cast<int64_t>(itemsize(i->dtype));
 }
 
 Tensor make_empty(const Shape& shape, Dtype dtype, Device device, const char* op) {

@@ -497,3 +497,17 @@ TEST_CASE("split and chunk errors", "[index][split][chunk][errors]") {
   REQUIRE_THROWS_WITH(chunk(a, 0, 0), Contains("[chunk]") && Contains("positive"));
   REQUIRE_THROWS_WITH(chunk(a, 2, -3), Contains("[chunk]") && Contains("dim -3"));
 }
+
+// Found by fuzz_ops (corpus/ops/crash-scatter-add-huge-stride): scatter_add and gather scaled the
+// indexed dim's stride by the item size before looking at the index, and an empty tensor's stride
+// there can be near INT64_MAX (UBSan: signed overflow); index_select and index_add did the same.
+// The step along a dim of at most one element is never taken: dim_step_bytes makes it 0.
+TEST_CASE("indexing along a dim whose stride is near INT64_MAX", "[index][fuzz]") {
+  const int64_t highest = std::numeric_limits<int64_t>::max();
+  Tensor e = zeros({0, highest}, f16);
+  REQUIRE(e.stride(0) == highest);
+  Tensor none = zeros({0, 0}, i64);
+  REQUIRE(scatter_add(e, 0, none, zeros({0, 0}, f16)).shape() == Shape{0, highest});
+  REQUIRE(gather(e, 0, none).shape() == Shape{0, 0});
+  REQUIRE(index_select(e, 0, none.flatten()).shape() == Shape{0, highest});
+}

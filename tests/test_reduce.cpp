@@ -409,6 +409,28 @@ TEST_CASE("reductions of an empty tensor whose other sizes multiply past int64",
   REQUIRE_THROWS_WITH(amax(f, {1, 2}), Contains("[amax]"));
 }
 
+// Found by fuzz_ops (corpus/ops/crash-norm-empty-huge-offset, crash-sum-empty-huge-offset-*): a
+// view of an empty tensor can sit at an offset near INT64_MAX, and data_ptr() multiplied it by the
+// item size (UBSan: signed overflow) although nothing is read through it. The address rule
+// (core/shape.h): an empty tensor's data_ptr is its storage's start.
+TEST_CASE("reductions of an empty view at an offset near INT64_MAX", "[reduce][fuzz]") {
+  const int64_t highest = std::numeric_limits<int64_t>::max();
+  Tensor e = zeros({1048576, 0, highest});  // strides [INT64_MAX, INT64_MAX, 1]
+  // The second row along dim 0: its offset is the huge stride itself.
+  Tensor v = e.slice(0, 1, 2).unsqueeze(0);
+  REQUIRE(v.numel() == 0);
+  REQUIRE(v.storage_offset() == highest);
+  REQUIRE(v.data_ptr() == e.storage()->data());
+  REQUIRE(norm(v).item<float>() == 0.0f);
+  REQUIRE(sum(v).item<float>() == 0.0f);
+  REQUIRE(std::isnan(mean(v).item<float>()));
+  REQUIRE(vals(sum(v, {2, 3})) == std::vector<double>{0});
+  Tensor s = e.select(0, 1);
+  REQUIRE(s.storage_offset() == highest);
+  REQUIRE(sum(s).item<float>() == 0.0f);
+  REQUIRE(norm(s.to(f64)).item<double>() == 0.0);
+}
+
 TEST_CASE("var/std: values and gradients match PyTorch 1.13, also at N - correction <= 0") {
   // Row 1 is constant; row 2 sits on a large offset (cancellation in E[x^2] - E[x]^2).
   const std::vector<double> data = {0.3,    -1.2,   2.5,    0.7,    -0.4,   0.1,    0.1,   0.1,

@@ -11,8 +11,19 @@
 #   tools/sanitize.sh fuzz   the libFuzzer targets of tools/fuzz/ (fuzz_safetensors, fuzz_idx,
 #                            fuzz_ops, fuzz_collectives), built with clang-14 under ASan + UBSan,
 #                            each run for a fixed number of inputs from its committed seed corpus
-#   tools/sanitize.sh ci     the three in turn (what .ci/run does after the test command); exits
-#                            non-zero if any of them failed, after running them all
+#   tools/sanitize.sh replay the same fuzz build, each target run once on every input committed
+#                            under tools/fuzz/corpus/<name>/ (seeds, every past finding's crash-*,
+#                            the merged corpora of past campaigns): no mutation, no randomness, so
+#                            the same commit gets the same verdict on any machine
+#   tools/sanitize.sh ci     asan, tsan and replay in turn (what .ci/run does after the test
+#                            command); exits non-zero if any of them failed, after running them all
+#
+# The gate and the search are apart: `replay` is the gate (CI), `fuzz` is the search. libFuzzer's
+# mutations depend on the machine (build paths, address layout, timing) even from a fixed seed, so
+# a search in CI would fail a submission for a bug its change did not touch, by luck of the draw.
+# Search with `fuzz` on what you change (a few minutes of fuzz_ops whenever core or autograd
+# changed; longer campaigns with FUZZ_RUNS / FUZZ_TIME), then commit each finding's input as a
+# crash-* seed beside its fix and regression test, so `replay` holds it from then on.
 #
 # Each builds a CPU-only tree (build-asan / build-tsan / build-fuzz beside build/; -O1 with line
 # tables, ccache when there) and exits non-zero when a test fails, a fuzzer finds a crash, or a
@@ -26,7 +37,8 @@
 #
 # fuzz: FUZZ_RUNS sets the inputs per target (default 100000), FUZZ_RUNS_<target> one target's; FUZZ_TIME caps each
 # target's seconds (default 600: a run that stops there says so and fails); FUZZ_SEED fixes
-# libFuzzer's seed (default: a random one, printed; in `ci` mode a fixed one). Seeds are copied from tools/fuzz/corpus/<name>/
+# libFuzzer's seed (default: a random one, printed); FUZZ_KEEP=1 keeps build-fuzz/fuzz-corpus/<name>/
+# from the last run as the starting corpus (a campaign in several legs). Seeds are copied from tools/fuzz/corpus/<name>/
 # to build-fuzz/fuzz-corpus/<name>/ (the committed corpus is never written to); logs and any
 # crashing input (crash-*, timeout-*, oom-*, leak-*) land in build-fuzz/fuzz-logs/. Reproduce one
 # with `build-fuzz/tools/fuzz/fuzz_<name> build-fuzz/fuzz-logs/<name>/crash-...`. A failure also prints
@@ -38,12 +50,10 @@ shift || true
 jobs=${JOBS:-2}
 
 if [ "$kind" = ci ]; then
-  # One after the other (two cores); each mode's summary is its last lines. The fuzzers run from a
-  # fixed seed (FUZZ_SEED overrides it): a commit gets the same verdict each time CI runs it, and a
-  # failure replays exactly. Exploring with fresh random seeds is `tools/sanitize.sh fuzz`.
-  export FUZZ_SEED=${FUZZ_SEED:-20261205}
+  # One after the other (two cores); each mode's summary is its last lines. Every part is
+  # deterministic: the fuzzers only replay committed inputs (see `replay` above).
   status=0
-  for mode in asan tsan fuzz; do
+  for mode in asan tsan replay; do
     start=$SECONDS
     echo "=== sanitize.sh $mode"
     TANDEM_SANITIZE_BUILD_DIR="" "$0" "$mode" || status=1
@@ -64,14 +74,14 @@ case "$kind" in
     flags="-fsanitize=address,undefined -fsanitize-recover=undefined -g1 -O1 -fno-omit-frame-pointer"
     link="-fsanitize=address,undefined"
     ;;
-  fuzz)
+  fuzz|replay)
     # Coverage instrumentation everywhere (fuzzer-no-link); only the fuzzers link libFuzzer's main
     # (tools/fuzz/CMakeLists.txt adds -fsanitize=fuzzer to them).
     flags="-fsanitize=fuzzer-no-link,address,undefined -fsanitize-recover=undefined -gline-tables-only -O1 -fno-omit-frame-pointer"
     link="-fsanitize=address,undefined"
     ;;
   *)
-    echo "usage: $0 asan|tsan|fuzz|ci [ctest_regex | test_program... | fuzz_target...]" >&2
+    echo "usage: $0 asan|tsan|fuzz|replay|ci [ctest_regex | test_program... | fuzz_target...]" >&2
     exit 2
     ;;
 esac
@@ -87,8 +97,9 @@ common=(-DCMAKE_BUILD_TYPE=None -DTANDEM_CUDA=OFF "-DCMAKE_CXX_FLAGS=$flags" "-D
 export TANDEM_NUM_THREADS=1
 export UBSAN_SUPPRESSIONS=$root/tools/ubsan.supp
 
-if [ "$kind" = fuzz ]; then
+if [ "$kind" = fuzz ] || [ "$kind" = replay ]; then
   # clang for libFuzzer; tests and tools off: only the library and the fuzz targets are built.
+  build=${TANDEM_SANITIZE_BUILD_DIR:-$root/build-fuzz}
   fuzz_dir=$root/tools/fuzz
   tests=("${args[@]}")
   [ ${#tests[@]} -gt 0 ] || tests=(fuzz_safetensors fuzz_idx fuzz_ops fuzz_collectives)
@@ -104,13 +115,42 @@ if [ "$kind" = fuzz ]; then
   report_pattern='^==[0-9]+==ERROR: (AddressSanitizer|LeakSanitizer|libFuzzer)|runtime error:|^SUMMARY: '
   report_pattern+='|deadly signal|^fuzz_[a-z]+: '
   status=0
+  if [ "$kind" = replay ]; then
+    for t in "${tests[@]}"; do
+      name=${t#fuzz_}
+      inputs=("$fuzz_dir/corpus/$name"/*)
+      [ -e "${inputs[0]}" ] || { echo "== replay: $t: no committed inputs in tools/fuzz/corpus/$name"; status=1; continue; }
+      mkdir -p "$logs"
+      start=$SECONDS
+      rc=0
+      # Files, not a folder: libFuzzer runs each input once, exactly as committed, and fuzzes nothing.
+      # In batches, so the command line stays short whatever the corpus size.
+      : >"$logs/$t.replay.log"
+      printf '%s\0' "${inputs[@]}" | xargs -0 -n 500 "$build/tools/fuzz/$t" -timeout=30 -rss_limit_mb=2048 \
+        >>"$logs/$t.replay.log" 2>&1 || rc=$?
+      ran=$(grep -c '^Executed ' "$logs/$t.replay.log" || true)
+      if [ $rc -ne 0 ] || grep -qE "$report_pattern" "$logs/$t.replay.log" || [ "$ran" -ne ${#inputs[@]} ]; then
+        echo "== replay: $t FAILED (exit $rc, $ran of ${#inputs[@]} inputs ran), log: $logs/$t.replay.log"
+        first=$(grep -nE "$report_pattern|^terminate called" "$logs/$t.replay.log" | head -n 1 | cut -d: -f1)
+        # The input that failed is the last one started.
+        grep -E '^Running: ' "$logs/$t.replay.log" | tail -n 1 | sed 's/^/   /'
+        tail -n +"${first:-1}" "$logs/$t.replay.log" | head -n 60 | sed 's/^/   | /'
+        status=1
+      else
+        echo "== replay: $t: ${#inputs[@]} inputs clean, $((SECONDS - start)) s"
+      fi
+    done
+    if [ $status -eq 0 ]; then echo "replay: clean"; else echo "replay: findings or failures above"; fi
+    exit $status
+  fi
   for t in "${tests[@]}"; do
     name=${t#fuzz_}
     runs_var=FUZZ_RUNS_$t
     runs=${!runs_var:-${FUZZ_RUNS:-100000}}
     max_time=${FUZZ_TIME:-600}
     corpus=$build/fuzz-corpus/$name
-    rm -rf "$corpus" "$logs/$name" "$logs/$t.log"
+    [ "${FUZZ_KEEP:-0}" = 1 ] || rm -rf "$corpus"
+    rm -rf "$logs/$name" "$logs/$t.log"
     mkdir -p "$corpus" "$logs/$name"
     [ -d "$fuzz_dir/corpus/$name" ] && cp "$fuzz_dir/corpus/$name"/* "$corpus"/ 2>/dev/null || true
     echo "== fuzz: $t ($runs runs, seeds: $(ls "$corpus" | wc -l))"
