@@ -119,8 +119,7 @@ void select_slices(const Tensor& out, const Tensor& a, int64_t dim, const std::v
   const int64_t isz = static_cast<int64_t>(a.element_size());
   char* ob = static_cast<char*>(out.data_ptr());
   char* ab = static_cast<char*>(a.data_ptr());
-  const int64_t ostep = dim_step_bytes(out.stride(dim), out.size(dim), isz);
-  const int64_t astep = dim_step_bytes(a.stride(dim), a.size(dim), isz);
+  const int64_t ostep = dim_step_bytes(out, dim), astep = dim_step_bytes(a, dim);
   TANDEM_DISPATCH_ALL(a.dtype(), op, [&] {
     for (size_t k = 0; k < idx.size(); ++k) {
       strided_loop<2>(shape, {os, as}, {ob + static_cast<int64_t>(k) * ostep, ab + idx[k] * astep}, {isz, isz},
@@ -139,8 +138,7 @@ void add_slices(const Tensor& out, int64_t dim, const std::vector<int64_t>& idx,
   const int64_t isz = static_cast<int64_t>(out.element_size());
   char* ob = static_cast<char*>(out.data_ptr());
   char* sb = static_cast<char*>(src.data_ptr());
-  const int64_t ostep = dim_step_bytes(out.stride(dim), out.size(dim), isz);
-  const int64_t sstep = dim_step_bytes(src.stride(dim), src.size(dim), isz);
+  const int64_t ostep = dim_step_bytes(out, dim), sstep = dim_step_bytes(src, dim);
   TANDEM_DISPATCH_NUMERIC(out.dtype(), op, [&] {
     for (size_t k = 0; k < idx.size(); ++k) {
       strided_loop<2>(shape, {os, ss}, {ob + idx[k] * ostep, sb + static_cast<int64_t>(k) * sstep}, {isz, isz},
@@ -156,7 +154,7 @@ template <class Body>
 void walk_indexed(const Tensor& base, int64_t dim, const Tensor& index, const Tensor& other, const Shape& shape_for_error,
                   const char* op, Body&& body) {
   Strides st = base.strides();
-  const int64_t jump = dim_step_bytes(st[dim], base.size(dim), static_cast<int64_t>(base.element_size()));
+  const int64_t jump = dim_step_bytes(base, dim);
   st[dim] = 0;  // the dim walked by the index values, not by the iterator
   const Tensor base_r = make_view(base, index.shape(), st, base.storage_offset());
   // other may be larger than index in any dim: only its leading index-shaped block is visited.

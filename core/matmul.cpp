@@ -236,6 +236,10 @@ Strides reducing_batch_strides(const Shape& shape, int64_t rank_without_batch, c
 // size-1 dims are skipped, since their strides are arbitrary (views give them any value and
 // is_contiguous() ignores them), so every tensor is_contiguous() accepts folds.
 bool fold_rows(const Tensor& t, int64_t& s0) {
+  if (t.numel() == 0) {  // no row is addressed, and an empty tensor's strides may be anything
+    s0 = std::max<int64_t>(t.size(-1), 1);
+    return true;
+  }
   bool have_rows = false;
   int64_t expected = 0;
   for (int64_t d = t.dim() - 2; d >= 0; --d) {
@@ -263,9 +267,12 @@ Tensor folded_rows(const Tensor& t, int64_t& s0, const char* op) {
   return c;
 }
 
+// Saturates at INT64_MAX: an empty tensor's leading sizes may multiply past it (the result's
+// allocation then names the overflow, unless the result is empty too).
 int64_t leading_numel(const Tensor& t) {
   int64_t n = 1;
-  for (int64_t i = 0; i + 1 < t.dim(); ++i) n *= t.size(i);
+  for (int64_t i = 0; i + 1 < t.dim(); ++i)
+    if (__builtin_mul_overflow(n, t.size(i), &n)) return INT64_MAX;
   return n;
 }
 
@@ -301,6 +308,13 @@ void batched_gemm(Device device, Dtype dtype, const Shape& batch, int64_t M, int
   }
   const int64_t nb = numel_of(batch);
   if (M == 0 || N == 0) return;
+  if (nb == 0 || K == 0) {
+    // An empty sum: zeros. A and B hold no element, so their strides are not looked at (an empty
+    // tensor's may be near INT64_MAX: the address rule, core/shape.h). All-zero bits are 0 in
+    // every dtype.
+    if (!accumulate && c_numel > 0) std::memset(c, 0, static_cast<size_t>(c_numel) * itemsize(dtype));
+    return;
+  }
   const bool c_reduces = sums_over_batch(batch, c_batch_strides);
   const BatchFold fold = fold_batch(batch, M, N, K, a, b, c_batch_strides);
   TANDEM_DISPATCH_NUMERIC(dtype, op, [&] {
@@ -308,10 +322,6 @@ void batched_gemm(Device device, Dtype dtype, const Shape& batch, int64_t M, int
     const T* A = static_cast<const T*>(a.data);
     const T* B = static_cast<const T*>(b.data);
     T* C = static_cast<T*>(c);
-    if (nb == 0) {
-      if (!accumulate && c_numel > 0) std::fill(C, C + c_numel, T(0));  // empty sum
-      return;
-    }
     if (fold == BatchFold::into_rows) {
       gemm_one<T>(M * nb, N, K, A, a.s0, a.s1, B, b.s0, b.s1, C, N, accumulate, op);
       return;

@@ -635,10 +635,11 @@ Tensor index_grad(const Tensor& g, const Tensor& indices, const ReducePlan& pl, 
     device_table(g, "max_backward").index_grad(out, ov, gv, iv, dim_stride);
     return out;
   }
+  if (out.numel() == 0) return out;  // nothing is scattered (the address rule, core/shape.h)
   std::memset(out.data_ptr(), 0, out.nbytes());  // all-zero bits are 0.0 in every float type
   TANDEM_DISPATCH_FLOATING(g.dtype(), "max_backward", [&] {
     using T = scalar_t;
-    const int64_t sb = dim_stride * static_cast<int64_t>(sizeof(T));
+    const int64_t sb = in_shape.empty() ? 0 : dim_step_bytes(out, dim);
     for_each_run<3>(pl.keep_shape, {&ov, &gv, &iv}, [&](const StridedRun<3>& r) {
       for (int64_t i = 0; i < r.n; ++i) {
         int64_t idx = *reinterpret_cast<const int64_t*>(r.ptr[2] + i * r.stride[2]);

@@ -129,14 +129,10 @@ inline int64_t checked_mul(int64_t a, int64_t b, const char* op) {
 // strides and offset may be anything up to INT64_MAX (views of it compute them with overflow
 // checks), and so may the stride of a dim of one element: those are never multiplied. Hence:
 // - `Tensor::data_ptr()` of an empty tensor is its storage's start, whatever its offset;
-// - strided walks return before anything else when there is nothing to visit (`strided_loop`,
-//   the reduction plans, the index walks);
-// - the step along one dim is `dim_step_bytes`, never `stride * itemsize` by hand.
-// Bytes between consecutive elements along a dim of `size` elements: 0 for a dim of at most one
-// element (never stepped along, and its stride may then be anything).
-inline int64_t dim_step_bytes(int64_t stride, int64_t size, int64_t itemsize) {
-  return size <= 1 ? 0 : checked_mul(stride, itemsize, "strides");
-}
+// - a kernel returns before any geometry (strides times sizes, row folding, GEMM batch folding)
+//   when its result or an operand it walks is empty (`strided_loop`, the reduction plans, the
+//   index walks, the GEMMs);
+// - the step along one dim is `dim_step_bytes` (core/tensor.h), never `stride * itemsize` by hand.
 Strides contiguous_strides(const Shape& shape);
 std::string shape_str(const Shape& shape);  // "[2, 3]"
 

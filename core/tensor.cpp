@@ -43,6 +43,11 @@ void* Tensor::data_ptr() const {
   return start + i->offset * static_cast<int64_t>(itemsize(i->dtype));
 }
 
+int64_t dim_step_bytes(const Tensor& t, int64_t dim) {
+  if (t.numel() == 0 || t.shape()[static_cast<size_t>(dim)] <= 1) return 0;
+  return t.strides()[static_cast<size_t>(dim)] * static_cast<int64_t>(t.element_size());  // inside the storage
+}
+
 Tensor make_empty(const Shape& shape, Dtype dtype, Device device, const char* op) {
   for (int64_t d : shape) TANDEM_CHECK(d >= 0, "[{}] negative dimension in shape {}", op, shape);
   auto impl = std::make_shared<TensorImpl>();

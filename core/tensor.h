@@ -266,6 +266,10 @@ class Tensor {
 std::ostream& operator<<(std::ostream& os, const Tensor& t);
 
 // A new TensorImpl over fresh contiguous storage (uninitialised). The building block of ops.
+// Bytes between consecutive elements of `t` along `dim` (the address rule, core/shape.h): 0 when
+// `t` has no elements or the dim has at most one, whose strides may then be anything.
+int64_t dim_step_bytes(const Tensor& t, int64_t dim);
+
 Tensor make_empty(const Shape& shape, Dtype dtype, Device device, const char* op = "empty");
 // A new TensorImpl that views `base`'s storage with the given geometry (no autograd history).
 Tensor make_view(const Tensor& base, const Shape& shape, const Strides& strides, int64_t offset);

@@ -1,6 +1,7 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <limits>
 
 #include "tandem.h"
 #include "test_util.h"
@@ -258,4 +259,21 @@ TEST_CASE("linear backward: weight gradient is g^T x over all leading dims, bias
   std::vector<double> want_x;
   for (int r = 0; r < 6; ++r) want_x.insert(want_x.end(), rowsum.begin(), rowsum.end());
   require_close(vals(x.grad()), want_x);
+}
+
+// Found by fuzz_ops (corpus/ops/crash-linear-empty-huge-stride): linear of an empty [1048576, 0]
+// input whose row stride is INT64_MAX folded its rows by multiplying that stride by the row count
+// (UBSan: signed overflow). Empty operands take no geometry: the result is the bias (or zeros).
+TEST_CASE("linear and matmul of empty operands whose strides are near INT64_MAX", "[matmul][fuzz]") {
+  const int64_t highest = std::numeric_limits<int64_t>::max();
+  Tensor x = zeros({1048576, 0, highest}).select(2, 0);  // [1048576, 0], strides [INT64_MAX, INT64_MAX]
+  REQUIRE(x.stride(0) == highest);
+  Tensor w = zeros({3, 0});
+  Tensor b = from_vector<float>({1, 2, 3});
+  Tensor y = linear(x.narrow(0, 0, 2), w, b);
+  REQUIRE(y.shape() == Shape{2, 3});
+  REQUIRE(y.to_vector<float>() == std::vector<float>{1, 2, 3, 1, 2, 3});
+  Tensor z = matmul(zeros({2, 0, highest}).select(2, 0), zeros({0, 5}));  // K = 0: zeros
+  REQUIRE(z.shape() == Shape{2, 5});
+  REQUIRE(z.abs().sum().item<float>() == 0.0f);
 }

@@ -431,6 +431,19 @@ TEST_CASE("reductions of an empty view at an offset near INT64_MAX", "[reduce][f
   REQUIRE(norm(s.to(f64)).item<double>() == 0.0);
 }
 
+// Found by fuzz_ops (corpus/ops/crash-max-backward-empty-huge-stride): max over dim 0 of an empty
+// [4, 0, INT64_MAX] tensor; its backward scaled dim 0's stride (INT64_MAX) by the item size before
+// finding that there was nothing to scatter (UBSan: signed overflow).
+TEST_CASE("max backward of an empty tensor whose reduced dim's stride is INT64_MAX", "[reduce][fuzz]") {
+  const int64_t highest = std::numeric_limits<int64_t>::max();
+  Tensor e = zeros({4, 0, highest}).requires_grad_();
+  REQUIRE(e.stride(0) == highest);
+  auto [v, i] = e.max(0);
+  REQUIRE(v.shape() == Shape{0, highest});
+  sum(v).backward();
+  REQUIRE(e.grad().shape() == Shape{4, 0, highest});
+}
+
 TEST_CASE("var/std: values and gradients match PyTorch 1.13, also at N - correction <= 0") {
   // Row 1 is constant; row 2 sits on a large offset (cancellation in E[x^2] - E[x]^2).
   const std::vector<double> data = {0.3,    -1.2,   2.5,    0.7,    -0.4,   0.1,    0.1,   0.1,
