@@ -179,17 +179,30 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
     for (const auto& d : delayed) steps.push_back(take_over(d.tensor));
     std::vector<int> all(static_cast<size_t>(group_->size()));
     std::iota(all.begin(), all.end(), 0);
+    DelayedAllreduceOptions dopt;
+    dopt.find_unused_parameters = options_.find_unused_parameters;
+    dopt.static_graph = options_.static_graph;
+    dopt.reduce_dtype = reduce_dtype;
+    if (shadows_) dopt.transforms = shadow_transforms(bucketed_count);
+    dopt.own_watch = managed.empty();  // no bucket reducer to follow
     delayed_ = std::make_unique<DelayedAllreduce>(std::move(delayed), hook_param, options_.param_to_hook_all_reduce,
-                                                  group_->new_group(all), options_.find_unused_parameters,
-                                                  reduce_dtype);
+                                                  group_->new_group(all), std::move(dopt));
     delayed_->set_in_backward_steps(std::move(steps));
     if (shadows_) {
-      delayed_->set_gradient_transforms(shadow_transforms(bucketed_count));
       // The masters come back only after the delayed reduction has handed its results over.
       shadows_->finish_after([d = delayed_.get()] { return d->finalize_pending(); });
     }
   }
-  if (managed.empty()) return;  // every parameter is delayed: no buckets at all
+  // When DDP's backward is adopted: the delayed reduction joins it, and under mixed precision the
+  // way back to the masters is queued even if this rank's backward fires no parameter's hook.
+  auto on_adopt = [this] {
+    if (delayed_ && reducer_) delayed_->join_current_backward();
+    if (shadows_) shadows_->queue_finish();
+  };
+  if (managed.empty()) {  // every parameter is delayed: no buckets at all
+    delayed_->on_adopt(on_adopt);
+    return;
+  }
 
   ReducerOptions ro;
   ro.find_unused_parameters = options_.find_unused_parameters;
@@ -206,16 +219,24 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
   reducer_ = std::make_unique<Reducer>(std::move(managed), group_, ro);
   if (optimizer_in_backward_) reducer_->set_in_backward_steps(std::move(steps));
   if (shadows_) reducer_->set_gradient_transforms(shadow_transforms(0));
-  if (delayed_) reducer_->on_adopt([d = delayed_.get()] { d->join_current_backward(); });
+  reducer_->on_adopt(on_adopt);
 }
 
-DistributedDataParallel::~DistributedDataParallel() = default;
+DistributedDataParallel::~DistributedDataParallel() {
+  // Detach first: a reduction still in flight (a backward that threw after a launch) calls into
+  // the shadows and the optimizers, which go with the members below.
+  try {
+    remove_autograd_hooks();
+  } catch (...) {
+  }
+}
 
-DistributedDataParallel::Claims::~Claims() {
+void DistributedDataParallel::Claims::release() noexcept {
   for (const Tensor& p : params) {
     optim::give_back_in_backward_step(p);  // the parameters' own hooks step them again
     optim::unclaim_gradient(p);
   }
+  params.clear();
 }
 
 bool DistributedDataParallel::ignored(const std::string& name) const {
@@ -330,7 +351,7 @@ void DistributedDataParallel::before_forward() {
     return;
   }
   if (reducer_) reducer_->prepare_for_forward();
-  if (delayed_) delayed_->check_finalized();
+  if (delayed_) delayed_->prepare_for_forward();
   // PyTorch's rule: rank 0's buffers are broadcast only at the start of an accumulation window,
   // i.e. when the previous forward was synchronised (or there was none). The forwards inside
   // no_sync and the synchronised one that ends the window run on each rank's own buffers.
@@ -355,16 +376,26 @@ void DistributedDataParallel::after_forward(const TensorList& outputs) {
   sync_buffers_before_forward_ = require_sync_;
   if (!require_sync_) return;
   if (reducer_) reducer_->prepare_for_backward(outputs);
-  if (delayed_) delayed_->prepare_for_backward();
+  if (delayed_) delayed_->prepare_for_backward(outputs);
+}
+
+// With mixed precision a floating input is cast to param_dtype, as PyTorch's cast_forward_inputs.
+Tensor DistributedDataParallel::forward_input(const Tensor& input) const {
+  const bool cast = shadows_ && input.defined() && is_floating(input.dtype());
+  return cast ? input.to(*options_.mixed_precision->param_dtype) : input;
+}
+
+TensorList DistributedDataParallel::forward_input(const TensorList& inputs) const {
+  TensorList out;
+  for (const Tensor& t : inputs) out.push_back(forward_input(t));
+  return out;
 }
 
 Tensor DistributedDataParallel::forward(const Tensor& input) {
   TANDEM_TRACE_SCOPE("ddp forward", "ddp");
   before_forward();
   const auto start = std::chrono::steady_clock::now();
-  // With mixed precision a floating input is cast to param_dtype, as PyTorch's cast_forward_inputs.
-  const bool cast_input = shadows_ && input.defined() && is_floating(input.dtype());
-  Tensor out = (*module_)(cast_input ? input.to(*options_.mixed_precision->param_dtype) : input);
+  Tensor out = (*module_)(forward_input(input));
   const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   after_forward({out});
   if (require_sync_) forward_ms_ = ms;
@@ -383,8 +414,13 @@ void DistributedDataParallel::check_reducer_finalized() const {
 
 void DistributedDataParallel::remove_autograd_hooks() {
   attached_ = false;
+  // The reductions first (they wait for what is in flight), then what their continuations call.
   if (reducer_) reducer_->remove_autograd_hooks();
   if (delayed_) delayed_->remove_autograd_hooks();
+  cast_waits_.clear();
+  if (shadows_) shadows_->release();
+  eval_cast_ = false;
+  claims_.release();
 }
 
 const std::vector<ReducerEvent>& DistributedDataParallel::reducer_events() const {

@@ -19,6 +19,7 @@
 // gradient accumulation.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -104,14 +105,19 @@ class DistributedDataParallel {
   // Runs the module's forward (its pre-forward hooks included) as one DDP iteration.
   Tensor operator()(const Tensor& input) { return forward(input); }
   Tensor forward(const Tensor& input);
-  // For modules whose forward takes other arguments: `ddp.call([&] { return net->forward(a, b); })`.
-  // The result (a Tensor, a TensorList, or a pair/tuple of them) tells DDP which backward is
-  // this iteration's; for other result types any backward that reaches the parameters is.
-  template <class F>
-  auto call(F&& run_forward) -> decltype(run_forward()) {
+  // For modules whose forward takes other arguments: `ddp.call([&](const Tensor& a, const Tensor& b)
+  // { return net->forward(a, b); }, a, b)`, or with no arguments, `ddp.call([&] { return ...; })`.
+  // The arguments are handed to the callable as forward(Tensor) hands its input to the module:
+  // under mixed precision every floating Tensor (and every floating Tensor of a TensorList) is
+  // cast to param_dtype, as PyTorch casts every floating argument; anything else passes as it is
+  // (tensors a no-argument callable captures are not seen, so not cast). The result (a Tensor, a
+  // TensorList, or a pair/tuple of them) tells DDP which backward is this iteration's; for other
+  // result types any backward that reaches the parameters is.
+  template <class F, class... Args>
+  auto call(F&& run_forward, const Args&... args) {
     TANDEM_TRACE_SCOPE("ddp forward", "ddp");
     before_forward();
-    auto out = run_forward();
+    auto out = std::invoke(std::forward<F>(run_forward), forward_input(args)...);
     TensorList outputs;
     detail::collect_tensors(outputs, out);
     after_forward(outputs);
@@ -148,7 +154,11 @@ class DistributedDataParallel {
   // Throws now if the last synchronised backward did not finish its reduction (a parameter got no
   // gradient), instead of at the next forward or in a later collective.
   void check_reducer_finalized() const;
-  // Detaches DDP from autograd (the destructor does this too); the module trains locally after.
+  // Detaches DDP from autograd (the destructor does this too) and gives back everything it took:
+  // reductions still in flight finish first; the optimizer-in-backward steps return to the
+  // parameters' own hooks; under mixed precision the parameters are their f32 masters again
+  // (also after a backward that threw). The module then trains locally, or a new DDP can wrap
+  // it while this one still lives; this one's destructor touches nothing more.
   void remove_autograd_hooks();
 
   DdpStats stats() const;
@@ -162,6 +172,13 @@ class DistributedDataParallel {
  private:
   void before_forward();
   void after_forward(const TensorList& outputs);
+  // What the module receives: a floating input cast to param_dtype under mixed precision.
+  Tensor forward_input(const Tensor& input) const;
+  TensorList forward_input(const TensorList& inputs) const;
+  template <class T>
+  const T& forward_input(const T& value) const {
+    return value;
+  }
   void verify_same_model_across_ranks(const std::vector<std::pair<std::string, Tensor>>& params);
   void broadcast_states(bool include_buffers);
   std::vector<Tensor> synced_buffers() const;
@@ -179,11 +196,12 @@ class DistributedDataParallel {
     Claims() = default;
     Claims(const Claims&) = delete;
     Claims& operator=(const Claims&) = delete;
-    ~Claims();
+    ~Claims() { release(); }
+    void release() noexcept;  // gives every parameter back; then holds none
   } claims_;
   std::unique_ptr<Reducer> reducer_;         // null when every parameter is delayed
   std::unique_ptr<DelayedAllreduce> delayed_;
-  std::unique_ptr<ParamShadows> shadows_;  // mixed precision; declared after the reducer: destroyed first
+  std::unique_ptr<ParamShadows> shadows_;  // mixed precision (the destructor detaches first: no reduction then calls it)
   std::vector<HookHandle> cast_waits_;     // modules' pre-forward hooks: wait for their casts
   bool eval_cast_ = false;                 // a NoGradGuard forward runs on the shadows
   bool optimizer_in_backward_ = false;

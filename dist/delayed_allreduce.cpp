@@ -13,12 +13,12 @@
 namespace tandem::dist {
 
 DelayedAllreduce::DelayedAllreduce(std::vector<Param> params, Tensor hook_param, std::string hook_name,
-                                   ProcessGroupPtr group, bool find_unused_parameters, std::optional<Dtype> reduce_dtype)
+                                   ProcessGroupPtr group, DelayedAllreduceOptions options)
     : params_(std::move(params)),
       hook_param_(std::move(hook_param)),
       hook_name_(std::move(hook_name)),
       group_(std::move(group)),
-      find_unused_(find_unused_parameters) {
+      options_(std::move(options)) {
   TANDEM_CHECK(!params_.empty(), "[ddp] delay_all_reduce_named_params lists no parameter");
   TANDEM_CHECK(group_ != nullptr, "[ddp] the delayed allreduce needs a process group");
   // One flat buffer per dtype and device, parameters in registration order.
@@ -40,24 +40,34 @@ DelayedAllreduce::DelayedAllreduce(std::vector<Param> params, Tensor hook_param,
   for (Buffer& b : buffers_) {
     const Tensor& last = params_[b.params.back()].tensor;
     const int64_t total = b.offsets.back() + last.numel();
-    const Dtype dtype = reduce_dtype && is_floating(last.dtype()) ? *reduce_dtype : last.dtype();
+    const Dtype dtype = options_.reduce_dtype && is_floating(last.dtype()) ? *options_.reduce_dtype : last.dtype();
     b.flat = zeros({total}, TensorOptions(dtype, last.device()));
   }
+  // After the transforms are known: under mixed precision an existing .grad stays the master's.
   for (size_t p = 0; p < params_.size(); ++p) attach_view(p);
   ready_.assign(params_.size(), false);
+  local_used_.assign(params_.size(), 0);
+  stash_.resize(params_.size());
   for (size_t p = 0; p < params_.size(); ++p)
     hooks_.push_back(register_post_accumulate_grad_hook(params_[p].tensor, [this, p](const Tensor&) { on_grad_ready(p); }));
   hooks_.push_back(register_post_accumulate_grad_hook(hook_param_, [this](const Tensor&) { on_hook_param_ready(); }));
+  if (options_.own_watch) {
+    TensorList leaves;
+    for (const Param& p : params_) leaves.push_back(p.tensor);
+    watch_ = std::make_unique<BackwardWatch>(leaves, [this](const autograd::GraphTask&, size_t) {
+      join_current_backward();
+      if (on_adopt_) on_adopt_();
+    });
+  }
 }
 
-DelayedAllreduce::~DelayedAllreduce() {
-  remove_autograd_hooks();
-  wait_outstanding();
-}
+DelayedAllreduce::~DelayedAllreduce() { remove_autograd_hooks(); }
 
 void DelayedAllreduce::remove_autograd_hooks() {
   hooks_.clear();
+  if (watch_) watch_->stop();
   armed_ = false;
+  wait_outstanding();  // a backward that threw may have launched one: it writes into the buffers
 }
 
 std::vector<std::string> DelayedAllreduce::names() const {
@@ -75,7 +85,7 @@ Tensor DelayedAllreduce::slot_view(size_t param) const {
 // A defined .grad moves into the buffer and becomes the view; a none stays none until its
 // gradient arrives.
 void DelayedAllreduce::attach_view(size_t p) {
-  if (transforms_.source) return;  // mixed precision: the gradients stay with the shadows and masters
+  if (options_.transforms.source) return;  // mixed precision: the gradients stay with the shadows and masters
   NoGradGuard no_grad;
   const Tensor& t = params_[p].tensor;
   Tensor g = t.grad();
@@ -97,7 +107,12 @@ void DelayedAllreduce::wait_outstanding() noexcept {
   }
 }
 
-void DelayedAllreduce::prepare_for_backward() {
+void DelayedAllreduce::prepare_for_forward() {
+  if (!unfinished_.empty()) fail("{}", unfinished_);
+  if (watch_) watch_->forget_dropped();  // forwards never backwarded are forgiven
+}
+
+void DelayedAllreduce::prepare_for_backward(const TensorList& outputs) {
   wait_outstanding();  // a backward that threw may have launched one
   armed_ = !hooks_.empty();
   adopted_task_ = 0;
@@ -106,36 +121,43 @@ void DelayedAllreduce::prepare_for_backward() {
   ready_count_ = 0;
   std::fill(ready_.begin(), ready_.end(), false);
   unfinished_.clear();
+  if (watch_ && armed_) watch_->arm(outputs);
 }
 
 void DelayedAllreduce::check_finalized() const {
   if (!unfinished_.empty()) fail("{}", unfinished_);
+  if (armed_ && adopted_task_ != 0) {
+    // Adopted, but the end-of-backward callback never ran: the backward threw.
+    fail("[ddp] the last backward failed before it finished (it threw on rank {}), so the delayed-allreduce "
+         "parameters were not reduced; the next forward starts a fresh iteration",
+         group_->rank());
+  }
 }
 
-void DelayedAllreduce::begin_iteration_backward() {
-  if (adopted_task_ != 0) return;
+void DelayedAllreduce::join_current_backward() {
+  if (!armed_ || adopted_task_ != 0) return;
   adopted_task_ = autograd::current_graph_task_id();
   autograd::queue_callback([this] { finalize(); });
 }
 
-void DelayedAllreduce::join_current_backward() {
-  if (armed_) begin_iteration_backward();
+bool DelayedAllreduce::in_adopted_backward() const {
+  return armed_ && adopted_task_ != 0 && autograd::current_graph_task_id() == adopted_task_;
 }
 
 void DelayedAllreduce::on_grad_ready(size_t param) {
-  // Outside a synchronised iteration (no_sync) the gradient accumulates in place in its view;
-  // a .grad allocated afresh (after set_to_none) moves into the buffer now.
-  if (!armed_) {
+  local_used_[param] = 1;  // used since the last reduction, in whichever backward
+  // Outside DDP's backward (no_sync, another model's backward) the gradient accumulates in place
+  // in its view; a .grad allocated afresh (after set_to_none) moves into the buffer now.
+  if (!in_adopted_backward()) {
     attach_view(param);
     return;
   }
-  begin_iteration_backward();
-  if (autograd::current_graph_task_id() != adopted_task_ || ready_[param]) return;
+  if (ready_[param]) return;
   ready_[param] = true;
   ++ready_count_;
-  if (transforms_.source) {
+  if (options_.transforms.source) {
     NoGradGuard no_grad;
-    Tensor g = transforms_.source(param, params_[param].tensor.grad());
+    Tensor g = options_.transforms.source(param, params_[param].tensor.grad());
     Tensor slot = slot_view(param);
     if (g.defined()) {
       slot.copy_(g);
@@ -145,15 +167,13 @@ void DelayedAllreduce::on_grad_ready(size_t param) {
   } else {
     attach_view(param);
   }
-  if (hook_param_ready_ && ready_count_ == params_.size()) launch();
+  if (launches_early() && hook_param_ready_ && ready_count_ == params_.size()) launch();
 }
 
 void DelayedAllreduce::on_hook_param_ready() {
-  if (!armed_) return;
-  begin_iteration_backward();
-  if (autograd::current_graph_task_id() != adopted_task_) return;
+  if (!in_adopted_backward()) return;
   hook_param_ready_ = true;
-  if (ready_count_ == params_.size()) launch();
+  if (launches_early() && ready_count_ == params_.size()) launch();
 }
 
 void DelayedAllreduce::launch() {
@@ -168,25 +188,45 @@ void DelayedAllreduce::launch() {
   }
 }
 
+// Which delayed parameters no rank used since the last reduction: a used map on the child group
+// (issued after the buffers, on every rank), every iteration under find_unused_parameters, once
+// under static_graph.
+std::vector<bool> DelayedAllreduce::globally_unused() {
+  std::vector<bool> out(params_.size(), false);
+  if (launches_early()) return out;
+  if (options_.static_graph && static_unused_anywhere_) return *static_unused_anywhere_;
+  const Device control = group_->control_device(params_.front().tensor.device());
+  Tensor map = from_vector<int32_t>(local_used_, {static_cast<int64_t>(local_used_.size())}).to(control);
+  group_->allreduce(map, ReduceOp::max)->wait();
+  const std::vector<int32_t> anywhere = map.to(kCPU).to_vector<int32_t>();
+  for (size_t p = 0; p < params_.size(); ++p) out[p] = anywhere[p] == 0;
+  if (options_.static_graph) static_unused_anywhere_ = out;
+  return out;
+}
+
 void DelayedAllreduce::finalize() {
   if (!armed_) return;
   armed_ = false;
   NoGradGuard no_grad;
   std::vector<std::string> missing;
   for (size_t p = 0; p < params_.size(); ++p) {
+    stash_[p] = Tensor();
     if (ready_[p]) continue;
-    if (!find_unused_) {
+    if (launches_early()) {
       missing.push_back(params_[p].name);
       continue;
     }
-    // Locally unused: contributes what .grad holds (accumulated under no_sync), else zeros.
+    // Locally unused: contributes what .grad holds (accumulated under no_sync), else zeros; kept
+    // aside in case no rank used it (then .grad stays as it was).
     Tensor g = params_[p].tensor.grad();
-    if (transforms_.source) g = transforms_.source(p, g);
     Tensor slot = slot_view(p);
+    if (options_.transforms.source) g = options_.transforms.source(p, g);
     if (!g.defined()) {
       slot.zero_();
     } else if (g.data_ptr() != slot.data_ptr()) {
       slot.copy_(g);
+    } else {
+      stash_[p] = g.clone();  // the view itself is about to be reduced
     }
   }
   if (!missing.empty()) {
@@ -199,18 +239,26 @@ void DelayedAllreduce::finalize() {
     return;
   }
   launch();  // at the latest here (the hook parameter may not have been reached)
+  const std::vector<bool> unused = globally_unused();
   for (Buffer& b : buffers_) {
     WorkPtr w = std::exchange(b.work, nullptr);
     w->wait();  // the optimizer step after backward must never race it
   }
+  std::fill(local_used_.begin(), local_used_.end(), 0);
   for (size_t p = 0; p < params_.size(); ++p) {
     Tensor slot = slot_view(p);
+    if (unused[p]) {
+      // No rank used it: .grad stays as it was (none stays none), and it is not stepped.
+      if (stash_[p].defined()) slot.copy_(stash_[p]);
+      stash_[p] = Tensor();
+      continue;
+    }
     const bool step = p < steps_.size() && steps_[p];
-    if (transforms_.sink) {
+    if (options_.transforms.sink) {
       if (step) {
-        transforms_.finish(p, slot);  // the master, with its upcast gradient, before its step
+        options_.transforms.finish(p, slot);  // the master, with its upcast gradient, before its step
       } else {
-        transforms_.sink(p, slot);
+        options_.transforms.sink(p, slot);
       }
     } else {
       const Tensor grad = params_[p].tensor.grad();

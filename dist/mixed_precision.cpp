@@ -45,17 +45,22 @@ ParamShadows::ParamShadows(TensorList params, Dtype dtype, bool keep_bucket_view
   for (const Entry& e : entries_) {
     if (!e.param.requires_grad()) continue;
     // The first gradient of a backward that ran on the shadows queues the way back.
-    hooks_.push_back(register_post_accumulate_grad_hook(e.param, [this](const Tensor&) {
-      if (!active_ || finish_queued_) return;
-      finish_queued_ = true;
-      autograd::queue_callback([this] { finish_backward(); });
-    }));
+    hooks_.push_back(register_post_accumulate_grad_hook(e.param, [this](const Tensor&) { queue_finish(); }));
   }
 }
 
-ParamShadows::~ParamShadows() {
+ParamShadows::~ParamShadows() { release(); }  // never leave the user's parameters pointing at our shadows
+
+void ParamShadows::release() {
   hooks_.clear();
-  if (active_) cast_out();  // never leave the user's parameters pointing at our shadows
+  finish_queued_ = false;
+  if (active_) cast_out();
+}
+
+void ParamShadows::queue_finish() {
+  if (!active_ || finish_queued_) return;
+  finish_queued_ = true;
+  autograd::queue_callback([this] { finish_backward(); });
 }
 
 

@@ -77,9 +77,15 @@ class ParamShadows {
   // backward needs before it steps i. Runs on the communication thread while backward goes on;
   // the parameter's gradient is final, so no node reads it any more.
   void finish_param(size_t i, const Tensor& reduced);
-  // Queued once per backward by the parameters' hooks: back to the masters; each master's .grad
-  // is the reduced gradient (synchronised backward) or the set-aside one plus this backward's.
+  // Queued once per backward by the parameters' hooks, and by DDP when it adopts a backward (on a
+  // rank whose backward fires no parameter's hook, the way back must still be taken): back to
+  // the masters; each master's .grad is the reduced gradient (synchronised backward) or the
+  // set-aside one plus this backward's.
+  void queue_finish();
   void finish_backward();
+  // DDP lets go of the parameters (remove_autograd_hooks): no hook of it fires again, and the
+  // parameters are their masters again, also after a backward that threw.
+  void release();
   // While `pending()` says so (another reduction of this backward has not handed its results
   // over yet), the end of backward waits for it: the callback queues itself again.
   void finish_after(std::function<bool()> pending) { pending_ = std::move(pending); }

@@ -84,7 +84,9 @@ Reducer::Reducer(std::vector<Param> params, ProcessGroupPtr group, ReducerOption
   for (size_t i = 0; i < n; ++i) {
     hooks_.push_back(register_post_accumulate_grad_hook(params_[i].tensor, [this, i](const Tensor&) { on_grad_ready(i); }));
   }
-  observer_ = autograd::add_backward_start_observer([this](const autograd::GraphTask& t) { on_backward_start(t); });
+  watch_ = std::make_unique<BackwardWatch>(tensors, [this](const autograd::GraphTask& t, size_t reached) {
+    adopt(t, reached);
+  });
 }
 
 Reducer::~Reducer() {
@@ -96,13 +98,11 @@ void Reducer::remove_autograd_hooks() {
   if (!attached_) return;
   attached_ = false;
   hooks_.clear();  // HookHandle removes each hook
-  autograd::remove_backward_start_observer(observer_);  // returns once no call of it is running
-  {
-    std::lock_guard<std::mutex> lock(observe_mutex_);
-    armed_ = false;
-    pending_forwards_.clear();
-  }
+  watch_->stop();
   expect_hooks_ = false;
+  // A bucket launched by a backward that threw may still be reducing, its in-backward steps
+  // chained to it: they call into what DDP gives back next (masters, optimizers).
+  wait_outstanding();
 }
 
 void Reducer::build_buckets(const std::vector<std::vector<size_t>>& layout) {
@@ -187,20 +187,12 @@ void Reducer::prepare_for_forward() {
     // (once its collectives are done) instead of blaming the parameters.
     if (!finalize_ran_) {
       reset_iteration();
-      std::lock_guard<std::mutex> lock(observe_mutex_);
-      armed_ = false;
-      pending_forwards_.clear();
+      watch_->disarm();
     } else {
       throw_unfinished();
     }
   }
-  {
-    // Forwards never backwarded are forgiven; their outputs are dropped once nothing holds them.
-    std::lock_guard<std::mutex> lock(observe_mutex_);
-    std::erase_if(pending_forwards_, [](const auto& outs) {
-      return std::all_of(outs.begin(), outs.end(), [](const auto& w) { return w.expired(); });
-    });
-  }
+  watch_->forget_dropped();  // forwards never backwarded are forgiven
   if (rebuild_pending_) rebuild_buckets();
 }
 
@@ -210,23 +202,17 @@ void Reducer::prepare_for_backward(const TensorList& outputs) {
   // forward joins the iteration; several forwards under static_graph).
   if (!expect_hooks_ || !hooks_fired_) reset_iteration();
   expect_hooks_ = true;
-  std::vector<std::weak_ptr<autograd::Node>> nodes;
-  for (const Tensor& t : outputs) {
-    if (!t.defined()) continue;
-    if (auto* m = autograd::meta(t); m && m->grad_fn) nodes.push_back(m->grad_fn);
-  }
-  if (nodes.empty()) {
-    // No output DDP can see: the parameters' gradient accumulators stand in for it.
-    for (const Param& p : params_)
-      if (auto* m = autograd::meta(p.tensor)) nodes.push_back(m->grad_accumulator);
-  }
-  std::lock_guard<std::mutex> lock(observe_mutex_);
-  armed_ = true;
-  pending_forwards_.push_back(std::move(nodes));
+  watch_->arm(outputs);
 }
 
 void Reducer::check_finalized() const {
   if (!failure_.empty()) fail("[ddp] the previous iteration's gradient reduction failed: {}", failure_);
+  if (expect_hooks_ && hooks_fired_ && !finalize_ran_) {
+    // What the next forward does too: nothing is blamed on the parameters.
+    fail("[ddp] the last backward failed before it finished (it threw on rank {}), so its gradients were not "
+         "reduced; the next forward drops that partial reduction and starts a fresh iteration",
+         group_->rank());
+  }
   if (expect_hooks_ && hooks_fired_) throw_unfinished();
 }
 
@@ -332,37 +318,16 @@ void Reducer::chain_in_backward_steps(size_t index) {
   });
 }
 
-void Reducer::on_backward_start(const autograd::GraphTask& task) {
-  // Runs on whichever thread starts a backward, this reducer's or another's: only the state
-  // under observe_mutex_ is read until the backward is known to be ours.
-  size_t reached = 0;
-  {
-    std::lock_guard<std::mutex> lock(observe_mutex_);
-    if (!armed_) return;
-    for (const auto& outs : pending_forwards_) {
-      bool hit = false;
-      for (const auto& w : outs) {
-        auto node = w.lock();
-        if (node && task.reaches(node.get())) {
-          hit = true;
-          break;
-        }
-      }
-      reached += hit;
-    }
-    if (reached == 0) return;  // not the backward of a synchronised forward of ours
-    armed_ = false;
-    pending_forwards_.clear();
-  }
-  adopt(task, reached);
-}
-
 void Reducer::adopt(const autograd::GraphTask& task, size_t forwards_reached) {
-  if (forwards_reached > 1 && !options_.static_graph) {
+  // Each parameter's hook fires once per backward however many forwards used it, so several
+  // forwards need nothing special; but a dynamic find_unused_parameters cannot tell which
+  // parameters one forward left unused from another's.
+  if (forwards_reached > 1 && options_.find_unused_parameters && !options_.static_graph) {
     reset_iteration();
-    fail("[ddp] this backward reaches the outputs of {} synchronised forwards. Running several forwards before one "
-         "backward needs DistributedDataParallel built with static_graph=true (the set of parameters that receive a "
-         "gradient must then be the same in every iteration)",
+    fail("[ddp] this backward reaches the outputs of {} synchronised forwards. With find_unused_parameters=true, "
+         "running several forwards before one backward needs DistributedDataParallel built with static_graph=true "
+         "(the set of parameters that receive a gradient must then be the same in every iteration), or "
+         "find_unused_parameters=false if every parameter receives a gradient",
          forwards_reached);
   }
   adopted_task_ = task.id();
@@ -382,11 +347,11 @@ void Reducer::adopt(const autograd::GraphTask& task, size_t forwards_reached) {
 }
 
 void Reducer::on_grad_ready(size_t param) {
-  if (!expect_hooks_) {
-    local_used_[param] = 1;  // inside no_sync: used in any micro-batch counts as used
-    return;
-  }
-  if (adopted_task_ == 0) return;  // a backward not of a synchronised forward (another model's)
+  // Used in any backward since the last reduction counts (no_sync micro-batches included, also
+  // after a grad-mode forward that was never backwarded), as PyTorch's local used map.
+  local_used_[param] = 1;
+  if (!expect_hooks_) return;      // inside no_sync
+  if (adopted_task_ == 0) return;  // a backward not of a synchronised forward (another model's, no_sync's)
   if (autograd::current_graph_task_id() != adopted_task_) {
     // A second backward while this iteration's reduction is open must not feed a gradient into
     // a slot that is already reduced; one that reaches only unready parameters is not ours.
@@ -394,7 +359,6 @@ void Reducer::on_grad_ready(size_t param) {
     return;
   }
   hooks_fired_ = true;
-  local_used_[param] = 1;
   if (static_first_iteration()) {
     // Recorded only; the end-of-backward callback reduces everything.
     ready_order_.push_back(param);

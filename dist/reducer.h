@@ -6,11 +6,15 @@
 // the end of backward waits for every bucket and writes the averages back into `.grad`.
 //
 // Which backward is DDP's: one that reaches the output of a synchronised forward (DDP hands the
-// outputs over in prepare_for_backward). A backward-start observer, process-wide so that DDP can
-// be driven from any thread, adopts it before any node runs; gradient hooks fired by any other
-// backward (another model sharing parameters) are not this iteration's.
+// outputs over in prepare_for_backward; dist/backward_watch.h adopts it before any node runs);
+// gradient hooks fired by any other backward (another model sharing parameters) are not this
+// iteration's. Several synchronised forwards may precede one backward unless
+// find_unused_parameters is on without static_graph (then which parameters one forward left
+// unused cannot be told from the others), as in PyTorch.
 //
-// "Used" means the parameter's gradient hook fired in this backward. With find_unused_parameters
+// "Used" means the parameter's gradient hook fired in this backward, or in any backward since
+// the last reduction (no_sync micro-batches, whatever forwards came before them), as PyTorch
+// marks its local used map before it asks whether it expects hooks. With find_unused_parameters
 // the parameters the loss does not reach are marked ready when backward starts (the tape knows
 // them: no graph search in forward), and reachable ones whose hook still did not fire are marked
 // in the end-of-backward callback. With static_graph the first backward only records which
@@ -28,6 +32,7 @@
 
 #include "autograd/engine.h"
 #include "autograd/hooks.h"
+#include "dist/backward_watch.h"
 #include "dist/comm_hooks.h"
 #include "dist/process_group.h"
 #include "nn/optim_in_backward.h"
@@ -104,7 +109,8 @@ class Reducer {
   // forwards before one backward). An empty list (a forward whose result holds no tensor DDP can
   // see) stands for the parameters themselves: then any backward that reaches them is adopted.
   void prepare_for_backward(const TensorList& outputs);
-  // Throws the unfinished-reduction error now, instead of at the next forward.
+  // Throws the unfinished-reduction error now, instead of at the next forward; after a backward
+  // that threw, says so (the next forward drops that partial reduction and starts afresh).
   void check_finalized() const;
 
   // Before the first backward only; once.
@@ -119,9 +125,9 @@ class Reducer {
   // Called on the backward's thread when a backward is adopted as the iteration's (after this
   // reducer's end-of-backward callback is queued).
   void on_adopt(std::function<void()> fn) { on_adopt_ = std::move(fn); }
-  // Detaches the reducer from autograd: no hook of it fires again.
+  // Detaches the reducer from autograd: no hook of it fires again, and every reduction still in
+  // flight (with the in-backward steps chained to it) has finished when it returns.
   void remove_autograd_hooks();
-  bool attached() const { return attached_; }
 
   const std::vector<ReducerEvent>& events() const { return events_; }
   ReducerStats stats() const;
@@ -143,7 +149,6 @@ class Reducer {
 
   void build_buckets(const std::vector<std::vector<size_t>>& layout);
   Tensor slot_view(size_t param) const;
-  void on_backward_start(const autograd::GraphTask& task);
   void adopt(const autograd::GraphTask& task, size_t forwards_reached);
   void on_grad_ready(size_t param);
   void mark_ready(size_t param, bool used_here);
@@ -178,14 +183,8 @@ class Reducer {
   std::vector<std::shared_ptr<optim::InBackwardStep>> in_backward_;  // per parameter, may be null
   GradientTransforms transforms_;
   std::function<void()> on_adopt_;
-  uint64_t observer_ = 0;
   bool attached_ = true;
-
-  // ---- what the backward-start observer reads, from any thread (under observe_mutex_) ----
-  std::mutex observe_mutex_;
-  bool armed_ = false;  // a synchronised forward ran and no backward has been adopted since
-  // The output nodes of each synchronised forward since the last adopted backward.
-  std::vector<std::vector<std::weak_ptr<autograd::Node>>> pending_forwards_;
+  std::unique_ptr<BackwardWatch> watch_;  // adopts the backward of the synchronised forwards
 
   // ---- iteration state (the thread that runs DDP's backward) ----
   bool expect_hooks_ = false;     // a synchronised forward ran; its backward reduces

@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 
 #include "ddp_cases.h"
+#include "ddp_hardening_cases.h"
 #include "ddp_modes_cases.h"
 
 using namespace tandem;
@@ -302,4 +303,47 @@ TEST_CASE("ddp threads: mixed precision casts on a side stream; each module wait
       mixed_precision_case(g, f16, false, true, MpMode::plain);
     }));
   }
+}
+
+// Ranks that must not silently diverge (tests/ddp_hardening_cases.h), at 1, 2 and 3 thread ranks.
+void on_1_2_3(const std::function<void(ProcessGroupPtr)>& fn) {
+  for (int n : {1, 2, 3}) {
+    INFO("ranks: " << n);
+    REQUIRE_NOTHROW(on_threads(n, fn));
+  }
+}
+
+TEST_CASE("ddp threads: no_sync after a dropped forward still counts as used", "[ddp][hardening]") {
+  on_1_2_3([](ProcessGroupPtr g) {
+    no_sync_after_dropped_forward(g, false);
+    no_sync_after_dropped_forward(g, true);
+  });
+}
+TEST_CASE("ddp threads: two forwards before one backward without static_graph", "[ddp][hardening]") {
+  on_1_2_3(two_forwards_without_static_graph);
+}
+TEST_CASE("ddp threads: the delayed allreduce follows DDP's backward", "[ddp][hardening][delayed]") {
+  on_1_2_3(delayed_follows_ddps_backward);
+  on_1_2_3(delayed_after_dropped_forward);
+}
+TEST_CASE("ddp threads: mixed precision on a rank whose backward fires no hook", "[ddp][hardening][mixed_precision]") {
+  on_1_2_3(mixed_precision_rank_without_hooks);
+}
+TEST_CASE("ddp threads: delayed parameters unused everywhere are not stepped", "[ddp][hardening][delayed]") {
+  on_1_2_3([](ProcessGroupPtr g) {
+    delayed_globally_unused(g, false);
+    delayed_globally_unused(g, true);
+  });
+}
+TEST_CASE("ddp threads: a second DDP while the first lives", "[ddp][hardening]") { on_1_2_3(second_ddp_all); }
+TEST_CASE("ddp threads: destroyed with a reduction in flight", "[ddp][hardening]") {
+  on_1_2_3(destroy_with_reduction_in_flight);
+}
+TEST_CASE("ddp threads: mixed precision keeps a delayed parameter gradient and casts the inputs of call",
+          "[ddp][hardening][mixed_precision]") {
+  on_1_2_3(delayed_grad_kept_under_mixed_precision);
+  on_1_2_3(call_casts_inputs);
+}
+TEST_CASE("ddp threads: check_reducer_finalized after a failed backward", "[ddp][hardening]") {
+  on_1_2_3(check_after_failed_backward);
 }

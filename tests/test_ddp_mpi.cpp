@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 
 #include "ddp_cases.h"
+#include "ddp_hardening_cases.h"
 #include "ddp_modes_cases.h"
 #include "mpi_case.h"
 
@@ -67,3 +68,30 @@ TEST_CASE("ddp mpi: mixed precision", "[ddp_mpi]") {
   run_case(in_backward_mixed_precision_all);
   run_case(delayed_with_mixed_precision_all);
 }
+TEST_CASE("ddp mpi: no_sync after a dropped forward", "[ddp_mpi]") {
+  run_case([](ProcessGroupPtr g) {
+    no_sync_after_dropped_forward(g, false);
+    no_sync_after_dropped_forward(g, true);
+  });
+}
+TEST_CASE("ddp mpi: two forwards without static_graph", "[ddp_mpi]") { run_case(two_forwards_without_static_graph); }
+TEST_CASE("ddp mpi: the delayed allreduce follows DDP's backward", "[ddp_mpi]") {
+  run_case(delayed_follows_ddps_backward);
+  run_case(delayed_after_dropped_forward);
+}
+TEST_CASE("ddp mpi: mixed precision on a rank whose backward fires no hook", "[ddp_mpi]") {
+  run_case(mixed_precision_rank_without_hooks);
+}
+TEST_CASE("ddp mpi: delayed parameters unused everywhere", "[ddp_mpi]") {
+  run_case([](ProcessGroupPtr g) {
+    delayed_globally_unused(g, false);
+    delayed_globally_unused(g, true);
+  });
+}
+TEST_CASE("ddp mpi: a second DDP while the first lives", "[ddp_mpi]") { run_case(second_ddp_all); }
+TEST_CASE("ddp mpi: destroyed with a reduction in flight", "[ddp_mpi]") { run_case(destroy_with_reduction_in_flight); }
+TEST_CASE("ddp mpi: mixed precision, delayed .grad and call's inputs", "[ddp_mpi]") {
+  run_case(delayed_grad_kept_under_mixed_precision);
+  run_case(call_casts_inputs);
+}
+TEST_CASE("ddp mpi: check_reducer_finalized after a failed backward", "[ddp_mpi]") { run_case(check_after_failed_backward); }
