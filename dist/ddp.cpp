@@ -374,7 +374,13 @@ void DistributedDataParallel::after_forward(const TensorList& outputs) {
     return;
   }
   sync_buffers_before_forward_ = require_sync_;
-  if (!require_sync_) return;
+  if (shadows_) shadows_->set_adoption_pending(require_sync_);
+  if (!require_sync_) {
+    // Gradients of this forward's backward are local, but count as used at the next reduction.
+    if (reducer_) reducer_->note_local_forward();
+    if (delayed_) delayed_->note_local_forward();
+    return;
+  }
   if (reducer_) reducer_->prepare_for_backward(outputs);
   if (delayed_) delayed_->prepare_for_backward(outputs);
 }

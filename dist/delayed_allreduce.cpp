@@ -109,6 +109,12 @@ void DelayedAllreduce::wait_outstanding() noexcept {
 
 void DelayedAllreduce::prepare_for_forward() {
   if (!unfinished_.empty()) fail("{}", unfinished_);
+  if (backward_failed()) {
+    wait_outstanding();
+    armed_ = false;
+    adopted_task_ = 0;
+    if (watch_) watch_->disarm();
+  }
   if (watch_) watch_->forget_dropped();  // forwards never backwarded are forgiven
 }
 
@@ -121,12 +127,13 @@ void DelayedAllreduce::prepare_for_backward(const TensorList& outputs) {
   ready_count_ = 0;
   std::fill(ready_.begin(), ready_.end(), false);
   unfinished_.clear();
+  local_window_ = false;
   if (watch_ && armed_) watch_->arm(outputs);
 }
 
 void DelayedAllreduce::check_finalized() const {
   if (!unfinished_.empty()) fail("{}", unfinished_);
-  if (armed_ && adopted_task_ != 0) {
+  if (backward_failed()) {
     // Adopted, but the end-of-backward callback never ran: the backward threw.
     fail("[ddp] the last backward failed before it finished (it threw on rank {}), so the delayed-allreduce "
          "parameters were not reduced; the next forward starts a fresh iteration",
@@ -145,13 +152,15 @@ bool DelayedAllreduce::in_adopted_backward() const {
 }
 
 void DelayedAllreduce::on_grad_ready(size_t param) {
-  local_used_[param] = 1;  // used since the last reduction, in whichever backward
   // Outside DDP's backward (no_sync, another model's backward) the gradient accumulates in place
-  // in its view; a .grad allocated afresh (after set_to_none) moves into the buffer now.
+  // in its view; a .grad allocated afresh (after set_to_none) moves into the buffer now. Usage
+  // counts in DDP's backward and in no_sync micro-batches (as the reducer's).
   if (!in_adopted_backward()) {
+    if (!armed_ || (adopted_task_ == 0 && local_window_)) local_used_[param] = 1;
     attach_view(param);
     return;
   }
+  local_used_[param] = 1;
   if (ready_[param]) return;
   ready_[param] = true;
   ++ready_count_;
@@ -238,7 +247,16 @@ void DelayedAllreduce::finalize() {
         group_->rank(), fmt::join(missing, ", "));
     return;
   }
+  if (options_.static_graph && static_unused_anywhere_) {
+    try {
+      check_static_graph();
+    } catch (const std::exception& e) {
+      unfinished_ = e.what();  // not launched: every forward reports it; the peers time out
+      throw;
+    }
+  }
   launch();  // at the latest here (the hook parameter may not have been reached)
+  if (options_.static_graph && !static_unused_anywhere_) static_used_here_ = ready_;
   const std::vector<bool> unused = globally_unused();
   for (Buffer& b : buffers_) {
     WorkPtr w = std::exchange(b.work, nullptr);
@@ -265,6 +283,21 @@ void DelayedAllreduce::finalize() {
       if (!grad.defined() || grad.data_ptr() != slot.data_ptr()) params_[p].tensor.set_grad(slot);
     }
     if (step) steps_[p]->step();
+  }
+  for (Tensor& t : stash_) t = Tensor();  // no gradient-sized copy lives between iterations
+}
+
+// static_graph: the delayed parameters that receive a gradient are the first iteration's.
+void DelayedAllreduce::check_static_graph() const {
+  for (size_t p = 0; p < params_.size(); ++p) {
+    if (ready_[p] == static_used_here_[p]) continue;
+    fail("[ddp] the training graph changed in this iteration (delayed-allreduce parameter '{}' {} on rank {}), which "
+         "static_graph does not allow: the set of parameters that receive a gradient must be the one of the first "
+         "iteration. Build DDP without static_graph (with find_unused_parameters=true if some parameters are unused)",
+         params_[p].name,
+         ready_[p] ? "received a gradient but did not in the first iteration"
+                   : "received no gradient but did in the first iteration",
+         group_->rank());
   }
 }
 

@@ -60,8 +60,11 @@ class DelayedAllreduce {
   // After a synchronised forward in grad mode: DDP's next backward reduces (`outputs` arm the
   // own watch, when there is one).
   void prepare_for_backward(const TensorList& outputs);
-  // At the start of every forward in grad mode: forwards never backwarded are forgiven.
+  // At the start of every forward in grad mode: forwards never backwarded are forgiven, and so is
+  // a backward that threw (its partial reduction is dropped).
   void prepare_for_forward();
+  // After a forward in grad mode under no_sync (see Reducer::note_local_forward).
+  void note_local_forward() { local_window_ = true; }
   // Throws when the last synchronised backward left a delayed gradient unreduced.
   void check_finalized() const;
   // No hook fires again, and an allreduce still in flight has finished when it returns.
@@ -97,6 +100,8 @@ class DelayedAllreduce {
   void on_grad_ready(size_t param);
   void on_hook_param_ready();
   bool in_adopted_backward() const;
+  bool backward_failed() const { return armed_ && adopted_task_ != 0; }  // outside a backward
+  void check_static_graph() const;
   bool launches_early() const { return !options_.find_unused_parameters && !options_.static_graph; }
   void launch();
   void finalize();
@@ -123,6 +128,8 @@ class DelayedAllreduce {
   std::vector<int32_t> local_used_;  // a hook fired since the last reduction (no_sync included)
   std::vector<Tensor> stash_;        // .grad of locally unused parameters before the reduction
   std::optional<std::vector<bool>> static_unused_anywhere_;  // static_graph: the first iteration's record
+  std::vector<bool> static_used_here_;                       // ... and this rank's usage then
+  bool local_window_ = false;  // a no_sync forward ran since the last synchronised one
   std::string unfinished_;  // why the last reduction did not finish
   int64_t launches_ = 0;
 };

@@ -45,7 +45,9 @@ ParamShadows::ParamShadows(TensorList params, Dtype dtype, bool keep_bucket_view
   for (const Entry& e : entries_) {
     if (!e.param.requires_grad()) continue;
     // The first gradient of a backward that ran on the shadows queues the way back.
-    hooks_.push_back(register_post_accumulate_grad_hook(e.param, [this](const Tensor&) { queue_finish(); }));
+    hooks_.push_back(register_post_accumulate_grad_hook(e.param, [this](const Tensor&) {
+      if (!adoption_pending_) queue_finish();
+    }));
   }
 }
 
@@ -58,6 +60,7 @@ void ParamShadows::release() {
 }
 
 void ParamShadows::queue_finish() {
+  adoption_pending_ = false;
   if (!active_ || finish_queued_) return;
   finish_queued_ = true;
   autograd::queue_callback([this] { finish_backward(); });
@@ -97,6 +100,12 @@ void ParamShadows::wait_for_batch(size_t batch) {
 }
 
 void ParamShadows::cast_in() {
+  // A way back queued by a backward that then threw never ran (autograd drops a failed
+  // backward's callbacks): take it now, so this forward starts from the masters.
+  if (active_ && finish_queued_) {
+    finish_queued_ = false;
+    cast_out();
+  }
   // Several forwards before one backward (static_graph) share the shadows: the masters cannot
   // have changed in between, and a refresh would bump the version the first forward saved.
   if (active_) return;

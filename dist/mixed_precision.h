@@ -83,6 +83,10 @@ class ParamShadows {
   // set-aside one plus this backward's.
   void queue_finish();
   void finish_backward();
+  // After a synchronised forward the way back is DDP's to queue when it adopts the backward (a
+  // backward of another model through these parameters must not take it mid-iteration); after a
+  // no_sync forward the first parameter hook queues it.
+  void set_adoption_pending(bool pending) { adoption_pending_ = pending; }
   // DDP lets go of the parameters (remove_autograd_hooks): no hook of it fires again, and the
   // parameters are their masters again, also after a backward that threw.
   void release();
@@ -106,6 +110,7 @@ class ParamShadows {
   bool keep_bucket_views_ = false;
   bool active_ = false;
   bool finish_queued_ = false;
+  bool adoption_pending_ = false;
   std::vector<HookHandle> hooks_;
   std::function<bool()> pending_;
   std::vector<std::vector<size_t>> batches_;  // overlap_casts: entry indices per batch

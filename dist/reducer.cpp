@@ -182,15 +182,13 @@ void Reducer::reset_iteration() {
 
 void Reducer::prepare_for_forward() {
   if (!failure_.empty()) fail("[ddp] the previous iteration's gradient reduction failed, so DDP cannot continue: {}", failure_);
-  if (expect_hooks_ && hooks_fired_) {
+  if (backward_failed()) {
     // A backward that threw never ran its end-of-backward callback: drop its partial reduction
     // (once its collectives are done) instead of blaming the parameters.
-    if (!finalize_ran_) {
-      reset_iteration();
-      watch_->disarm();
-    } else {
-      throw_unfinished();
-    }
+    reset_iteration();
+    watch_->disarm();
+  } else if (expect_hooks_ && hooks_fired_) {
+    throw_unfinished();
   }
   watch_->forget_dropped();  // forwards never backwarded are forgiven
   if (rebuild_pending_) rebuild_buckets();
@@ -202,12 +200,13 @@ void Reducer::prepare_for_backward(const TensorList& outputs) {
   // forward joins the iteration; several forwards under static_graph).
   if (!expect_hooks_ || !hooks_fired_) reset_iteration();
   expect_hooks_ = true;
+  local_window_ = false;
   watch_->arm(outputs);
 }
 
 void Reducer::check_finalized() const {
   if (!failure_.empty()) fail("[ddp] the previous iteration's gradient reduction failed: {}", failure_);
-  if (expect_hooks_ && hooks_fired_ && !finalize_ran_) {
+  if (backward_failed()) {
     // What the next forward does too: nothing is blamed on the parameters.
     fail("[ddp] the last backward failed before it finished (it threw on rank {}), so its gradients were not "
          "reduced; the next forward drops that partial reduction and starts a fresh iteration",
@@ -347,11 +346,17 @@ void Reducer::adopt(const autograd::GraphTask& task, size_t forwards_reached) {
 }
 
 void Reducer::on_grad_ready(size_t param) {
-  // Used in any backward since the last reduction counts (no_sync micro-batches included, also
-  // after a grad-mode forward that was never backwarded), as PyTorch's local used map.
-  local_used_[param] = 1;
-  if (!expect_hooks_) return;      // inside no_sync
-  if (adopted_task_ == 0) return;  // a backward not of a synchronised forward (another model's, no_sync's)
+  if (!expect_hooks_) {
+    local_used_[param] = 1;  // inside no_sync: used in any micro-batch counts as used
+    return;
+  }
+  if (adopted_task_ == 0) {
+    // Not a synchronised forward's backward. A no_sync micro-batch's still counts as usage, also
+    // after a grad-mode forward that was never backwarded (as PyTorch's local used map); another
+    // model's, between DDP's forward and its backward, does not.
+    if (local_window_) local_used_[param] = 1;
+    return;
+  }
   if (autograd::current_graph_task_id() != adopted_task_) {
     // A second backward while this iteration's reduction is open must not feed a gradient into
     // a slot that is already reduced; one that reaches only unready parameters is not ours.
@@ -359,6 +364,7 @@ void Reducer::on_grad_ready(size_t param) {
     return;
   }
   hooks_fired_ = true;
+  local_used_[param] = 1;
   if (static_first_iteration()) {
     // Recorded only; the end-of-backward callback reduces everything.
     ready_order_.push_back(param);

@@ -12,9 +12,9 @@
 // find_unused_parameters is on without static_graph (then which parameters one forward left
 // unused cannot be told from the others), as in PyTorch.
 //
-// "Used" means the parameter's gradient hook fired in this backward, or in any backward since
-// the last reduction (no_sync micro-batches, whatever forwards came before them), as PyTorch
-// marks its local used map before it asks whether it expects hooks. With find_unused_parameters
+// "Used" means the parameter's gradient hook fired in this backward, or in a no_sync micro-batch's
+// backward since the last reduction (whatever forwards came before them), as PyTorch marks its
+// local used map before it asks whether it expects hooks. With find_unused_parameters
 // the parameters the loss does not reach are marked ready when backward starts (the tape knows
 // them: no graph search in forward), and reachable ones whose hook still did not fire are marked
 // in the end-of-backward callback. With static_graph the first backward only records which
@@ -109,6 +109,11 @@ class Reducer {
   // forwards before one backward). An empty list (a forward whose result holds no tensor DDP can
   // see) stands for the parameters themselves: then any backward that reaches them is adopted.
   void prepare_for_backward(const TensorList& outputs);
+  // After a forward in grad mode under no_sync: the gradient hooks of backwards not adopted as a
+  // synchronised iteration's count as usage until the next synchronised forward (also when an
+  // earlier synchronised forward was never backwarded). Other backwards (another model sharing
+  // parameters, between DDP's forward and its backward) do not.
+  void note_local_forward() { local_window_ = true; }
   // Throws the unfinished-reduction error now, instead of at the next forward; after a backward
   // that threw, says so (the next forward drops that partial reduction and starts afresh).
   void check_finalized() const;
@@ -168,6 +173,9 @@ class Reducer {
   void rebuild_buckets();
   [[noreturn]] void throw_unfinished() const;
   bool static_first_iteration() const { return options_.static_graph && !static_recorded_; }
+  // Outside a backward: one was adopted (it may have marked parameters ready, launched buckets)
+  // but its end-of-backward callback never ran, so it threw.
+  bool backward_failed() const { return expect_hooks_ && adopted_task_ != 0 && !finalize_ran_; }
   bool folds_division() const { return !comm_hook_ && group_->size() > 1; }
 
   std::vector<Param> params_;
@@ -192,6 +200,7 @@ class Reducer {
   bool hooks_fired_ = false;      // ... and a gradient hook of it fired: the reduction is pending
   bool finalize_ran_ = false;     // its end-of-backward callback ran (false: the backward threw)
   bool trained_ = false;          // any synchronised backward has started (comm hooks are fixed)
+  bool local_window_ = false;     // a no_sync forward ran since the last synchronised one
   std::vector<bool> ready_;
   std::vector<int32_t> local_used_;  // accumulates over no_sync backwards until a reduction
   std::vector<Tensor> unused_stash_; // bucket-view grads of locally unused params, restored if globally unused

@@ -142,9 +142,9 @@ struct GatedEmbedding : nn::Module {
     fc1 = register_module("fc1", std::make_shared<nn::Linear>(8, 16));
     fc2 = register_module("fc2", std::make_shared<nn::Linear>(16, 4));
   }
-  // Without the embedding the tokens enter as plain features.
-  Tensor forward(const Tensor& x) override {
-    Tensor h = embed ? (*emb)(x) : x.to(f64).unsqueeze(1).expand({x.size(0), 8}) * 0.05;
+  // Without the embedding, constant features (on the tokens' device, in the layers' dtype).
+  Tensor forward(const Tensor& tokens) override {
+    Tensor h = embed ? (*emb)(tokens) : ones({tokens.size(0), 8}, TensorOptions(fc1->weight.dtype(), tokens.device()));
     return (*fc2)(tanh((*fc1)(h)));
   }
 };
@@ -455,18 +455,28 @@ inline void call_casts_inputs(ProcessGroupPtr g) {
   expect(model->fc1->weight.dtype() == f32, "after backward fc1.weight is {}", model->fc1->weight.dtype());
 }
 
-// Right after a backward that threw, check_reducer_finalized says so (and the next
-// forward starts afresh), rather than blaming parameters for receiving no gradient.
-inline void check_after_failed_backward(ProcessGroupPtr g) {
-  const int R = g->rank();
-  auto model = make_net_without_never(f64, 7);
-  DistributedDataParallel ddp(model, g, {.bucket_cap_mb = 1e-9});
-  Tensor x = inputs(R * 4, 4, 8, f64).requires_grad_();
-  Tensor h = x * 1.0;
-  auto bomb = register_hook(h, [](const Tensor&) -> Tensor { throw std::runtime_error("boom"); });
-  try {
-    mse_loss(ddp(h), targets(R * 4, 4, 4, f64)).backward();
-  } catch (const std::exception&) {
+// Right after a backward that threw, check_reducer_finalized says so (and the next forward starts
+// afresh), rather than blaming parameters for receiving no gradient: whether it threw after every
+// gradient hook fired, or right after DDP adopted it (find_unused_parameters has then marked the
+// parameters it does not reach ready already, and launched their buckets). Training then goes
+// on, a no_sync micro-batch first, exactly as one process would. (The ranks fail at the same point
+// of the same graph: a backward that throws after different collectives on different ranks leaves
+// the group out of step, which the next collective reports.)
+inline void check_after_failed_backward(ProcessGroupPtr g, bool before_hooks) {
+  const int W = g->size(), R = g->rank();
+  const std::string what = fmt::format("after a failed backward (before_hooks={}), rank {}/{}", before_hooks, R, W);
+  auto model = make_net(f64, 7), reference = make_net(f64, 7);  // `never` is unused everywhere
+  model->rank = R;
+  DistributedDataParallel ddp(model, g, {.bucket_cap_mb = 1e-9, .find_unused_parameters = true});
+  {
+    Tensor x = inputs(R * 4, 4, 8, f64).requires_grad_();
+    Tensor h = x * 1.0;
+    Tensor out = ddp(h);
+    auto bomb = register_hook(before_hooks ? out : h, [](const Tensor&) -> Tensor { throw std::runtime_error("boom"); });
+    try {
+      mse_loss(out, targets(R * 4, 4, 4, f64)).backward();
+    } catch (const std::exception&) {
+    }
   }
   std::string error;
   try {
@@ -476,10 +486,132 @@ inline void check_after_failed_backward(ProcessGroupPtr g) {
   }
   expect(error.find("[ddp] the last backward failed") != std::string::npos &&
              error.find("received no gradient") == std::string::npos,
-         "check_reducer_finalized after a failed backward: '{}'", error);
-  model->zero_grad();
-  mse_loss(ddp(inputs(R * 4, 4, 8, f64)), targets(R * 4, 4, 4, f64)).backward();
-  ddp.check_reducer_finalized();
+         "{}: check_reducer_finalized said '{}'", what, error);
+  optim::SGD opt(model->parameters(), {.lr = 0.1});
+  optim::SGD ref_opt(reference->parameters(), {.lr = 0.1});
+  for (int step = 0; step < 3; ++step) {
+    opt.zero_grad();
+    {
+      auto guard = ddp.no_sync();
+      ddp.call([&] { return shard_loss(*model, step, R, f64, 0); }).backward();
+    }
+    ddp.call([&] { return shard_loss(*model, step, R, f64, 1); }).backward();
+    ddp.check_reducer_finalized();
+    opt.step();
+    ref_opt.zero_grad();
+    reference_backward(W, 2, [&](int r, int micro) {
+      reference->rank = r;
+      return shard_loss(*reference, step, r, f64, micro);
+    });
+    ref_opt.step();
+  }
+  expect_same_parameters(*model, *reference, 1e-10, what);
+}
+
+// Mixed precision after a backward that threw (the way back it queued is dropped with it): the
+// next forward starts from the masters, and training goes on exactly as a DDP that never failed,
+// with delayed parameters too, a no_sync micro-batch first.
+inline void mixed_precision_after_failed_backward(ProcessGroupPtr g, bool delayed) {
+  const int R = g->rank();
+  const std::string what = fmt::format("bf16 after a failed backward, delayed={}, rank {}", delayed, R);
+  auto a = make_net_without_never(f64, 7), b = make_net_without_never(f64, 7);
+  DdpOptions o;
+  o.bucket_cap_mb = 1e-9;
+  o.mixed_precision = MixedPrecision{.param_dtype = bf16};
+  if (delayed) {
+    o.delay_all_reduce_named_params = {"fc1.weight"};
+    o.param_to_hook_all_reduce = "fc2.weight";
+  }
+  DistributedDataParallel da(a, g, o), db(b, g, o);
+  {
+    // DDP adopts the backward and queues the way back; then the backward throws and drops it.
+    Tensor out = da(inputs(R * 4, 4, 8, f64));
+    auto bomb = register_hook(out, [](const Tensor&) -> Tensor { throw std::runtime_error("boom"); });
+    try {
+      mse_loss(out.to(f64), targets(R * 4, 4, 4, f64)).backward();
+    } catch (const std::exception&) {
+    }
+  }
+  optim::SGD opt_a(a->parameters(), {.lr = 0.1}), opt_b(b->parameters(), {.lr = 0.1});
+  for (int step = 0; step < 3; ++step) {
+    for (auto [d, opt] : {std::pair{&da, &opt_a}, std::pair{&db, &opt_b}}) {
+      opt->zero_grad();
+      const int64_t first = ((step * 4) * 16 + R) * kRowsPerRank;
+      {
+        auto guard = d->no_sync();
+        mse_loss((*d)(inputs(first, 4, 8, f64)).to(f64), targets(first, 4, 4, f64)).backward();
+      }
+      mse_loss((*d)(inputs(first + 4, 4, 8, f64)).to(f64), targets(first + 4, 4, 4, f64)).backward();
+      d->check_reducer_finalized();
+      opt->step();
+    }
+    for (const auto& [name, p] : a->named_parameters())
+      expect(p.dtype() == f64, "{}: after step {} {} is {}", what, step, name, p.dtype());
+  }
+  expect_same_parameters(*a, *b, 0, what);
+}
+
+// Under mixed precision, another computation through a delayed parameter, backwarded between
+// DDP's forward and DDP's backward, does not take the way back mid-iteration: DDP's backward
+// still runs on the shadows and its reduction lands in the masters, as an f32 DDP's does.
+inline void mixed_precision_side_backward(ProcessGroupPtr g) {
+  const int R = g->rank();
+  const std::string what = fmt::format("bf16 with a side backward, rank {}", R);
+  auto mp = make_embedding_mlp(3), plain = make_embedding_mlp(3);
+  DdpOptions o;
+  o.delay_all_reduce_named_params = {"emb.weight"};
+  o.param_to_hook_all_reduce = "emb.weight";
+  DistributedDataParallel plain_ddp(plain, g, o);
+  o.mixed_precision = MixedPrecision{.param_dtype = bf16};
+  DistributedDataParallel ddp(mp, g, o);
+  for (auto* d : {&ddp, &plain_ddp}) {
+    nn::Module& m = d->module();
+    m.zero_grad();
+    Tensor out = d->call([&] { return mse_loss(m(token_batch(0, 0, R)).to(f64), targets(R * 5, 5, 4, f64)); });
+    const Tensor& w = m.named_parameters().at("emb.weight");
+    ((w * w).sum() * 0.01).backward();
+    out.backward();
+    d->check_reducer_finalized();
+  }
+  for (const auto& [name, p] : mp->named_parameters()) {
+    expect(p.dtype() == f64, "{}: {} is {} after backward", what, name, p.dtype());
+    const double d = max_abs_diff(p.grad(), plain->named_parameters().at(name).grad());
+    expect(d < 2e-2, "{}: {}'s gradient differs from f64 DDP's by {}", what, name, d);
+  }
+}
+
+// static_graph: a delayed parameter that starts receiving a gradient after the first iteration is
+// the static_graph error on the rank that sees it (the others time out), as a bucketed one.
+inline void delayed_static_graph_changes(ProcessGroupPtr g) {
+  const int W = g->size(), R = g->rank();
+  const int changer = W - 1;
+  auto model = make_net(f64);
+  model->rank = R;
+  model->extra->bias.requires_grad_(false);  // only the delayed extra.weight changes
+  int step = 0;
+  model->use_extra = [&](int r) { return r == changer && step >= 2; };
+  DdpOptions o;
+  o.static_graph = true;
+  o.delay_all_reduce_named_params = {"extra.weight"};
+  o.param_to_hook_all_reduce = "fc1.weight";
+  DistributedDataParallel ddp(model, g, o);
+  std::string error;
+  try {
+    for (step = 0; step < 4; ++step) {
+      model->zero_grad();
+      mse_loss(ddp(inputs(step * 8 + R, 4, 8, f64)), targets(step * 8 + R, 4, 4, f64)).backward();
+    }
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  if (R == changer) {
+    expect(error.find("the training graph changed in this iteration (delayed-allreduce parameter 'extra.weight'") !=
+               std::string::npos,
+           "rank {}: expected the static_graph error, got '{}' at step {}", R, error, step);
+    expect(step == 2, "rank {}: the error came at step {}, not 2", R, step);
+  } else {
+    expect(!error.empty(), "rank {}: no error after the changer failed", R);
+  }
 }
 
 }  // namespace ddp_cases

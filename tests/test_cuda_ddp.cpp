@@ -5,6 +5,7 @@
 
 #include "cuda_test_util.h"
 #include "ddp_cases.h"
+#include "ddp_hardening_cases.h"
 #include "ddp_modes_cases.h"
 #include "dist/nccl/nccl.h"
 
@@ -145,6 +146,59 @@ void cuda_side_stream_casts(ProcessGroupPtr g) {
   }
 }
 
+// An embedding some ranks skip on some steps, its gradient reduced by the delayed allreduce (on a
+// child group: over nccl a second communicator) with find_unused_parameters. The delayed allreduce
+// must be issued at the same point on every rank, after the buckets' collectives: launched
+// mid-backward on one rank and at the end on another, two communicators can be ordered
+// differently on two GPUs, which NCCL documents as a possible deadlock (likelier with
+// CUDA_DEVICE_MAX_CONNECTIONS=1, which tools/gpu-check.sh sets for this case). 50 steps against
+// one process on the CPU.
+void cuda_delayed_sometimes_used(ProcessGroupPtr g) {
+  const int W = g->size(), R = g->rank();
+  const Device dev = Device::cuda(cuda::current_device());
+  auto uses = [](int step, int r) { return (step + r) % 3 != 0; };
+  manual_seed(12);
+  auto model = std::make_shared<GatedEmbedding>();  // tests/ddp_hardening_cases.h
+  manual_seed(12);
+  auto reference = std::make_shared<GatedEmbedding>();
+  model->to(dev);
+  DdpOptions o;
+  o.find_unused_parameters = true;
+  o.delay_all_reduce_named_params = {"emb.weight"};
+  o.param_to_hook_all_reduce = "emb.weight";
+  o.bucket_cap_mb = 0.0005;
+  DistributedDataParallel ddp(model, g, o);
+  optim::SGD opt(model->parameters(), {.lr = 0.05});
+  optim::SGD ref_opt(reference->parameters(), {.lr = 0.05});
+  auto tokens = [](int step, int r) {
+    std::vector<int64_t> v;
+    for (int i = 0; i < 5; ++i) v.push_back((step * 7 + r * 3 + i * 4) % 20);
+    return from_vector(v);
+  };
+  for (int step = 0; step < 50; ++step) {
+    opt.zero_grad();
+    model->embed = uses(step, R);
+    mse_loss(ddp(tokens(step, R).to(dev)), targets(step * 16 + R, 5, 4, f32).to(dev)).backward();
+    ddp.check_reducer_finalized();
+    opt.step();
+    ref_opt.zero_grad();
+    Tensor total;
+    for (int r = 0; r < W; ++r) {
+      reference->embed = uses(step, r);
+      Tensor l = mse_loss((*reference)(tokens(step, r)), targets(step * 16 + r, 5, 4, f32));
+      total = total.defined() ? total + l : l;
+    }
+    (total / static_cast<double>(W)).backward();
+    ref_opt.step();
+  }
+  CHECK(ddp.delayed_allreduce()->launches() == 50);
+  auto got = model->named_parameters();
+  for (const auto& [name, want] : reference->named_parameters()) {
+    INFO(name << ", rank " << R);
+    CHECK(max_abs_diff(got.at(name).to(kCPU), want) < 1e-4);
+  }
+}
+
 // dist::init runs once per process: both mpi cases share its world.
 ProcessGroupPtr staged_mpi_world() {
   static ProcessGroupPtr world = init(InitOptions{"mpi", std::chrono::seconds(60), {}});
@@ -187,4 +241,16 @@ TEST_CASE("ddp cuda: mixed precision and optimizer in backward over mpi with sta
           "[cuda][cuda_mpi]") {
   TANDEM_REQUIRE_CUDA_OR_SKIP();
   cuda_modes(staged_mpi_world());
+}
+
+TEST_CASE("ddp cuda: delayed allreduce with a sometimes-used embedding, 50 steps", "[cuda][cuda_mpi]") {
+  TANDEM_REQUIRE_CUDA_OR_SKIP();
+  cuda_delayed_sometimes_used(staged_mpi_world());
+}
+
+TEST_CASE("ddp cuda: delayed allreduce on its own nccl communicator, a world of one, 50 steps", "[cuda]") {
+  TANDEM_REQUIRE_CUDA_OR_SKIP();
+  InitOptions io;
+  io.timeout = std::chrono::seconds(60);
+  cuda_delayed_sometimes_used(make_nccl_world(io));
 }

@@ -344,6 +344,18 @@ TEST_CASE("ddp threads: mixed precision keeps a delayed parameter gradient and c
   on_1_2_3(delayed_grad_kept_under_mixed_precision);
   on_1_2_3(call_casts_inputs);
 }
-TEST_CASE("ddp threads: check_reducer_finalized after a failed backward", "[ddp][hardening]") {
-  on_1_2_3(check_after_failed_backward);
+TEST_CASE("ddp threads: check_reducer_finalized after a failed backward, and training after it", "[ddp][hardening]") {
+  on_1_2_3([](ProcessGroupPtr g) {
+    check_after_failed_backward(g, false);
+    check_after_failed_backward(g, true);
+    mixed_precision_after_failed_backward(g, false);
+    mixed_precision_after_failed_backward(g, true);
+  });
+}
+TEST_CASE("ddp threads: under mixed precision a side backward does not end DDP's iteration", "[ddp][hardening]") {
+  on_1_2_3(mixed_precision_side_backward);
+}
+TEST_CASE("ddp threads: a delayed parameter that changes under static_graph", "[ddp][hardening][static_graph]") {
+  REQUIRE_NOTHROW(on_threads(1, delayed_static_graph_changes));
+  REQUIRE_NOTHROW(on_threads(2, delayed_static_graph_changes, 2));
 }

@@ -94,4 +94,17 @@ TEST_CASE("ddp mpi: mixed precision, delayed .grad and call's inputs", "[ddp_mpi
   run_case(delayed_grad_kept_under_mixed_precision);
   run_case(call_casts_inputs);
 }
-TEST_CASE("ddp mpi: check_reducer_finalized after a failed backward", "[ddp_mpi]") { run_case(check_after_failed_backward); }
+TEST_CASE("ddp mpi: check_reducer_finalized after a failed backward, and training after it", "[ddp_mpi]") {
+  run_case([](ProcessGroupPtr g) {
+    check_after_failed_backward(g, false);
+    check_after_failed_backward(g, true);
+    mixed_precision_after_failed_backward(g, false);
+    mixed_precision_after_failed_backward(g, true);
+  });
+}
+TEST_CASE("ddp mpi: under mixed precision a side backward does not end DDP's iteration", "[ddp_mpi]") {
+  run_case(mixed_precision_side_backward);
+}
+TEST_CASE("ddp mpi: a delayed parameter that changes under static_graph", "[ddp_mpi]") {
+  mpi_case::run_case(mpi_world(), delayed_static_graph_changes, std::chrono::seconds(3));
+}
