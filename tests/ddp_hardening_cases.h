@@ -111,7 +111,7 @@ inline void delayed_follows_ddps_backward(ProcessGroupPtr g) {
   optim::SGD opt(model->parameters(), {.lr = 0.1});
   optim::SGD ref_opt(reference->parameters(), {.lr = 0.1});
   auto side_loss = [](nn::Module& m) {
-    const Tensor& w = m.named_parameters().at("emb.weight");
+    const Tensor w = m.named_parameters().at("emb.weight");
     return (w * w).sum() * 0.01;
   };
   for (int step = 0; step < 4; ++step) {
@@ -568,7 +568,7 @@ inline void mixed_precision_side_backward(ProcessGroupPtr g) {
     nn::Module& m = d->module();
     m.zero_grad();
     Tensor out = d->call([&] { return mse_loss(m(token_batch(0, 0, R)).to(f64), targets(R * 5, 5, 4, f64)); });
-    const Tensor& w = m.named_parameters().at("emb.weight");
+    const Tensor w = m.named_parameters().at("emb.weight");
     ((w * w).sum() * 0.01).backward();
     out.backward();
     d->check_reducer_finalized();
