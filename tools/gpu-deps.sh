@@ -10,20 +10,25 @@
 # The list is explicit (the closure of `apt-cache depends --recurse --no-recommends` over the
 # core packages below, for Debian 12 "bookworm", amd64), minus:
 #   - what a Debian 12 + build-essential image already has: libc6, libgcc-s1, libstdc++6,
-#     libatomic1 and libquadmath0 (gcc's runtime, via libgcc-12-dev), zlib1g (dpkg needs it),
-#     libudev1 and libuuid1 (apt / util-linux need them), perl, tar, debconf, adduser, passwd ...;
+#     libatomic1 and libquadmath0 (gcc's runtime, via libgcc-12-dev), libudev1 and libuuid1
+#     (apt / util-linux need them), perl, tar, debconf, adduser, passwd ...;
 #   - the alternatives that the recursion drags in but the build does not need: gfortran-12 and
 #     the flang/LLVM toolchains (libopenmpi-dev "Depends: gfortran-12 | gfortran-mod-15": only
 #     for the Fortran wrappers), the other openblas flavours (openmp, serial), openssh-client
 #     (mpirun starts local ranks by fork; gpu-check.sh sets plm_rsh_agent when ssh is absent);
 #   - the -dev packages of Open MPI's own dependencies (libhwloc-dev, libevent-dev, libpmix-dev,
-#     libibverbs-dev, zlib1g-dev, libnuma-dev, libnl-*-dev, libltdl-dev) and libjs-jquery*:
-#     mpicxx links only -lmpi_cxx -lmpi, and mpi.h includes none of their headers;
+#     libibverbs-dev, libnuma-dev, libnl-*-dev, libltdl-dev) and libjs-jquery*: mpicxx links only
+#     -lmpi_cxx -lmpi, and mpi.h includes none of their headers;
 #   - plugin packages that cannot work unpacked off their compiled-in paths anyway:
 #     libhwloc-plugins (+ libxnvctrl0, libx11 ...) and ibverbs-providers.
+# zlib1g-dev is Tandem's own: the build has required ZLIB (zlib.h, libz.so) since the data layer
+# (data/idx.cpp), and the device image may have the library without the headers. Its libz.so
+# links to zlib1g's file, which gpu-check.sh relinks to the machine's libz.so.1 when it skips
+# zlib1g.
 # "runtime" packages are only libraries that openblas (libgfortran5), Open MPI's core or its
-# plugins (UCX, OFI, PSM, verbs, netlink) link; gpu-check.sh skips one when the machine's
-# loader already has all its sonames, so that an older copy never shadows the system's.
+# plugins (UCX, OFI, PSM, verbs, netlink) or zlib1g-dev (zlib1g) link; gpu-check.sh skips one
+# when the machine's loader already has all its sonames, so that an older copy never shadows the
+# system's.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 dest=${TANDEM_DEPS_OUT:-$root/gpu-deps}
@@ -36,12 +41,14 @@ core=(
   libopenblas-dev libopenblas-pthread-dev  # cblas.h, libopenblas.so / libblas.so (pthread flavour)
   libopenblas0 libopenblas0-pthread        # libopenblas.so.0
   libopenmpi-dev libopenmpi3 openmpi-bin openmpi-common  # mpi.h, mpicxx, libmpi, mpirun, help files
+  zlib1g-dev                               # zlib.h, libz.so: data/idx.cpp's gzipped IDX files
 )
 runtime=(
   libgfortran5                                                                 # libopenblas0-pthread's Fortran runtime
   libhwloc15 libevent-core-2.1-7 libevent-pthreads-2.1-7 libpmix2 libmunge2   # libmpi / orted / PMIx
   libnl-3-200 libnl-route-3-200 libibverbs1 librdmacm1 libnuma1                # verbs, netlink, numa
   libucx0 libfabric1 libpsm2-2 libpsm-infinipath1                              # UCX / OFI / PSM plugins
+  zlib1g                                                                       # libz.so.1, zlib1g-dev's
 )
 
 mkdir -p "$dest"
