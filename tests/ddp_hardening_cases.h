@@ -47,14 +47,10 @@ inline void no_sync_after_dropped_forward(ProcessGroupPtr g, bool bucket_view) {
     ddp.check_reducer_finalized();
     opt.step();
     ref_opt.zero_grad();
-    Tensor total;
-    for (int r = 0; r < W; ++r)
-      for (int micro : {0, 1}) {
-        extra_on = micro == 0;
-        Tensor l = shard_loss(*reference, step, r, f64, micro);
-        total = total.defined() ? total + l : l;
-      }
-    (total / static_cast<double>(W)).backward();
+    reference_backward(W, 2, [&](int r, int micro) {
+      extra_on = micro == 0;
+      return shard_loss(*reference, step, r, f64, micro);
+    });
     ref_opt.step();
   }
   expect_same_parameters(*model, *reference, 1e-10, what);
@@ -83,13 +79,10 @@ inline void two_forwards_without_static_graph(ProcessGroupPtr g) {
     expect(ready == 6, "{}: {} gradient-ready events, expected one per parameter (6)", what, ready);
     opt.step();
     ref_opt.zero_grad();
-    Tensor total;
-    for (int r = 0; r < W; ++r) {
-      int64_t f = ((step * 4) * 16 + r) * kRowsPerRank;
-      Tensor l = pair_loss((*reference)(inputs(f, kRowsPerRank, 8, f64)), (*reference)(inputs(f + 500, kRowsPerRank, 8, f64)));
-      total = total.defined() ? total + l : l;
-    }
-    (total / static_cast<double>(W)).backward();
+    reference_backward(W, 1, [&](int r, int) {
+      const int64_t f = ((step * 4) * 16 + r) * kRowsPerRank;
+      return pair_loss((*reference)(inputs(f, kRowsPerRank, 8, f64)), (*reference)(inputs(f + 500, kRowsPerRank, 8, f64)));
+    });
     ref_opt.step();
   }
   expect_same_parameters(*model, *reference, 1e-10, what);
