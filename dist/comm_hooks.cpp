@@ -21,7 +21,9 @@ void require_group(const GradBucket& bucket, const char* hook) {
 }
 
 // The compressed copy is reduced on the comm thread; its result is cast back into the bucket's
-// own buffer by a continuation, so the reducer's "copy the result in" is a no-op.
+// own buffer by a continuation, so the reducer's "copy the result in" is a no-op. On a device the
+// cast runs on the group's step stream (the continuation runs on the watchdog thread, whose
+// current stream is nobody's), which DDP joins at the end of backward.
 WorkPtr compress(GradBucket& bucket, Dtype dtype, const CommHook* inner, const char* name) {
   require_group(bucket, name);
   TANDEM_CHECK(dtype == f16 || dtype == bf16, "[{}] can compress to f16 or bf16, not {}", name, dtype);
@@ -32,9 +34,14 @@ WorkPtr compress(GradBucket& bucket, Dtype dtype, const CommHook* inner, const c
   GradBucket compressed = bucket;
   compressed.buffer = original.to(dtype);
   WorkPtr work = inner ? (*inner)(compressed) : allreduce(compressed);
-  return work->then([original](Work& w) {
-    NoGradGuard guard;
-    original.copy_(w.result().at(0));
+  ProcessGroup* group = bucket.group;  // outlives the Work: DDP waits for its buckets
+  return work->then([original, group](Work& w) {
+    const Tensor reduced = w.result().at(0);
+    group->run_on_step_stream([&] {
+      NoGradGuard guard;
+      original.copy_(reduced);
+      return TensorList{original, reduced};
+    });
     return TensorList{original};
   });
 }

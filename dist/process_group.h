@@ -47,7 +47,8 @@ class Work : public std::enable_shared_from_this<Work> {
   // A Work that is already complete with `result` (e.g. for a comm hook that skips communication).
   static WorkPtr completed(TensorList result, std::string description = "completed");
 
-  // Blocks until complete and rethrows its error. The collective's own timeout bounds the wait.
+  // Blocks until complete and rethrows its error. The collective's own timeout bounds the wait. A
+  // device-ordered Work (see order_on_device) orders the current stream instead of blocking.
   void wait() const;
   // As wait(), but throws "[dist] wait on <op> timed out after <t> ms" when not complete in time
   // (the operation itself keeps running).
@@ -67,6 +68,17 @@ class Work : public std::enable_shared_from_this<Work> {
   void mark_completed(TensorList result);
   void mark_failed(std::exception_ptr error);
 
+  // Device-ordered completion, for a backend whose operations run on a device stream (the nccl
+  // backend's CUDA collectives, as PyTorch's WorkNCCL): the result tensors are known at launch, and
+  // wait() runs `make_current_stream_wait` (the calling thread's current stream waits for the
+  // operation on the device) instead of blocking the host, so a training step never stops for the
+  // host to see a collective finish. wait() still rethrows an error the operation has already
+  // reported; one reported later breaks the group, and the next operation on it fails. The backend
+  // completes the Work on the host as usual (continuations, is_completed()). Set once, before the
+  // Work is handed out.
+  void order_on_device(TensorList result, std::function<void()> make_current_stream_wait);
+  bool is_device_ordered() const { return static_cast<bool>(stream_wait_); }
+
  private:
   void finish(TensorList result, std::exception_ptr error);
 
@@ -75,8 +87,9 @@ class Work : public std::enable_shared_from_this<Work> {
   mutable std::condition_variable cv_;
   bool done_ = false;
   std::exception_ptr error_;
-  TensorList result_;
+  TensorList result_;  // for a device-ordered Work: set at launch, never changed
   std::vector<std::function<void()>> continuations_;
+  std::function<void()> stream_wait_;  // order_on_device
 };
 
 struct AllToAllSplits {
@@ -111,15 +124,18 @@ class ProcessGroup {
   // Where small control tensors (DDP's used map, its bucket order) live for this group: the
   // parameters' device where the backend communicates device memory only (nccl), else the CPU.
   virtual Device control_device(Device params_device) const { return kCPU; }
-  // Runs fn with the group's communication stream current on its device, so the device work fn
-  // queues (DDP's optimizer step in backward, from a Work continuation) follows the reduction on
-  // the device with no host round trip; fn returns the tensors it leaves for the caller's streams
-  // (kept gradients), which the allocator then does not reuse before those streams are done with
-  // them. A group without device streams just calls fn.
-  virtual void run_on_comm_stream(const std::function<TensorList()>& fn) { fn(); }
+  // Runs fn, from a Work continuation (after a collective completed), with the group's step stream
+  // current on its device, so the device work fn queues (DDP's optimizer step in backward, a
+  // compress hook's cast back) follows the reduction on the device with no host round trip and
+  // never touches the communication stream (a non-blocking NCCL call may still be enqueueing
+  // there). fn returns the tensors it used that others read or free later (kept gradients, the
+  // buffers it read): the allocator does not reuse them before the step stream, and the stream of
+  // the next join_step_stream, are done with them. A group without device streams just calls fn.
+  virtual void run_on_step_stream(const std::function<TensorList()>& fn) { fn(); }
   // The calling thread's current stream waits, on the device and without blocking the host, for
-  // everything queued on the communication stream so far (what run_on_comm_stream queued).
-  virtual void join_comm_stream() {}
+  // everything queued on the step stream so far (what run_on_step_stream queued). DDP calls it at
+  // the end of every backward.
+  virtual void join_step_stream() {}
   // Whether, under a BlockingIssueGuard, a collective on tensors of `device` has finished when
   // its call returns. False for the nccl group's CUDA tensors: they are ordered on the device.
   virtual bool supports_blocking_issue(Device device) const { return true; }

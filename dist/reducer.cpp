@@ -294,9 +294,9 @@ void Reducer::chain_in_backward_steps(size_t index) {
   b.work = b.work->then([this, index](Work& w) {
     TANDEM_TRACE_SCOPE("optimizer step (in backward)", "ddp");
     NoGradGuard no_grad;
-    // On a device the step's kernels follow the reduction on the communication stream; the end
+    // On a device the step's kernels run on the group's step stream after the reduction; the end
     // of backward joins that stream before anything reads the stepped parameters.
-    group_->run_on_comm_stream([&] {
+    group_->run_on_step_stream([&] {
       take_result(index, w.result());
       TensorList kept;
       for (size_t p : buckets_[index].params) {
@@ -554,7 +554,9 @@ void Reducer::wait_and_write_back() {
     wait_outstanding();
     throw;
   }
-  if (!in_backward_.empty()) group_->join_comm_stream();  // the steps chained on the comm stream
+  // What continuations queued on the group's step stream (optimizer steps in backward, a compress
+  // hook's cast back) is ordered before the caller's stream reads the gradients and parameters.
+  group_->join_step_stream();
   const auto wait_end = Clock::now();
 
   std::vector<std::string> unused;

@@ -42,8 +42,21 @@ WorkPtr Work::completed(TensorList result, std::string description) {
   return w;
 }
 
+void Work::order_on_device(TensorList result, std::function<void()> make_current_stream_wait) {
+  TANDEM_CHECK(make_current_stream_wait != nullptr, "[dist] order_on_device on {} needs a stream wait", description_);
+  std::lock_guard lock(mutex_);
+  TANDEM_CHECK(!done_ && !stream_wait_, "[dist] order_on_device on {} after it completed or twice", description_);
+  result_ = std::move(result);
+  stream_wait_ = std::move(make_current_stream_wait);
+}
+
 void Work::wait() const {
   std::unique_lock lock(mutex_);
+  if (!done_ && stream_wait_) {
+    lock.unlock();
+    stream_wait_();  // immutable once set
+    return;
+  }
   if (!done_) {
     // A continuation or hook running on a communication thread that waits for work queued behind
     // it would wait for itself.
@@ -58,6 +71,11 @@ void Work::wait() const {
 
 void Work::wait(Milliseconds timeout) const {
   std::unique_lock lock(mutex_);
+  if (!done_ && stream_wait_) {
+    lock.unlock();
+    stream_wait_();
+    return;
+  }
   if (!done_) {
     TANDEM_CHECK(!on_comm_thread(), "[dist] wait on {} from a communication thread (inside a continuation) would "
                  "deadlock; chain it with then() instead", description_);
@@ -128,7 +146,7 @@ void Work::finish(TensorList result, std::exception_ptr error) {
   {
     std::lock_guard lock(mutex_);
     TANDEM_CHECK(!done_, "[dist] {} completed twice", description_);
-    result_ = std::move(result);
+    if (!stream_wait_) result_ = std::move(result);  // a device-ordered result is read unlocked
     error_ = std::move(error);
     done_ = true;
     continuations.swap(continuations_);

@@ -2,6 +2,8 @@
 // its own autograd state. The same cases run under mpirun in test_ddp_mpi.
 #include <catch2/catch.hpp>
 
+#include <atomic>
+
 #include "ddp_cases.h"
 #include "ddp_hardening_cases.h"
 #include "ddp_modes_cases.h"
@@ -18,6 +20,76 @@ void on_threads(int n, const std::function<void(ProcessGroupPtr)>& fn, int timeo
   run_threads(n, [&](ProcessGroup& g) { fn(borrow(g)); }, o);
 }
 }  // namespace
+
+namespace {
+// Forwards to a real group and counts what DDP and the comm hooks ask of its step stream
+// (ProcessGroup::run_on_step_stream / join_step_stream; on the nccl backend that stream is what
+// keeps device work off NCCL's stream and off the watchdog thread's).
+class StepStreamSpy final : public ProcessGroup {
+ public:
+  explicit StepStreamSpy(ProcessGroupPtr inner) : inner_(std::move(inner)) {}
+  std::atomic<int> steps{0}, joins{0}, kept{0};
+
+  void run_on_step_stream(const std::function<TensorList()>& fn) override {
+    ++steps;
+    kept += static_cast<int>(fn().size());
+  }
+  void join_step_stream() override { ++joins; }
+
+  int rank() const override { return inner_->rank(); }
+  int size() const override { return inner_->size(); }
+  std::string_view backend() const override { return inner_->backend(); }
+  std::string name() const override { return inner_->name(); }
+  void set_timeout(Milliseconds t) override { inner_->set_timeout(t); }
+  Milliseconds timeout() const override { return inner_->timeout(); }
+  void set_debug_checks(bool on) override { inner_->set_debug_checks(on); }
+  bool debug_checks() const override { return inner_->debug_checks(); }
+  bool is_broken() const override { return inner_->is_broken(); }
+  Device control_device(Device d) const override { return inner_->control_device(d); }
+  bool supports_blocking_issue(Device d) const override { return inner_->supports_blocking_issue(d); }
+  WorkPtr allreduce(const Tensor& t, ReduceOp op) override { return inner_->allreduce(t, op); }
+  WorkPtr allreduce_coalesced(const TensorList& ts, ReduceOp op) override { return inner_->allreduce_coalesced(ts, op); }
+  WorkPtr broadcast(const Tensor& t, int root) override { return inner_->broadcast(t, root); }
+  WorkPtr allgather(const TensorList& outs, const Tensor& in) override { return inner_->allgather(outs, in); }
+  WorkPtr allgather_into(const Tensor& out, const Tensor& in) override { return inner_->allgather_into(out, in); }
+  WorkPtr reduce_scatter(const Tensor& out, const TensorList& ins, ReduceOp op) override {
+    return inner_->reduce_scatter(out, ins, op);
+  }
+  WorkPtr reduce_scatter_tensor(const Tensor& out, const Tensor& in, ReduceOp op) override {
+    return inner_->reduce_scatter_tensor(out, in, op);
+  }
+  WorkPtr all_to_all(const Tensor& out, const Tensor& in, const AllToAllSplits& s) override {
+    return inner_->all_to_all(out, in, s);
+  }
+  WorkPtr barrier() override { return inner_->barrier(); }
+  WorkPtr send(const Tensor& t, int dst, int tag) override { return inner_->send(t, dst, tag); }
+  WorkPtr recv(const Tensor& t, int src, int tag) override { return inner_->recv(t, src, tag); }
+  ProcessGroupPtr new_group(const std::vector<int>& ranks) override { return inner_->new_group(ranks); }
+
+ private:
+  ProcessGroupPtr inner_;
+};
+}  // namespace
+
+// The compress hooks' cast back and the optimizer steps in backward run through the group's step
+// stream, and every synchronised backward joins it (before this, the cast ran on whatever stream
+// the watchdog thread had current, and DDP joined only with the optimizer in backward).
+TEST_CASE("ddp: compress hooks and steps in backward go through the step stream, joined every backward", "[ddp]") {
+  ThreadsOptions o;
+  o.timeout = std::chrono::seconds(60);
+  auto spy = std::make_shared<StepStreamSpy>(make_thread_world(1, o)[0]);
+  auto model = make_net(f32);
+  model->never->weight.requires_grad_(false);  // every parameter then receives a gradient
+  model->never->bias.requires_grad_(false);
+  DistributedDataParallel ddp(model, spy, {});
+  ddp.register_comm_hook(hooks::fp16_compress);
+  for (int step = 0; step < 3; ++step) mse_loss(ddp(inputs(0, 4, 8, f32)), targets(0, 4, 4, f32)).backward();
+  const int buckets = static_cast<int>(ddp.stats().bucket_bytes.size());
+  REQUIRE(buckets >= 1);
+  REQUIRE(spy->steps == 3 * buckets);  // one cast back per bucket per backward
+  REQUIRE(spy->kept == 2 * spy->steps);  // the bucket and the reduced copy it read
+  REQUIRE(spy->joins == 3);
+}
 
 TEST_CASE("ddp threads: equivalence with one process (bucket view x unused x layouts, SGD and AdamW, f64 and f32)",
           "[ddp]") {

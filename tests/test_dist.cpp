@@ -161,6 +161,46 @@ TEST_CASE("dist threads: Work::wait with a timeout and waits inside continuation
   REQUIRE(checks == 3);  // the wait timeout (2 checks on rank 0) and the deadlock check
 }
 
+// The logic the nccl backend's Works use (Work::order_on_device), checked without a device: wait()
+// orders "the stream" (here: counts) instead of blocking, the result is there from the launch and
+// is never replaced, and errors the operation already reported are still rethrown.
+TEST_CASE("dist: a device-ordered Work waits on the stream, not the host", "[dist]") {
+  Tensor launched = make({3}, f32, [](int64_t i) { return static_cast<double>(i); });
+  std::atomic<int> stream_waits{0};
+  auto work = std::make_shared<Work>("allreduce #0 on group world (test)");
+  work->order_on_device({launched}, [&] { ++stream_waits; });
+  REQUIRE(work->is_device_ordered());
+  REQUIRE_THROWS_WITH(work->order_on_device({launched}, [] {}), Catch::Contains("twice"));
+  const auto start = std::chrono::steady_clock::now();
+  work->wait();  // not complete on the host: would block forever if it waited there
+  work->wait(std::chrono::milliseconds(1));
+  REQUIRE(work->result().at(0).is_same(launched));
+  REQUIRE(std::chrono::steady_clock::now() - start < std::chrono::seconds(5));
+  REQUIRE(stream_waits == 3);  // wait(), wait(timeout), result()
+  REQUIRE(!work->is_completed());
+  // A continuation still runs when the backend completes the Work on the host; the result it sees
+  // is the launch's, whatever the backend passes.
+  std::atomic<bool> continued{false};
+  WorkPtr next = work->then([&](Work& w) {
+    continued = w.result().at(0).is_same(launched);
+    return TensorList{};
+  });
+  work->mark_completed({make({1}, f32, [](int64_t) { return 7; })});
+  REQUIRE(continued);
+  REQUIRE(work->result().at(0).is_same(launched));
+  work->wait();
+  REQUIRE(stream_waits == 3);  // complete on the host: nothing left to order
+  REQUIRE_THROWS_WITH(work->order_on_device({launched}, [] {}), Catch::Contains("after it completed"));
+
+  // A failure reported before the wait is rethrown; the stream is not ordered on a failed Work.
+  auto failed = std::make_shared<Work>("allreduce #1 on group world (test)");
+  failed->order_on_device({launched}, [&] { ++stream_waits; });
+  failed->mark_failed(std::make_exception_ptr(Error("[dist] allreduce #1 failed: the group is broken")));
+  REQUIRE_THROWS_WITH(failed->wait(), Catch::Contains("the group is broken"));
+  REQUIRE_THROWS_WITH(failed->result(), Catch::Contains("the group is broken"));
+  REQUIRE(stream_waits == 3);
+}
+
 TEST_CASE("dist threads: a small allreduce with a late peer returns at once, and completes in order", "[dist]") {
   for (int n : {2, 3}) {
     INFO("ranks: " << n);

@@ -109,6 +109,7 @@ NcclComm::NcclComm(int rank_, int size_, int device_, std::string name_)
 }
 
 NcclComm::~NcclComm() {
+  std::lock_guard handle(handle_mutex);  // no other user is left; kept for the rule's sake
   ncclComm_t c = comm.exchange(nullptr);
   if (c == nullptr) return;
   // Never throws. Once the CUDA runtime is shutting down (a group destroyed at exit) NCCL cannot
@@ -136,12 +137,16 @@ std::exception_ptr NcclComm::broken_error(const std::string& what) const {
       Error(fmt::format("[dist] {} failed: the group is broken ({})", what, broken->reason())));
 }
 
-cuda::Event NcclComm::take_event() {
+std::shared_ptr<cuda::Event> NcclComm::take_event() {
   std::lock_guard lock(state_mutex);
-  if (free_events.empty()) return cuda::Event(false);
-  cuda::Event e = std::move(free_events.back());
-  free_events.pop_back();
-  return e;
+  // An event still shared with a Work that may order a stream on it must not be re-recorded.
+  for (size_t i = free_events.size(); i-- > 0;) {
+    if (free_events[i].use_count() != 1) continue;
+    std::shared_ptr<cuda::Event> e = std::move(free_events[i]);
+    free_events.erase(free_events.begin() + static_cast<std::ptrdiff_t>(i));
+    return e;
+  }
+  return std::make_shared<cuda::Event>(false);
 }
 
 void NcclComm::push(NcclPending p) {
@@ -178,12 +183,12 @@ void NcclComm::stop() noexcept {
   }
 }
 
-void NcclComm::break_group(const std::string& reason, bool holding_issue_lock) noexcept {
+void NcclComm::break_group(const std::string& reason) noexcept {
   try {
-    broken->mark(reason);
+    broken->mark(reason);  // first: a launching thread polling inside NCCL sees it and lets go
   } catch (...) {
   }
-  abort_comm(holding_issue_lock);
+  abort_comm();
   cv.notify_all();
 }
 
@@ -203,14 +208,10 @@ void NcclComm::fail_pending(std::exception_ptr front_error) noexcept {
   }
 }
 
-void NcclComm::abort_comm(bool holding_issue_lock) noexcept {
-  // A thread issuing a collective holds the issue lock; one blocked inside NCCL (a peer that
-  // never connects) only comes back once the communicator is aborted, so wait a little for the
-  // lock, then abort without it.
-  std::unique_lock<std::mutex> issue(issue_mutex, std::defer_lock);
-  if (!holding_issue_lock) {
-    for (int i = 0; i < 200 && !issue.try_lock(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
+void NcclComm::abort_comm() noexcept {
+  // The handle lock (see comm.h): no other thread is inside an NCCL call with this communicator
+  // while it is aborted and freed, and none starts one after (they find `comm` null).
+  std::lock_guard handle(handle_mutex);
   ncclComm_t c = comm.exchange(nullptr);
   if (c != nullptr) {
     (void)cudaSetDevice(device);
@@ -240,7 +241,7 @@ void NcclComm::watch() {
     const Clock::time_point polling_since = Clock::now();
     for (uint64_t spin = 0;; ++spin) {
       try {
-        done = front->done.query();
+        done = front->done->query();
       } catch (const std::exception& e) {
         failure = fmt::format("[dist] {} failed on {}: {}; the communicator was aborted and the group is broken",
                               front->what, label(), e.what());
@@ -249,17 +250,23 @@ void NcclComm::watch() {
       if (done) break;
       if ((spin & 15) == 15) {
         if (broken->is_broken()) break;  // failure stays empty: fail_pending below gives the reason
-        ncclResult_t async = ncclSuccess;
-        ncclComm_t c = comm.load();
-        ncclResult_t rc = c ? ncclCommGetAsyncError(c, &async) : ncclInvalidUsage;
+        // Under the handle lock (comm.h); a launch holding it is enqueueing, so this poll waits
+        // for the next round rather than for it.
+        ncclResult_t async = ncclSuccess, rc = ncclSuccess;
+        std::string detail;
+        if (std::unique_lock handle(handle_mutex, std::try_to_lock); handle.owns_lock()) {
+          ncclComm_t c = comm.load();
+          rc = c ? ncclCommGetAsyncError(c, &async) : ncclInvalidUsage;
+          if (rc != ncclSuccess || (async != ncclSuccess && async != ncclInProgress)) {
+            if (const char* last = c ? ncclGetLastError(c) : nullptr; last && *last) detail = fmt::format(" ({})", last);
+          }
+        }
         if (rc != ncclSuccess || (async != ncclSuccess && async != ncclInProgress)) {
           ncclResult_t shown = rc != ncclSuccess ? rc : async;
-          const char* detail = c ? ncclGetLastError(c) : nullptr;
           failure = fmt::format(
               "[dist] {} #{} failed on {}: NCCL reported an asynchronous error: {}{} (a peer failed or left); the "
               "communicator was aborted and the group is broken",
-              front->kind, front->seq, label(), ncclGetErrorString(shown),
-              detail && *detail ? fmt::format(" ({})", detail) : std::string());
+              front->kind, front->seq, label(), ncclGetErrorString(shown), detail);
           break;
         }
         if (Clock::now() > front->deadline) {
@@ -285,7 +292,7 @@ void NcclComm::watch() {
     if (!failure.empty()) {
       std::exception_ptr e = timed_out ? std::make_exception_ptr(TimeoutError(failure, false))
                                        : std::make_exception_ptr(Error(failure));
-      break_group(failure, false);
+      break_group(failure);
       fail_pending(e);
       continue;
     }
@@ -298,7 +305,7 @@ void NcclComm::watch() {
       std::lock_guard lock(state_mutex);
       p = std::move(pending.front());
       pending.pop_front();
-      free_events.push_back(std::move(p.done));
+      if (free_events.size() < 64) free_events.push_back(std::move(p.done));
     }
     try {
       p.work->mark_completed(std::move(p.result));  // runs the continuations, on this thread

@@ -103,7 +103,7 @@ struct NcclPending {
   WorkPtr work;
   TensorList result;  // the Work's result
   TensorList keep;    // inputs and scratch: alive until the collective has finished
-  cuda::Event done;
+  std::shared_ptr<cuda::Event> done;  // shared with the Work's stream wait (Work::order_on_device)
   Milliseconds timeout{0};
   Clock::time_point deadline;
 };
@@ -118,8 +118,9 @@ struct NcclComm {
   std::string label() const;
   // The error of a collective under way when the group broke.
   std::exception_ptr broken_error(const std::string& what) const;
-  // A completion event, reused once the watchdog is done with it.
-  cuda::Event take_event();
+  // A completion event, reused once the watchdog and every Work that orders streams on it are done
+  // with it.
+  std::shared_ptr<cuda::Event> take_event();
   // Hands a launched collective to the watchdog, or fails it if the group broke meanwhile.
   void push(NcclPending p);
   void start_watchdog(const std::shared_ptr<NcclComm>& self);
@@ -127,7 +128,7 @@ struct NcclComm {
   void stop() noexcept;
   // Marks the group broken (later calls fail at once) and aborts the communicator; the watchdog
   // then fails what is in flight. Never throws.
-  void break_group(const std::string& reason, bool holding_issue_lock) noexcept;
+  void break_group(const std::string& reason) noexcept;
 
   const int rank, size, device;
   const std::string name;
@@ -137,7 +138,14 @@ struct NcclComm {
   std::atomic<int64_t> teardown_ms{300'000};
   cuda::Stream stream;  // every collective of the group runs here, in issue order
   cuda::Event ready;    // the caller's stream position, re-recorded per collective (issue lock)
-  std::mutex issue_mutex;  // NCCL calls, sequence numbers, `ready`
+  std::mutex issue_mutex;  // sequence numbers, `ready`, the order of launches
+  // Every use of the raw handle `comm` holds this: a launch's NCCL calls (inside the issue lock),
+  // the watchdog's error polls, the abort and the teardown, so that ncclCommAbort never frees the
+  // communicator under another thread's call (PyTorch's NCCLComm keeps the same rule). It is never
+  // held across anything that can wait for the device: a launch allocates before taking it, and a
+  // launching thread inside NCCL polls (non-blocking communicator) and lets go once the group is
+  // marked broken, so the abort's wait for it is short. Order: issue_mutex, then handle_mutex.
+  std::mutex handle_mutex;
   // The group's broken state (GroupBase's), which the watchdog sets too. Its peers are other
   // processes under a launcher: a break is recorded process-wide for the exit (mpi_finalize).
   const std::shared_ptr<BrokenState> broken = std::make_shared<BrokenState>(/*peers_are_processes=*/true);
@@ -149,12 +157,12 @@ struct NcclComm {
   // Watchdog only: fails every collective in flight, the first (the one that timed out or failed)
   // with `front_error` when given.
   void fail_pending(std::exception_ptr front_error) noexcept;
-  void abort_comm(bool holding_issue_lock) noexcept;
+  void abort_comm() noexcept;
 
   std::mutex state_mutex;  // the fields below
   std::condition_variable cv;
   std::deque<NcclPending> pending;
-  std::vector<cuda::Event> free_events;
+  std::vector<std::shared_ptr<cuda::Event>> free_events;
   bool stopping = false;
   std::thread watchdog;
 };

@@ -21,8 +21,10 @@ ProcessGroupPtr make_nccl_world(const InitOptions&) {
 
 #include <fmt/format.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <string_view>
 
 #include "cuda/allocator.h"
 #include "cuda/check.h"
@@ -38,6 +40,12 @@ namespace tandem::dist {
 namespace {
 
 bool is_cpu_tensor(const Tensor& t) { return t.defined() && t.is_cpu(); }
+
+// TANDEM_NCCL_BLOCKING_WAIT=1 (anything but empty or 0).
+bool blocking_wait_requested() {
+  const char* env = std::getenv("TANDEM_NCCL_BLOCKING_WAIT");
+  return env != nullptr && *env != 0 && std::string_view(env) != "0";
+}
 
 constexpr int64_t kIdWords = (sizeof(ncclUniqueId) + 7) / 8;
 
@@ -84,24 +92,39 @@ class NcclGroup final : public GroupBase {
     return device.is_cpu() && cpu_->supports_blocking_issue(device);
   }
 
-  void run_on_comm_stream(const std::function<TensorList()>& fn) override {
+  // The step stream is the group's own, never NCCL's: work queued on the comm stream while a
+  // non-blocking NCCL call may still be enqueueing there (ncclInProgress) is not allowed, and the
+  // continuation's thread (the watchdog) has no stream of the user's to borrow. The host has seen
+  // the collective finish before a continuation runs, so the step stream needs no wait for it.
+  void run_on_step_stream(const std::function<TensorList()>& fn) override {
     cuda::DeviceGuard device(comm_->device);
-    cudaStream_t caller = cuda::current_stream(comm_->device);
+    std::lock_guard lock(step_mutex_);
+    if (step_stream_.raw() == nullptr) step_stream_ = cuda::Stream::create(comm_->device, -1);
     TensorList kept;
     {
-      cuda::StreamGuard guard(comm_->stream);
+      cuda::StreamGuard guard(step_stream_);
       kept = fn();
     }
-    // Allocated on the comm stream, read on the caller's: not reused before the caller is done.
-    for (const Tensor& t : kept)
-      if (t.device().is_cuda()) cuda::record_stream(t, caller);
+    // Used here, freed elsewhere: not handed out again before this stream, and the joining
+    // stream (join_step_stream), are done with them.
+    for (Tensor& t : kept) {
+      if (!t.defined() || !t.device().is_cuda()) continue;
+      cuda::record_stream(t, step_stream_.raw());
+      step_kept_.push_back(std::move(t));
+    }
+    step_queued_ = true;
   }
 
-  void join_comm_stream() override {
+  void join_step_stream() override {
+    std::lock_guard lock(step_mutex_);
+    if (!step_queued_) return;
     cuda::DeviceGuard device(comm_->device);
-    cuda::Event joined;
-    joined.record(comm_->stream.raw());
-    joined.wait(cuda::current_stream(comm_->device));
+    cudaStream_t joiner = cuda::current_stream(comm_->device);
+    step_joined_.record(step_stream_.raw());
+    step_joined_.wait(joiner);
+    for (const Tensor& t : step_kept_) cuda::record_stream(t, joiner);
+    step_kept_.clear();
+    step_queued_ = false;
   }
 
   WorkPtr allreduce(const Tensor& tensor, ReduceOp reduce) override {
@@ -163,13 +186,14 @@ class NcclGroup final : public GroupBase {
     l.kind = OpKind::allgather;
     l.result = outputs;
     l.keep = {input};
-    const int n = size(), device = comm_->device;
-    return launch(std::move(l), [outputs, input, n, device](const NcclLaunch& on, TensorList& keep) {
+    const int n = size();
+    // Gathered into one buffer, then copied out on the comm stream (the outputs need not be
+    // adjacent). Allocated before the launch: never inside the handle lock (comm.h).
+    Tensor flat = make_empty({n * input.numel()}, input.dtype(), Device::cuda(comm_->device), "allgather");
+    l.keep.push_back(flat);
+    return launch(std::move(l), [outputs, input, n, flat](const NcclLaunch& on, TensorList&) {
       const size_t bytes = input.nbytes();
       if (bytes == 0) return;
-      // Gathered into one buffer, then copied out on the comm stream (the outputs need not be adjacent).
-      Tensor flat = make_empty({n * input.numel()}, input.dtype(), Device::cuda(device), "allgather");
-      keep.push_back(flat);
       char* f = static_cast<char*>(flat.data_ptr());
       TANDEM_NCCL_ENQUEUE(
           on, ncclAllGather(input.data_ptr(), f, input.numel(), nccl_type(input.dtype()), on.comm, on.stream));
@@ -203,12 +227,12 @@ class NcclGroup final : public GroupBase {
     l.kind = OpKind::reduce_scatter;
     l.result = {output};
     l.keep = inputs;
-    const int n = size(), device = comm_->device;
-    return launch(std::move(l), [output, inputs, reduce, n, device](const NcclLaunch& on, TensorList& keep) {
+    const int n = size();
+    Tensor flat = make_empty({n * output.numel()}, output.dtype(), Device::cuda(comm_->device), "reduce_scatter");
+    l.keep.push_back(flat);  // allocated before the launch: never inside the handle lock (comm.h)
+    return launch(std::move(l), [output, inputs, reduce, n, flat](const NcclLaunch& on, TensorList&) {
       const size_t bytes = output.nbytes();
       if (bytes == 0) return;
-      Tensor flat = make_empty({n * output.numel()}, output.dtype(), Device::cuda(device), "reduce_scatter");
-      keep.push_back(flat);
       char* f = static_cast<char*>(flat.data_ptr());
       for (int k = 0; k < n; ++k) {
         TANDEM_CUDA_CHECK(
@@ -268,12 +292,12 @@ class NcclGroup final : public GroupBase {
     Launch l;
     l.kind = OpKind::barrier;
     l.fingerprint = "barrier";
-    const int device = comm_->device;
-    return launch(std::move(l), [this, device](const NcclLaunch& on, TensorList& keep) {
-      if (!barrier_buffer_.defined()) barrier_buffer_ = make_empty({1}, i32, Device::cuda(device), "barrier");
-      keep.push_back(barrier_buffer_);
-      void* p = barrier_buffer_.data_ptr();
-      // The value is never read.
+    // Its own buffer each time (4 bytes from the cache): allocated before the launch, never inside
+    // the handle lock (comm.h). The value is never read.
+    Tensor buffer = make_empty({1}, i32, Device::cuda(comm_->device), "barrier");
+    l.keep.push_back(buffer);
+    return launch(std::move(l), [buffer](const NcclLaunch& on, TensorList&) {
+      void* p = buffer.data_ptr();
       TANDEM_NCCL_ENQUEUE(on, ncclAllReduce(p, p, 1, ncclInt32, ncclSum, on.comm, on.stream));
     });
   }
@@ -361,9 +385,10 @@ class NcclGroup final : public GroupBase {
     p.keep = std::move(l.keep);
     p.timeout = timeout();
     p.deadline = Clock::now() + p.timeout;
-    ncclComm_t nc = c.comm.load();
-    if (nc == nullptr) throw Error(broken().message(what));  // aborted: the group broke meanwhile
     try {
+      std::lock_guard handle(c.handle_mutex);  // see comm.h: the abort waits for this launch
+      ncclComm_t nc = c.comm.load();
+      if (nc == nullptr) throw Error(broken().message(what));  // aborted: the group broke meanwhile
       cuda::DeviceGuard guard(c.device);
       cudaStream_t s = c.stream.raw();
       c.ready.record(cuda::current_stream(c.device));  // after everything the caller issued so far
@@ -371,14 +396,11 @@ class NcclGroup final : public GroupBase {
       // Each NCCL call returns once NCCL has enqueued it, or by the deadline (NcclLaunch::check):
       // a peer that never connects cannot hold this thread, which holds the issue lock.
       body(NcclLaunch{c, nc, s, what, p.timeout, p.deadline}, p.keep);
-      // The caching allocator must not hand these blocks out again before the comm stream is done.
-      for (const Tensor& t : p.keep) cuda::record_stream(t, s);
-      for (const Tensor& t : p.result) cuda::record_stream(t, s);
       p.done = c.take_event();
-      p.done.record(s);
+      p.done->record(s);
     } catch (const TimeoutError& e) {
       // NCCL was still waiting for a peer at the deadline; the message names the operation.
-      c.break_group(e.what(), true);
+      c.break_group(e.what());
       throw;
     } catch (const std::exception& e) {
       if (c.broken->is_broken()) throw;  // broken by another thread meanwhile: its error says why
@@ -386,8 +408,18 @@ class NcclGroup final : public GroupBase {
       // their timeout, so this group cannot be trusted any more.
       std::string msg = fmt::format("[dist] {} could not be launched: {}; the communicator was aborted and the group "
                                     "is broken", what, e.what());
-      c.break_group(msg, true);
+      c.break_group(msg);
       throw Error(msg);
+    }
+    // The caching allocator must not hand these blocks out again before the comm stream is done.
+    // Outside the handle lock: the allocator's lock may be held by a thread waiting for the device.
+    for (const Tensor& t : p.keep) cuda::record_stream(t, c.stream.raw());
+    for (const Tensor& t : p.result) cuda::record_stream(t, c.stream.raw());
+    if (!blocking_wait_) {
+      // wait() orders the waiting thread's stream after the collective instead of blocking the
+      // host; the watchdog still completes the Work (continuations, errors) when the event fires.
+      const int device = c.device;
+      work->order_on_device(p.result, [done = p.done, device] { done->wait(cuda::current_stream(device)); });
     }
     c.push(std::move(p));
     return work;
@@ -406,7 +438,7 @@ class NcclGroup final : public GroupBase {
       cpu_->allgather_into(all, mine)->wait();
     } catch (const std::exception& e) {
       std::string msg = fmt::format("[dist] {}: the debug fingerprint exchange failed: {}", what, e.what());
-      comm_->break_group(msg, true);
+      comm_->break_group(msg);
       throw Error(msg);
     }
     check_fingerprints(seq, l.kind, all.data_ptr<int64_t>());
@@ -415,7 +447,15 @@ class NcclGroup final : public GroupBase {
   ProcessGroupPtr cpu_;
   std::shared_ptr<NcclComm> comm_;
   int local_size_;
-  Tensor barrier_buffer_;  // issue lock
+  // TANDEM_NCCL_BLOCKING_WAIT=1: Work::wait blocks the host until the watchdog has seen the
+  // collective finish (PyTorch's TORCH_NCCL_BLOCKING_WAIT), for debugging; by default it orders
+  // the caller's stream (Work::order_on_device).
+  bool blocking_wait_ = blocking_wait_requested();
+  std::mutex step_mutex_;  // the step stream's state below
+  cuda::Stream step_stream_;  // run_on_step_stream; created at the first use
+  cuda::Event step_joined_;
+  TensorList step_kept_;  // used on the step stream since the last join
+  bool step_queued_ = false;
 };
 
 // Collective over `cpu`'s ranks: sets up this rank's device state, broadcasts rank 0's
