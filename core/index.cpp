@@ -169,7 +169,7 @@ void walk_indexed(const Tensor& base, int64_t dim, const Tensor& index, const Te
       for (int64_t i = 0; i < r.n; ++i, o += r.stride[1], ix += r.stride[2]) {
         const int64_t k = *reinterpret_cast<const index_t*>(ix);
         if (k < 0 || k >= limit) [[unlikely]]
-          fail("[{}] index {} is out of range for dim {} of size {} (input {})", op, k, dim, limit, shape_for_error);
+          throw Error(index_error_message(IndexCheck::for_dim(op, dim, limit, shape_for_error), k, -1));
         body(b + i * r.stride[0] + k * jump, o);
       }
     });
@@ -210,6 +210,36 @@ void check_index_geometry(const Tensor& a, int64_t dim, const Tensor& index, con
 }
 
 }  // namespace
+
+std::string index_error_message(const IndexCheck& check, int64_t value, int64_t position) {
+  switch (check.kind) {
+    case IndexCheck::Kind::dim_index:
+      return fmt::format("[{}] index {} is out of range for dim {} of size {} (input {})", check.op, value, check.dim,
+                         check.size, check.input);
+    case IndexCheck::Kind::embedding_row:
+      return fmt::format(
+          "[{}] index {} (at flat position {}) is out of range for an embedding table of {} rows (weight {})",
+          check.op, value, position, check.size, check.input);
+    case IndexCheck::Kind::class_target:
+      return fmt::format("[{}] target {} is out of bounds for {} classes (expected 0..{} or ignore_index {})",
+                         check.op, value, check.size, check.size - 1, check.ignore_index);
+  }
+  return fmt::format("[{}] index {} is out of range", check.op, value);
+}
+
+void check_index_range(const Tensor& index, const IndexCheck& check) {
+  TANDEM_CHECK(index.defined(), "[{}] undefined index tensor", check.op);
+  check_index_dtype(index, check.op, "index");
+  if (index.numel() == 0) return;
+  if (!index.is_cpu()) [[unlikely]] {
+    kernels_for(index.device(), check.op).check_range(index, check);
+    return;
+  }
+  const std::vector<int64_t> values = index.to_vector<int64_t>();
+  for (size_t k = 0; k < values.size(); ++k)
+    if (!check.in_range(values[k])) [[unlikely]]
+      throw Error(index_error_message(check, values[k], static_cast<int64_t>(k)));
+}
 
 Tensor zeros_of(const Shape& shape, Dtype dtype, Device device, const char* op) {
   Tensor out = make_empty(shape, dtype, device, op);
@@ -277,20 +307,15 @@ Tensor embedding(const Tensor& weight, const Tensor& indices) {
     out_shape.push_back(cols);
     Tensor out = make_empty(out_shape, weight.dtype(), dev, op);
     const int64_t n = indices.numel();
-    const IndexOutOfRange bad = kernels_for(dev, op).index_select(make_view(out, Shape{n, cols}, Strides{cols, 1}, 0),
-                                                                   weight, 0, flat_index(indices, op), true);
-    TANDEM_CHECK(bad.position < 0,
-                 "[embedding] index {} (at flat position {}) is out of range for an embedding table of {} rows "
-                 "(weight {})",
-                 bad.value, bad.position, rows, weight.shape());
+    const IndexCheck check = IndexCheck::for_embedding(weight.shape());
+    kernels_for(dev, op).index_select(make_view(out, Shape{n, cols}, Strides{cols, 1}, 0), weight, 0,
+                                      flat_index(indices, op), &check);
     return out;
   }
   const std::vector<int64_t> idx = indices.to_vector<int64_t>();
   for (size_t k = 0; k < idx.size(); ++k)
-    TANDEM_CHECK(idx[k] >= 0 && idx[k] < rows,
-                 "[embedding] index {} (at flat position {}) is out of range for an embedding table of {} rows "
-                 "(weight {})",
-                 idx[k], k, rows, weight.shape());
+    if (idx[k] < 0 || idx[k] >= rows) [[unlikely]]
+      throw Error(index_error_message(IndexCheck::for_embedding(weight.shape()), idx[k], static_cast<int64_t>(k)));
   Shape out_shape = indices.shape();
   out_shape.push_back(cols);
   Tensor out = make_empty(out_shape, weight.dtype(), weight.device(), op);
@@ -334,9 +359,8 @@ Tensor index_select(const Tensor& a, int64_t dim, const Tensor& index) {
     Shape out_shape = src.shape();
     out_shape[dim] = index.numel();
     Tensor out = make_empty(out_shape, a.dtype(), dev, op);
-    const IndexOutOfRange bad = kernels_for(dev, op).index_select(out, src, dim, as_1d(index), true);
-    TANDEM_CHECK(bad.position < 0, "[index_select] index {} is out of range for dim {} of size {} (input {})",
-                 bad.value, dim, src.size(dim), a.shape());
+    const IndexCheck check = IndexCheck::for_dim(op, dim, src.size(dim), a.shape());
+    kernels_for(dev, op).index_select(out, src, dim, as_1d(index), &check);
     return a.dim() == 0 ? make_view(out, Shape{}, Strides{}, 0) : out;
   }
   const std::vector<int64_t> idx = index.to_vector<int64_t>();
@@ -344,9 +368,9 @@ Tensor index_select(const Tensor& a, int64_t dim, const Tensor& index) {
     TANDEM_CHECK(idx.size() == 1, "[index_select] a 0-dim input takes exactly one index, got {}", idx.size());
   const Tensor src = as_1d(a);
   const int64_t n = src.size(dim);
-  for (int64_t k : idx)
-    TANDEM_CHECK(k >= 0 && k < n, "[index_select] index {} is out of range for dim {} of size {} (input {})", k, dim,
-                 n, a.shape());
+  for (size_t k = 0; k < idx.size(); ++k)
+    if (idx[k] < 0 || idx[k] >= n) [[unlikely]]
+      throw Error(index_error_message(IndexCheck::for_dim(op, dim, n, a.shape()), idx[k], static_cast<int64_t>(k)));
   Shape out_shape = src.shape();
   out_shape[dim] = static_cast<int64_t>(idx.size());
   Tensor out = make_empty(out_shape, a.dtype(), a.device(), op);
@@ -382,9 +406,8 @@ Tensor gather(const Tensor& a, int64_t dim, const Tensor& index) {
   check_index_geometry(a, dim, index, op);
   Tensor out = make_empty(index.shape(), a.dtype(), a.device(), op);
   if (!dev.is_cpu()) [[unlikely]] {
-    const IndexOutOfRange bad = kernels_for(dev, op).gather(as_1d(out), as_1d(a), dim, as_1d(index), true);
-    TANDEM_CHECK(bad.position < 0, "[gather] index {} is out of range for dim {} of size {} (input {})", bad.value,
-                 dim, as_1d(a).size(dim), a.shape());
+    const IndexCheck check = IndexCheck::for_dim(op, dim, as_1d(a).size(dim), a.shape());
+    kernels_for(dev, op).gather(as_1d(out), as_1d(a), dim, as_1d(index), &check);
     return out;
   }
   gather_into(out, a, dim, index, op);
@@ -413,9 +436,8 @@ Tensor scatter_add(const Tensor& a, int64_t dim, const Tensor& index, const Tens
   if (!dev.is_cpu()) [[unlikely]] {
     // Only src's leading index-shaped block is read: made contiguous, its element p pairs with index[p].
     const Tensor block = cast_copy(make_view(src, index.shape(), src.strides(), src.storage_offset()), src.dtype(), op);
-    const IndexOutOfRange bad = kernels_for(dev, op).scatter_add(as_1d(out), dim, as_1d(index), as_1d(block), true);
-    TANDEM_CHECK(bad.position < 0, "[scatter_add] index {} is out of range for dim {} of size {} (input {})",
-                 bad.value, dim, as_1d(a).size(dim), a.shape());
+    const IndexCheck check = IndexCheck::for_dim(op, dim, as_1d(a).size(dim), a.shape());
+    kernels_for(dev, op).scatter_add(as_1d(out), dim, as_1d(index), as_1d(block), &check);
     return out;
   }
   scatter_add_into(out, dim, index, src, op);
@@ -428,7 +450,7 @@ Tensor gather_padded(const Tensor& grad, int64_t dim, const Tensor& index, const
   if (!grad.is_cpu()) [[unlikely]] {
     one_device(op, {{"grad", grad}, {"index", index}});
     kernels_for(grad.device(), op)
-        .gather(as_1d(make_view(out, index.shape(), out.strides(), 0)), as_1d(grad), dim, as_1d(index), false);
+        .gather(as_1d(make_view(out, index.shape(), out.strides(), 0)), as_1d(grad), dim, as_1d(index), nullptr);
     return out;
   }
   gather_into(make_view(out, index.shape(), out.strides(), 0), grad, dim, index, op);

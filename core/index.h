@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "core/tensor.h"
@@ -41,35 +42,86 @@ Tensor masked_fill(const Tensor& a, const Tensor& mask, const Scalar& value);
 Tensor cat(const TensorList& tensors, int64_t dim, const char* op = "cat");
 Tensor stack(const TensorList& tensors, int64_t dim);
 
+// ---- index range errors ----
+// What an out-of-range index is reported against: the parts of the message besides the bad value
+// and its position. One formatter for the CPU's immediate errors and a device's deferred ones, so
+// both say the same thing.
+struct IndexCheck {
+  enum class Kind : int32_t {
+    dim_index,      // "[op] index v is out of range for dim d of size n (input shape)"
+    embedding_row,  // "[embedding] index v (at flat position p) is out of range for an embedding table of
+                    //  n rows (weight shape)"
+    class_target,   // "[op] target v is out of bounds for n classes (expected 0..n-1 or ignore_index i)"
+  };
+  Kind kind = Kind::dim_index;
+  const char* op = "";
+  int64_t dim = 0;           // dim_index: the dim indexed
+  int64_t size = 0;          // the bound: [0, size) is in range
+  int64_t ignore_index = 0;  // class_target: the one value outside [0, size) that is allowed
+  Shape input;               // dim_index, embedding_row: the input's (weight's) shape
+
+  static IndexCheck for_dim(const char* op, int64_t dim, int64_t size, const Shape& input) {
+    IndexCheck c;
+    c.op = op;
+    c.dim = dim;
+    c.size = size;
+    c.input = input;
+    return c;
+  }
+  static IndexCheck for_embedding(const Shape& weight) {
+    IndexCheck c;
+    c.kind = Kind::embedding_row;
+    c.op = "embedding";
+    c.size = weight.empty() ? 0 : weight[0];
+    c.input = weight;
+    return c;
+  }
+  static IndexCheck for_classes(const char* op, int64_t classes, int64_t ignore_index) {
+    IndexCheck c;
+    c.kind = Kind::class_target;
+    c.op = op;
+    c.size = classes;
+    c.ignore_index = ignore_index;
+    return c;
+  }
+
+  bool in_range(int64_t v) const { return (v >= 0 && v < size) || (kind == Kind::class_target && v == ignore_index); }
+};
+std::string index_error_message(const IndexCheck& check, int64_t value, int64_t position);
+
+// Every value of an integer tensor (any shape, i64 or i32) within check's range, in logical order.
+// CPU: throws index_error_message for the first one that is not. A device: the kernel records the
+// first bad value there and the backend raises it at its next synchronisation (no host sync here).
+void check_index_range(const Tensor& index, const IndexCheck& check);
+
 // ---- device kernels ----
 // The table a device backend registers (cuda/index.cu) with register_device_kernels. Core has
 // validated every argument and allocated the outputs exactly as for the CPU; all tensors are on
 // one device; index tensors are i32 or i64 of any strides. Kernels never touch memory outside a
-// tensor for an out-of-range index: they skip it and, when `check` is set, report the one at the
-// lowest logical position of the index tensor, which reads that report back to the host (the one
-// host sync of these ops: the forward ops check, the backward kernels do not, their indices were
-// checked by the forward).
-struct IndexOutOfRange {
-  int64_t position = -1;  // logical position in the index tensor; -1: all in range
-  int64_t value = 0;
-};
-
+// tensor for an out-of-range index: they skip it. With a `check` (the forward ops pass one; the
+// backward kernels pass none, their indices were checked by the forward) the kernel also records
+// the bad index at the lowest logical position of the index tensor on the device, without a host
+// sync: the backend raises index_error_message at its next synchronisation (a copy to the host,
+// a stream or device synchronize), so the error surfaces later than the op call.
 struct IndexDeviceKernels {
   virtual ~IndexDeviceKernels() = default;
   // out.select(dim, k) = src.select(dim, index[k]); index is 1-D, out has src's shape with dim
-  // resized to index.numel(). Any strides for src and out.
-  virtual IndexOutOfRange index_select(const Tensor& out, const Tensor& src, int64_t dim, const Tensor& index,
-                                       bool check) = 0;
+  // resized to index.numel(). Any strides for src and out. Position: k.
+  virtual void index_select(const Tensor& out, const Tensor& src, int64_t dim, const Tensor& index,
+                            const IndexCheck* check) = 0;
   // out.select(dim, index[k]) += src.select(dim, k) for every k: contiguous out and src, 1-D
   // index; deterministic (slices summed in order of k, as on the CPU).
   virtual void index_add(const Tensor& out, int64_t dim, const Tensor& index, const Tensor& src) = 0;
   // Over the positions p of index: out[p] = a[p with coordinate dim replaced by index[p]]. out,
   // a, index have a's number of dims; any strides.
-  virtual IndexOutOfRange gather(const Tensor& out, const Tensor& a, int64_t dim, const Tensor& index, bool check) = 0;
+  virtual void gather(const Tensor& out, const Tensor& a, int64_t dim, const Tensor& index,
+                      const IndexCheck* check) = 0;
   // out[p with dim replaced by index[p]] += src[p] over the positions p of index: contiguous out,
   // src contiguous with index's shape; deterministic (summed in logical order of p).
-  virtual IndexOutOfRange scatter_add(const Tensor& out, int64_t dim, const Tensor& index, const Tensor& src,
-                                      bool check) = 0;
+  virtual void scatter_add(const Tensor& out, int64_t dim, const Tensor& index, const Tensor& src,
+                           const IndexCheck* check) = 0;
+  // check_index_range for a device tensor: records the first value not check.in_range.
+  virtual void check_range(const Tensor& index, const IndexCheck& check) = 0;
   // out (contiguous, a's shape) = mask ? value : a; mask (bool) broadcasts to a.
   virtual void masked_fill(const Tensor& out, const Tensor& a, const Tensor& mask, const Scalar& value) = 0;
 };

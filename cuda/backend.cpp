@@ -11,6 +11,7 @@
 #include "core/backend.h"
 #include "cuda/allocator.h"
 #include "cuda/check.h"
+#include "cuda/device_error.h"
 #include "cuda/runtime.h"
 
 namespace tandem::cuda {
@@ -48,6 +49,7 @@ class CudaSideStream final : public SideStream {
   explicit CudaSideStream(int device) : stream_(Stream::create(device)) {}
   ~CudaSideStream() override {
     if (cudaSetDevice(stream_.device()) == cudaSuccess) (void)cudaStreamSynchronize(stream_.raw());  // never throws
+    note_host_sync();
   }
 
   void follow_current() override {
@@ -101,6 +103,7 @@ class CudaBackend final : public Backend {
   void synchronize(Device device) override {
     DeviceGuard guard(device);
     TANDEM_CUDA_CHECK(cudaStreamSynchronize(current_stream(device)));
+    synchronized(static_cast<int>(device.index), "synchronize");
   }
 
   void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, size_t nbytes) override {
@@ -123,6 +126,8 @@ class CudaBackend final : public Backend {
                                       dst_device.is_cuda() ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost, stream));
     // Blocking semantics, pinned or pageable host memory alike (see the top of the file).
     TANDEM_CUDA_CHECK(cudaStreamSynchronize(stream));
+    // A kernel's deferred error surfaces here (.to(kCPU), item()), after the bytes have arrived.
+    synchronized(static_cast<int>(dev.index), dst_device.is_cuda() ? "a copy from the host" : "a copy to the host");
   }
 };
 

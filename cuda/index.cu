@@ -1,6 +1,6 @@
 // CUDA kernels of the index family (core/index.h): index_select (and embedding), gather,
-// masked_fill, and the deterministic scatter-adds behind scatter_add, index_select's backward and
-// embedding's backward.
+// masked_fill, the range check of check_index_range (nll_loss's targets), and the deterministic
+// scatter-adds behind scatter_add, index_select's backward and embedding's backward.
 //
 // Copies and selects move element bits (one kernel per element size, not per dtype). The
 // scatter-adds sort (destination, source position) pairs with CUB's stable radix sort and let
@@ -8,17 +8,17 @@
 // deterministic run to run and, for f32/f64, bit-identical to the CPU's in-order sums.
 //
 // Index bounds: kernels skip an out-of-range index (no stray memory access) and, when asked to
-// check, atomicMin its logical position into a device word that RangeCheck reads back after the
-// kernel: one 8-byte device-to-host copy and a stream sync per checked op (the forward ops; the
-// backward kernels reuse indices their forward checked and never sync).
+// check, record it in the device's deferred error (cuda/device_error.h), which the host raises at
+// its next synchronisation: no op here syncs the host. The forward ops check; the backward
+// kernels reuse indices their forward checked.
 #include <cub/device/device_radix_sort.cuh>
 
-#include <climits>
 #include <cstring>
 
 #include "core/kernel_tables.h"
 #include "core/index.h"
 #include "core/iter.h"
+#include "cuda/device_error.h"
 #include "cuda/launch.h"
 #include "cuda/strided.cuh"
 
@@ -27,56 +27,7 @@ namespace tandem::cuda {
 namespace {
 
 using detail::dispatch_index;  // core/index.h: the index dtype of a kernel
-using detail::IndexOutOfRange;
 using namespace geom;
-
-constexpr unsigned long long kNoBad = ULLONG_MAX;
-
-__device__ inline void report_bad(unsigned long long* bad, int64_t position) {
-  if (bad != nullptr) atomicMin(bad, static_cast<unsigned long long>(position));
-}
-
-// The device word out-of-range positions are reported into, and its read-back.
-class RangeCheck {
- public:
-  RangeCheck(Device device, cudaStream_t stream, bool on, const char* op) : stream_(stream) {
-    if (!on) return;
-    word_ = make_empty(Shape{1}, i64, device, op);
-    TANDEM_CUDA_CHECK(cudaMemsetAsync(word_.data_ptr(), 0xff, sizeof(unsigned long long), stream_));
-  }
-  unsigned long long* ptr() const {
-    return word_.defined() ? static_cast<unsigned long long*>(word_.data_ptr()) : nullptr;
-  }
-  // Host sync: the op throws on the host when an index was out of range.
-  IndexOutOfRange result(const Tensor& index) const {
-    if (!word_.defined()) return {};
-    unsigned long long pos = kNoBad;
-    TANDEM_CUDA_CHECK(cudaMemcpyAsync(&pos, word_.data_ptr(), sizeof(pos), cudaMemcpyDeviceToHost, stream_));
-    TANDEM_CUDA_CHECK(cudaStreamSynchronize(stream_));
-    if (pos == kNoBad) return {};
-    IndexOutOfRange r;
-    r.position = static_cast<int64_t>(pos);
-    // The offending value, for the message (error path only).
-    const int64_t off = offset_of(r.position, dims_of(index.shape(), "index"), strides_of(index.strides()));
-    const char* p = static_cast<const char*>(index.data_ptr()) + off * static_cast<int64_t>(index.element_size());
-    if (index.dtype() == i64) {
-      int64_t v = 0;
-      TANDEM_CUDA_CHECK(cudaMemcpyAsync(&v, p, sizeof(v), cudaMemcpyDeviceToHost, stream_));
-      TANDEM_CUDA_CHECK(cudaStreamSynchronize(stream_));
-      r.value = v;
-    } else {
-      int32_t v = 0;
-      TANDEM_CUDA_CHECK(cudaMemcpyAsync(&v, p, sizeof(v), cudaMemcpyDeviceToHost, stream_));
-      TANDEM_CUDA_CHECK(cudaStreamSynchronize(stream_));
-      r.value = v;
-    }
-    return r;
-  }
-
- private:
-  cudaStream_t stream_;
-  Tensor word_;
-};
 
 // ---------------------------------------------------------------- index_select
 
@@ -84,7 +35,7 @@ class RangeCheck {
 template <class E, class I>
 __global__ void index_select_kernel(E* out, const E* src, Dims dims, ElemStrides out_st, ElemStrides src_st, int dim,
                                     const I* index, int64_t index_stride, int64_t limit, int64_t n,
-                                    unsigned long long* bad) {
+                                    ErrorSink sink) {
   for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < n; e += int64_t(gridDim.x) * blockDim.x) {
     int64_t rem = e, oo = 0, so = 0, kpos = 0;
     for (int d = dims.nd - 1; d >= 0; --d) {
@@ -99,7 +50,7 @@ __global__ void index_select_kernel(E* out, const E* src, Dims dims, ElemStrides
     }
     const int64_t k = static_cast<int64_t>(index[kpos * index_stride]);
     if (k < 0 || k >= limit) {
-      report_bad(bad, kpos);
+      report_error(sink, k, kpos);
       continue;
     }
     out[oo] = src[so + k * src_st.s[dim]];
@@ -110,12 +61,12 @@ __global__ void index_select_kernel(E* out, const E* src, Dims dims, ElemStrides
 // threads over the row (embedding lookups: coalesced row copies, no divisions per element).
 template <class E, class I>
 __global__ void index_select_rows_kernel(E* out, const E* src, int64_t outer, int64_t K, int64_t limit, int64_t inner,
-                                         const I* index, int64_t index_stride, unsigned long long* bad) {
+                                         const I* index, int64_t index_stride, ErrorSink sink) {
   for (int64_t row = blockIdx.x; row < outer * K; row += gridDim.x) {
     const int64_t o = row / K, kpos = row % K;
     const int64_t k = static_cast<int64_t>(index[kpos * index_stride]);
     if (k < 0 || k >= limit) {
-      if (threadIdx.x == 0) report_bad(bad, kpos);
+      if (threadIdx.x == 0) report_error(sink, k, kpos);
       continue;
     }
     const E* s = src + (o * limit + k) * inner;
@@ -128,7 +79,7 @@ __global__ void index_select_rows_kernel(E* out, const E* src, int64_t outer, in
 
 template <class E, class I>
 __global__ void gather_kernel(E* out, const E* a, const I* index, Dims dims, ElemStrides out_st, ElemStrides a_st,
-                              ElemStrides idx_st, int dim, int64_t limit, int64_t n, unsigned long long* bad) {
+                              ElemStrides idx_st, int dim, int64_t limit, int64_t n, ErrorSink sink) {
   for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < n; e += int64_t(gridDim.x) * blockDim.x) {
     int64_t rem = e, oo = 0, ao = 0, io = 0;
     for (int d = dims.nd - 1; d >= 0; --d) {
@@ -140,10 +91,22 @@ __global__ void gather_kernel(E* out, const E* a, const I* index, Dims dims, Ele
     }
     const int64_t k = static_cast<int64_t>(index[io]);
     if (k < 0 || k >= limit) {
-      report_bad(bad, e);
+      report_error(sink, k, e);
       continue;
     }
     out[oo] = a[ao + k * a_st.s[dim]];
+  }
+}
+
+// ---------------------------------------------------------------- check_range
+
+// Records the first value (lowest logical position) outside [0, limit) other than `allowed`.
+template <class I>
+__global__ void check_range_kernel(const I* index, Dims dims, ElemStrides st, int64_t limit, bool has_allowed,
+                                   int64_t allowed, int64_t n, ErrorSink sink) {
+  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < n; e += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t k = static_cast<int64_t>(index[offset_of(e, dims, st)]);
+    if ((k < 0 || k >= limit) && !(has_allowed && k == allowed)) report_error(sink, k, e);
   }
 }
 
@@ -188,7 +151,7 @@ __global__ void slice_keys_kernel(const I* index, int64_t index_stride, int64_t 
 template <class I>
 __global__ void element_keys_kernel(const I* index, Dims dims, ElemStrides idx_st, ElemStrides out_st, int dim,
                                     int64_t limit, int64_t n, uint64_t sentinel, uint64_t* keys, int64_t* vals,
-                                    unsigned long long* bad) {
+                                    ErrorSink sink) {
   for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < n; e += int64_t(gridDim.x) * blockDim.x) {
     int64_t rem = e, io = 0, oo = 0;
     for (int d = dims.nd - 1; d >= 0; --d) {
@@ -201,7 +164,7 @@ __global__ void element_keys_kernel(const I* index, Dims dims, ElemStrides idx_s
     vals[e] = e;
     if (k < 0 || k >= limit) {
       keys[e] = sentinel;
-      report_bad(bad, e);
+      report_error(sink, k, e);
       continue;
     }
     keys[e] = static_cast<uint64_t>(oo + k * out_st.s[dim]);
@@ -298,14 +261,14 @@ void segment_add(const Tensor& out, const Tensor& src, const Sorted& s, int64_t 
 
 class CudaIndexKernels final : public detail::IndexDeviceKernels {
  public:
-  IndexOutOfRange index_select(const Tensor& out, const Tensor& src, int64_t dim, const Tensor& index,
-                               bool check) override {
+  void index_select(const Tensor& out, const Tensor& src, int64_t dim, const Tensor& index,
+                    const detail::IndexCheck* check) override {
     const char* op = "index_select";
     const int64_t n = out.numel();
-    if (n == 0) return {};
+    if (n == 0) return;
     DeviceGuard guard(out.device());
     cudaStream_t stream = current_stream(out.device());
-    RangeCheck rc(out.device(), stream, check, op);
+    const ErrorSink sink = error_sink(out.device().index, check);
     const int64_t K = out.size(dim), limit = src.size(dim);
     int64_t outer = 1, inner = 1;
     for (int64_t d = 0; d < dim; ++d) outer *= out.size(d);
@@ -323,16 +286,15 @@ class CudaIndexKernels final : public detail::IndexDeviceKernels {
         if (rows) {
           const int threads = inner >= 256 ? 256 : (inner >= 128 ? 128 : 64);
           index_select_rows_kernel<E, I><<<blocks_for(outer * K, 1, 1), threads, 0, stream>>>(
-              o, s, outer, K, limit, inner, ix, index.stride(0), rc.ptr());
+              o, s, outer, K, limit, inner, ix, index.stride(0), sink);
           TANDEM_CUDA_CHECK_LAUNCH("index_select_rows_kernel");
         } else {
           index_select_kernel<E, I><<<blocks_for(n), kBlockThreads, 0, stream>>>(
-              o, s, dims, out_st, src_st, static_cast<int>(dim), ix, index.stride(0), limit, n, rc.ptr());
+              o, s, dims, out_st, src_st, static_cast<int>(dim), ix, index.stride(0), limit, n, sink);
           TANDEM_CUDA_CHECK_LAUNCH("index_select_kernel");
         }
       });
     });
-    return rc.result(index);
   }
 
   void index_add(const Tensor& out, int64_t dim, const Tensor& index, const Tensor& src) override {
@@ -360,13 +322,14 @@ class CudaIndexKernels final : public detail::IndexDeviceKernels {
     segment_add(out, src, s, K, outer, N, inner, sentinel, stream, op);
   }
 
-  IndexOutOfRange gather(const Tensor& out, const Tensor& a, int64_t dim, const Tensor& index, bool check) override {
+  void gather(const Tensor& out, const Tensor& a, int64_t dim, const Tensor& index,
+              const detail::IndexCheck* check) override {
     const char* op = "gather";
     const int64_t n = index.numel();
-    if (n == 0) return {};
+    if (n == 0) return;
     DeviceGuard guard(out.device());
     cudaStream_t stream = current_stream(out.device());
-    RangeCheck rc(out.device(), stream, check, op);
+    const ErrorSink sink = error_sink(out.device().index, check);
     const Dims dims = dims_of(index.shape(), op);
     const ElemStrides out_st = strides_of(out.strides()), a_st = strides_of(a.strides()),
                       idx_st = strides_of(index.strides());
@@ -378,22 +341,21 @@ class CudaIndexKernels final : public detail::IndexDeviceKernels {
         gather_kernel<E, I><<<blocks_for(n), kBlockThreads, 0, stream>>>(
             static_cast<E*>(out.data_ptr()), static_cast<const E*>(a.data_ptr()),
             static_cast<const I*>(index.data_ptr()), dims, out_st, a_st, idx_st, static_cast<int>(dim), limit, n,
-            rc.ptr());
+            sink);
         TANDEM_CUDA_CHECK_LAUNCH("gather_kernel");
       });
     });
-    return rc.result(index);
   }
 
-  IndexOutOfRange scatter_add(const Tensor& out, int64_t dim, const Tensor& index, const Tensor& src,
-                              bool check) override {
+  void scatter_add(const Tensor& out, int64_t dim, const Tensor& index, const Tensor& src,
+                   const detail::IndexCheck* check) override {
     const char* op = "scatter_add";
     const int64_t n = index.numel();
-    if (n == 0) return {};
+    if (n == 0) return;
     TANDEM_CHECK(out.is_contiguous() && src.is_contiguous(), "[{}] internal: non-contiguous operands", op);
     DeviceGuard guard(out.device());
     cudaStream_t stream = current_stream(out.device());
-    RangeCheck rc(out.device(), stream, check, op);
+    const ErrorSink sink = error_sink(out.device().index, check);
     Tensor keys = make_empty(Shape{n}, i64, out.device(), op);
     Tensor vals = make_empty(Shape{n}, i64, out.device(), op);
     const uint64_t sentinel = static_cast<uint64_t>(out.numel());
@@ -403,12 +365,28 @@ class CudaIndexKernels final : public detail::IndexDeviceKernels {
       using I = decltype(itag);
       element_keys_kernel<I><<<blocks_for(n), kBlockThreads, 0, stream>>>(
           static_cast<const I*>(index.data_ptr()), dims, idx_st, out_st, static_cast<int>(dim), out.size(dim), n,
-          sentinel, static_cast<uint64_t*>(keys.data_ptr()), static_cast<int64_t*>(vals.data_ptr()), rc.ptr());
+          sentinel, static_cast<uint64_t*>(keys.data_ptr()), static_cast<int64_t*>(vals.data_ptr()), sink);
       TANDEM_CUDA_CHECK_LAUNCH("element_keys_kernel");
     });
     const Sorted s = sort_pairs(keys, vals, n, sentinel, out.device(), stream, op);
     segment_add(out, src, s, n, 1, out.numel(), 1, sentinel, stream, op);
-    return rc.result(index);
+  }
+
+  void check_range(const Tensor& index, const detail::IndexCheck& check) override {
+    const int64_t n = index.numel();
+    if (n == 0) return;
+    DeviceGuard guard(index.device());
+    cudaStream_t stream = current_stream(index.device());
+    const ErrorSink sink = error_sink(index.device().index, &check);
+    const Dims dims = dims_of(index.shape(), check.op);
+    const ElemStrides st = strides_of(index.strides());
+    const bool has_allowed = check.kind == detail::IndexCheck::Kind::class_target;
+    dispatch_index(index.dtype(), check.op, [&](auto itag) {
+      using I = decltype(itag);
+      check_range_kernel<I><<<blocks_for(n), kBlockThreads, 0, stream>>>(
+          static_cast<const I*>(index.data_ptr()), dims, st, check.size, has_allowed, check.ignore_index, n, sink);
+      TANDEM_CUDA_CHECK_LAUNCH("check_range_kernel");
+    });
   }
 
   void masked_fill(const Tensor& out, const Tensor& a, const Tensor& mask, const Scalar& value) override {

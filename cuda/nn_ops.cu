@@ -12,6 +12,7 @@
 #include "core/kernel_tables.h"
 #include "core/nn_ops.h"
 #include "cuda/block_reduce.cuh"
+#include "cuda/device_error.h"
 #include "cuda/launch.h"
 
 namespace tandem::cuda {
@@ -352,13 +353,18 @@ __global__ void dropout_backward_kernel(const T* __restrict__ g, const T* __rest
 
 // ---- fused cross-entropy ----
 
+// Whether a row's target is a class (not ignore_index, not out of range).
+__device__ inline bool is_class(int64_t t, int64_t C) { return t >= 0 && t < C; }
+
 // Per row: lse = log sum exp(x), then the loss of core/nn_ops.h's formula. One warp or block per row.
+// A target that is neither a class nor ignore_index is recorded in `sink` (raised at the host's
+// next sync, cuda/device_error.h) and its row counts as ignored: nothing is read out of bounds.
 template <class T, bool kWarp>
 __global__ void __launch_bounds__(1024) cross_entropy_kernel(const T* __restrict__ x, const int64_t* __restrict__ target,
                                                              const T* __restrict__ w, T* __restrict__ loss,
                                                              acc_t<T>* __restrict__ lse_out, T* __restrict__ kept,
                                                              int64_t rows, int64_t C, int64_t ignore_index,
-                                                             acc_t<T> eps) {
+                                                             acc_t<T> eps, ErrorSink sink) {
   using A = acc_t<T>;
   __shared__ A red[32];
   const RowGroup<kWarp> grp;
@@ -384,7 +390,8 @@ __global__ void __launch_bounds__(1024) cross_entropy_kernel(const T* __restrict
   const A lse = m + dlog(s);
   const int64_t t = target[grp.row];
   lse_out[grp.row] = lse;
-  if (t == ignore_index) {
+  if (t == ignore_index || !is_class(t, C)) {
+    if (t != ignore_index) report_error(sink, t, grp.row);
     loss[grp.row] = static_cast<T>(A(0));
     kept[grp.row] = static_cast<T>(A(0));
     return;
@@ -408,7 +415,7 @@ __global__ void __launch_bounds__(1024) cross_entropy_backward_kernel(
   const T* xr = x + grp.row * C;
   T* dr = dx + grp.row * C;
   const int64_t t = target[grp.row];
-  if (t == ignore_index) {
+  if (t == ignore_index || !is_class(t, C)) {  // a bad target was reported by the forward
     for (int64_t c = grp.lane; c < C; c += grp.size) dr[c] = static_cast<T>(A(0));
     return;
   }
@@ -669,13 +676,15 @@ class CudaNnKernels final : public detail::NnDeviceKernels {
     const int64_t rows = logits.size(0), C = logits.size(1);
     DeviceGuard guard(logits.device());
     cudaStream_t stream = current_stream(logits.device());
+    const detail::IndexCheck check = detail::IndexCheck::for_classes("cross_entropy", C, ignore_index);
+    const ErrorSink sink = error_sink(logits.device().index, &check);
     TANDEM_DISPATCH_FLOATING(logits.dtype(), "cross_entropy", [&] {
       using T = scalar_t;
       using A = acc_t<T>;
       auto run = [&](auto warp, unsigned blocks, int threads) {
         cross_entropy_kernel<T, decltype(warp)::value><<<blocks, threads, 0, stream>>>(
             ptr<const T>(logits), ptr<const int64_t>(target), ptr<const T>(weight), ptr<T>(out.loss),
-            ptr<A>(out.lse), ptr<T>(out.kept), rows, C, ignore_index, static_cast<A>(label_smoothing));
+            ptr<A>(out.lse), ptr<T>(out.kept), rows, C, ignore_index, static_cast<A>(label_smoothing), sink);
         TANDEM_CUDA_CHECK_LAUNCH("cross_entropy_kernel");
       };
       launch_rows_scalar(rows, C, run);

@@ -11,6 +11,7 @@
 #include <mutex>
 
 #include "cuda/check.h"
+#include "cuda/device_error.h"
 
 namespace tandem::cuda {
 
@@ -139,6 +140,7 @@ namespace {
 // stream handle, and a new stream may get the same handle while the old one's work still runs.
 void destroy_stream(cudaStream_t s) noexcept {
   (void)cudaStreamSynchronize(s);
+  note_host_sync();
   (void)cudaStreamDestroy(s);
   (void)cudaGetLastError();
 }
@@ -165,7 +167,10 @@ Stream& Stream::operator=(Stream&& other) noexcept {
   return *this;
 }
 
-void Stream::synchronize() const { TANDEM_CUDA_CHECK(cudaStreamSynchronize(raw_)); }
+void Stream::synchronize() const {
+  TANDEM_CUDA_CHECK(cudaStreamSynchronize(raw_));
+  synchronized(device_, "Stream::synchronize");
+}
 
 bool Stream::query() const {
   cudaError_t err = cudaStreamQuery(raw_);
@@ -245,6 +250,7 @@ void Event::wait(cudaStream_t stream) const {
 void Event::synchronize() const {
   if (raw_ == nullptr) return;
   TANDEM_CUDA_CHECK(cudaEventSynchronize(raw_));
+  synchronized(device_, "Event::synchronize");
 }
 
 bool Event::query() const {
@@ -275,6 +281,7 @@ void synchronize(int device) {
   check_index(device, "synchronize");
   DeviceGuard guard(device);
   TANDEM_CUDA_CHECK(cudaDeviceSynchronize());
+  synchronized(device, "cuda::synchronize");
 }
 
 int stream_device(cudaStream_t stream) {

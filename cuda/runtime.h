@@ -118,7 +118,21 @@ class Event {
 bool allow_tf32();
 void set_allow_tf32(bool on);
 
+// Blocks until all work on the device has finished.
 void synchronize(int device);
+
+// Sync points and deferred errors. Ops never sync the host to check their inputs on the device:
+// a kernel that meets a bad index (index_select, gather, embedding, scatter_add, nll_loss and
+// cross_entropy targets) skips it and records it, and the next call here that waits for the
+// device (Stream::synchronize, Event::synchronize, synchronize, a copy between host and device
+// such as .to(kCPU) or item()) throws it as a tandem::Error: "[gather] index 7 is out of range
+// for dim 0 of size 3 (input [3, 4]); detected on cuda:0 at the next synchronisation (...)".
+// Then it is cleared; the device stays usable.
+//
+// How many times Tandem has blocked the host on a device since the process started (stream,
+// event and device synchronizes, blocking copies between host and device): a cheap counter for
+// tests and profiling that a step does not sync where it should not.
+uint64_t host_sync_count();
 
 // The device a raw stream belongs to (cudaStreamGetDevice).
 int stream_device(cudaStream_t stream);

@@ -2,6 +2,7 @@
 
 #include "autograd/loss_grad.h"
 #include "autograd/ops.h"
+#include "core/index.h"
 
 namespace tandem::nn {
 
@@ -49,15 +50,12 @@ Rows to_rows(const Tensor& input, const Tensor& target, const char* op) {
   return rows;
 }
 
+// Every target a class or ignore_index: "[op] target 7 is out of bounds for 5 classes (expected 0..4
+// or ignore_index -100)". On the CPU it throws here; on a device a kernel checks (no host sync) and
+// the error is raised at the next synchronisation (cuda/runtime.h), while the ops that follow skip
+// the bad rows' out-of-range reads.
 void check_target_range(const Tensor& target, int64_t classes, int64_t ignore_index, const char* op) {
-  // The range check reads the targets on the host: an out-of-range class would otherwise
-  // become an out-of-bounds gather.
-  Tensor host = target.is_cpu() ? target : target.to(kCPU);
-  for (int64_t t : host.to_vector<int64_t>()) {
-    TANDEM_CHECK(t == ignore_index || (t >= 0 && t < classes),
-                 "[{}] target {} is out of bounds for {} classes (expected 0..{} or ignore_index {})", op, t, classes,
-                 classes - 1, ignore_index);
-  }
+  detail::check_index_range(target, detail::IndexCheck::for_classes(op, classes, ignore_index));
 }
 
 Tensor class_weights(const Tensor& weight, int64_t classes, Dtype dtype, const char* op) {
@@ -88,11 +86,11 @@ Tensor mean_over_total(const Tensor& loss_sum, const Tensor& total) {
 
 // Class-index targets on a device: one fused kernel each way (autograd/loss_grad.h; core/nn_ops.h
 // gives the formula, the one the composed CPU path below computes) instead of log_softmax, gather
-// and masked sums.
+// and masked sums. The forward kernel checks the targets itself (as check_target_range words it)
+// and the mean divides by the device-side sum of the kept rows' weights: no host sync.
 Tensor fused_cross_entropy(const Tensor& logits, const Tensor& target, const CrossEntropyOptions& options) {
   Rows rows = to_rows(logits, target, "cross_entropy");
   const int64_t classes = rows.input.size(1);
-  check_target_range(rows.target, classes, options.ignore_index, "cross_entropy");
   Tensor weight = options.weight.defined()
                       ? class_weights(options.weight, classes, rows.input.dtype(), "cross_entropy").detach()
                       : Tensor();

@@ -1,17 +1,20 @@
 // The index family on CUDA against the same ops on the CPU: embedding (forward and the
 // deterministic sorted backward), index_select, gather, scatter_add, masked_fill, cat and stack,
 // every dtype, contiguous and permuted operands, gradients through autograd, bounds errors (the
-// same messages as on the CPU) and mixed-device errors.
+// same messages as on the CPU, raised at the next synchronisation: the ops never sync the host)
+// and mixed-device errors.
 #include <catch2/catch.hpp>
 
 #include <vector>
 
+#include "cuda/device_error.h"
 #include "cuda_test_util.h"
 #include "tandem.h"
 #include "test_util.h"
 
 using namespace tandem;
 using Catch::Contains;
+using Catch::StartsWith;
 
 namespace {
 
@@ -23,6 +26,10 @@ using cuda_test::require_match;
 
 // This file's tolerances: f16 and bf16 looser than the defaults.
 constexpr cuda_test::Tolerances tol_for{.f16 = 2e-3, .bf16 = 2e-2};
+
+// The tail of a deferred index error raised by a copy to the host (.to(kCPU)).
+constexpr const char* kAtCopy =
+    "; detected on cuda:0 at the next synchronisation (a copy to the host), after the op had returned";
 
 Tensor gpu_leaf(const Tensor& cpu_value) {
   Tensor t = cpu_value.to(kGPU);
@@ -98,7 +105,8 @@ TEST_CASE("cuda embedding backward: repeated rows summed in order, deterministic
   require_bit_equal(wg.grad(), wc.grad());
 }
 
-TEST_CASE("cuda embedding errors: out-of-range index as on the CPU, mixed devices", "[cuda][index][embedding][errors]") {
+TEST_CASE("cuda embedding errors: out-of-range index as on the CPU at the next sync, mixed devices",
+          "[cuda][index][embedding][errors]") {
   TANDEM_REQUIRE_CUDA_OR_SKIP();
   Tensor w = randn({5, 3});
   Tensor bad = from_vector<int64_t>({0, 4, 7, 9, -1}, {5});
@@ -108,14 +116,25 @@ TEST_CASE("cuda embedding errors: out-of-range index as on the CPU, mixed device
   } catch (const Error& e) {
     cpu_msg = e.what();
   }
-  REQUIRE_THROWS_WITH(embedding(w.to(kGPU), bad.to(kGPU)), cpu_msg);
-  REQUIRE_THROWS_WITH(embedding(w.to(kGPU), bad.to(kGPU)),
-                      Contains("[embedding] index 7 (at flat position 2)") && Contains("5 rows"));
-  REQUIRE_THROWS_WITH(embedding(w.to(kGPU), bad.to(i32).to(kGPU)), Contains("index 7 (at flat position 2)"));
-  REQUIRE_THROWS_WITH(embedding(w.to(kGPU), from_vector<int64_t>({1})),
+  REQUIRE(cpu_msg ==
+          "[embedding] index 7 (at flat position 2) is out of range for an embedding table of 5 rows (weight [5, 3])");
+  const Tensor wg = w.to(kGPU), badg = bad.to(kGPU), bad32 = bad.to(i32).to(kGPU);
+  const Tensor badrows = bad.reshape({1, 5}).to(kGPU);
+  const Tensor wide = randn({5, 64}).to(kGPU);  // the row kernel
+  // The op returns at once; the kernel records the first bad index (by position, as the CPU's
+  // loop meets it), which the next sync raises with the CPU's text and says where.
+  Tensor out;
+  REQUIRE_NOTHROW(out = embedding(wg, badg));
+  REQUIRE_THROWS_WITH(out.to(kCPU), cpu_msg + kAtCopy);
+  Tensor out32 = embedding(wg, bad32);
+  REQUIRE_THROWS_WITH(out32.to(kCPU), StartsWith("[embedding] index 7 (at flat position 2)") && Contains("5 rows"));
+  Tensor out_rows = embedding(wide, badrows);
+  REQUIRE_THROWS_WITH(out_rows.to(kCPU), StartsWith("[embedding] index 7 (at flat position 2)") && Contains("[5, 64]"));
+  REQUIRE_THROWS_WITH(embedding(wg, from_vector<int64_t>({1})),
                       Contains("[embedding] tensors are on different devices: weight on cuda:0, indices on cpu"));
-  // The device is still usable after a failed check.
-  require_bit_equal(embedding(w.to(kGPU), from_vector<int64_t>({4, 0}).to(kGPU)), embedding(w, from_vector<int64_t>({4, 0})));
+  // The device is still usable after a failed check, and a reported error is not raised again.
+  require_bit_equal(embedding(wg, from_vector<int64_t>({4, 0}).to(kGPU)), embedding(w, from_vector<int64_t>({4, 0})));
+  REQUIRE_NOTHROW(out.to(kCPU));
 }
 
 // ---------------------------------------------------------------- index_select
@@ -157,8 +176,15 @@ TEST_CASE("cuda index_select: every dim, dtype and layout; gradient", "[cuda][in
 TEST_CASE("cuda index_select errors", "[cuda][index][index_select][errors]") {
   TANDEM_REQUIRE_CUDA_OR_SKIP();
   Tensor a = randn({3, 4}).to(kGPU);
-  REQUIRE_THROWS_WITH(index_select(a, 1, from_vector<int64_t>({0, 4}).to(kGPU)),
-                      Contains("[index_select] index 4 is out of range for dim 1 of size 4 (input [3, 4])"));
+  Tensor rows = randn({3, 40}).to(kGPU);  // contiguous rows of 40: the row kernel
+  const Tensor bad = from_vector<int64_t>({0, 4}).to(kGPU), bad_rows = from_vector<int32_t>({1, -2, 3}).to(kGPU);
+  Tensor y = index_select(a, 1, bad);
+  REQUIRE_THROWS_WITH(y.to(kCPU),
+                      std::string("[index_select] index 4 is out of range for dim 1 of size 4 (input [3, 4])") +
+                          kAtCopy);
+  Tensor z = index_select(rows, 0, bad_rows);
+  REQUIRE_THROWS_WITH(z.to(kCPU),
+                      StartsWith("[index_select] index -2 is out of range for dim 0 of size 3 (input [3, 40])"));
   REQUIRE_THROWS_WITH(index_select(a, 0, from_vector<int64_t>({0})),
                       Contains("[index_select] tensors are on different devices: input on cuda:0, index on cpu"));
 }
@@ -238,16 +264,106 @@ TEST_CASE("cuda scatter_add: repeated indices summed in order, src larger than i
 TEST_CASE("cuda gather and scatter_add errors", "[cuda][index][gather][scatter_add][errors]") {
   TANDEM_REQUIRE_CUDA_OR_SKIP();
   Tensor a = randn({3, 4}).to(kGPU);
-  REQUIRE_THROWS_WITH(gather(a, 0, from_vector<int64_t>({0, 1, 7, 2}, {1, 4}).to(kGPU)),
-                      Contains("[gather] index 7 is out of range for dim 0 of size 3 (input [3, 4])"));
-  REQUIRE_THROWS_WITH(gather(a, 1, from_vector<int32_t>({-1}, {1, 1}).to(kGPU)),
-                      Contains("[gather] index -1 is out of range for dim 1 of size 4"));
-  REQUIRE_THROWS_WITH(scatter_add(a, 0, from_vector<int64_t>({0, 5}, {1, 2}).to(kGPU), randn({2, 4}).to(kGPU)),
-                      Contains("[scatter_add] index 5 is out of range for dim 0 of size 3"));
+  const Tensor bad0 = from_vector<int64_t>({0, 1, 7, 2}, {1, 4}).to(kGPU);
+  const Tensor bad1 = from_vector<int32_t>({-1}, {1, 1}).to(kGPU);
+  const Tensor bad_scatter = from_vector<int64_t>({0, 5}, {1, 2}).to(kGPU), src = randn({2, 4}).to(kGPU);
+  Tensor g0 = gather(a, 0, bad0);
+  REQUIRE_THROWS_WITH(g0.to(kCPU),
+                      std::string("[gather] index 7 is out of range for dim 0 of size 3 (input [3, 4])") + kAtCopy);
+  Tensor g1 = gather(a, 1, bad1);
+  REQUIRE_THROWS_WITH(g1.to(kCPU), StartsWith("[gather] index -1 is out of range for dim 1 of size 4"));
+  Tensor s = scatter_add(a, 0, bad_scatter, src);
+  REQUIRE_THROWS_WITH(s.to(kCPU), StartsWith("[scatter_add] index 5 is out of range for dim 0 of size 3"));
+  // The in-range element was still added; the bad one was skipped (nothing written out of bounds).
+  const Tensor want = a.to(kCPU).clone();
+  want.narrow(0, 0, 1).narrow(1, 0, 1).add_(src.to(kCPU).narrow(0, 0, 1).narrow(1, 0, 1));
+  require_bit_equal(s, want);
   REQUIRE_THROWS_WITH(gather(a, 0, from_vector<int64_t>({0}, {1, 1})),
                       Contains("[gather] tensors are on different devices: input on cuda:0, index on cpu"));
   REQUIRE_THROWS_WITH(scatter_add(a, 0, from_vector<int64_t>({0}, {1, 1}).to(kGPU), randn({1, 1})),
                       Contains("[scatter_add] tensors are on different devices") && Contains("src on cpu"));
+}
+
+// ---------------------------------------------------------------- deferred errors, host syncs
+
+// The order of deferred errors (host logic, no device needed): in one epoch the first launch to
+// fail keeps the record and, within it, the lowest position wins; after a report (a new epoch)
+// any new error replaces it, across the 16-bit wrap too.
+TEST_CASE("cuda deferred error keys: first launch wins, then the lowest position; a new epoch beats all",
+          "[cuda][index][errors]") {
+  using cuda::error_beats;
+  using cuda::error_key;
+  const auto a5 = error_key(1, 7, 5), a2 = error_key(1, 7, 2), b0 = error_key(1, 8, 0);
+  REQUIRE(a5 != 0);
+  REQUIRE(error_beats(a5, 0));          // nothing recorded yet
+  REQUIRE(error_beats(a2, a5));         // same launch, lower position
+  REQUIRE_FALSE(error_beats(a5, a2));
+  REQUIRE_FALSE(error_beats(a5, a5));   // a tie keeps the record
+  REQUIRE_FALSE(error_beats(b0, a5));   // another launch of the same epoch comes second
+  REQUIRE(error_beats(error_key(2, 8, 9), a2));           // the next epoch: after a report
+  REQUIRE_FALSE(error_beats(a2, error_key(2, 8, 9)));     // a launch from before the report is dropped
+  REQUIRE(error_beats(error_key(0x10001, 1, 0), error_key(0xffff, 1, 0)));  // across the wrap
+  REQUIRE(error_key(1, 0x1ffff, int64_t{1} << 40) == error_key(1, 0xffff, 0xffffffffll));  // saturated
+}
+
+TEST_CASE("cuda index errors: raised at the next sync of any kind, first op wins, then cleared",
+          "[cuda][index][errors]") {
+  TANDEM_REQUIRE_CUDA_OR_SKIP();
+  Tensor a = randn({3, 4}).to(kGPU);
+  const Tensor bad0 = from_vector<int64_t>({5, 1}).to(kGPU);  // dim 0 has 3
+  const Tensor bad1 = from_vector<int64_t>({0, 9}).to(kGPU);  // dim 1 has 4
+  const Tensor good = from_vector<int64_t>({2, 0}).to(kGPU);
+  const char* first = "[index_select] index 5 is out of range for dim 0 of size 3 (input [3, 4])";
+
+  (void)index_select(a, 0, bad0);
+  cuda::Stream current = cuda::Stream::borrow(cuda::current_stream(0), 0);
+  REQUIRE_THROWS_WITH(current.synchronize(),
+                      StartsWith(first) && Contains("at the next synchronisation (Stream::synchronize)"));
+  REQUIRE_NOTHROW(current.synchronize());  // reported once, then cleared
+
+  // Two bad ops before a sync: the first one's error is raised; the second, launched before that
+  // report, is dropped with it.
+  (void)index_select(a, 0, bad0);
+  (void)index_select(a, 1, bad1);
+  REQUIRE_THROWS_WITH(cuda::synchronize(0), StartsWith(first) && Contains("(cuda::synchronize)"));
+  REQUIRE_NOTHROW(cuda::synchronize(0));
+
+  // An event's synchronize raises it too.
+  (void)index_select(a, 1, bad1);
+  cuda::Event done;
+  done.record(cuda::current_stream(0));
+  REQUIRE_THROWS_WITH(done.synchronize(), StartsWith("[index_select] index 9 is out of range for dim 1 of size 4") &&
+                                              Contains("(Event::synchronize)"));
+
+  // A new error after a report is raised again; good ops around it are right.
+  Tensor y = index_select(a, 1, bad1);
+  Tensor z = index_select(a, 0, good);
+  REQUIRE_THROWS_WITH(y.to(kCPU), StartsWith("[index_select] index 9"));
+  require_bit_equal(z, index_select(a.to(kCPU), 0, good.to(kCPU)));
+}
+
+TEST_CASE("cuda index ops check their indices without a host sync", "[cuda][index][sync]") {
+  TANDEM_REQUIRE_CUDA_OR_SKIP();
+  manual_seed(18);
+  const Tensor a = randn({6, 40}).to(kGPU), w = randn({10, 64}).to(kGPU), src = randn({4, 40}).to(kGPU);
+  const Tensor idx = from_vector<int64_t>({0, 5, 2}).to(kGPU);
+  const Tensor gidx = randint(0, 6, {4, 40}).to(kGPU);
+  const Tensor tokens = randint(0, 10, {3, 5}, i32).to(kGPU);
+  const Tensor bad = from_vector<int64_t>({0, 6}).to(kGPU);
+  (void)index_select(a, 0, idx);  // the first checked launch sets the device's error record up
+  cuda::synchronize(0);
+
+  const uint64_t before = cuda::host_sync_count();
+  Tensor s0 = index_select(a, 0, idx), s1 = index_select(a, 1, idx), s2 = index_select(a, 0, bad);
+  Tensor g = gather(a, 0, gidx), e = embedding(w, tokens), sa = scatter_add(a, 0, gidx, src);
+  REQUIRE(cuda::host_sync_count() == before);  // a bad index included: recorded, not synced for
+
+  // s2's bad index surfaces at the first sync, whichever tensor it copies.
+  REQUIRE_THROWS_WITH(s0.to(kCPU), StartsWith("[index_select] index 6 is out of range for dim 0 of size 6"));
+  REQUIRE(cuda::host_sync_count() == before + 1);  // the copy to the host: one sync, counted
+  require_bit_equal(s1, index_select(a.to(kCPU), 1, idx.to(kCPU)));
+  require_bit_equal(g, gather(a.to(kCPU), 0, gidx.to(kCPU)));
+  require_bit_equal(e, embedding(w.to(kCPU), tokens.to(kCPU)));
 }
 
 // ---------------------------------------------------------------- masked_fill

@@ -16,6 +16,7 @@
 using namespace tandem;
 using test_util::leaf;
 using Catch::Contains;
+using Catch::StartsWith;
 
 namespace {
 
@@ -161,4 +162,76 @@ TEST_CASE("cuda fused cross_entropy matches the CPU's composed one", "[cuda][nn_
           {random(c.logits, dt, 2)}, tol);
     }
   }
+}
+
+TEST_CASE("cuda cross_entropy and nll_loss: a training step's loss does not sync the host", "[cuda][nn_ops][sync]") {
+  TANDEM_REQUIRE_CUDA_OR_SKIP();
+  manual_seed(31);
+  const Tensor target = from_vector<int64_t>({1, -100, 4, 0, 2, 3}).to(kGPU);  // one ignored row
+  const Tensor weight = (rand({5}) + 0.5).to(kGPU);
+  Tensor weight_leaf = weight.detach();
+  weight_leaf.requires_grad_();  // a weight that needs a gradient: the composed nll_loss path
+  Tensor x = random({6, 5}, f32).to(kGPU);
+  x.requires_grad_();
+  auto step = [&] {
+    nn::CrossEntropyOptions plain;  // mean over the kept rows: divides by a device-side count
+    nn::CrossEntropyOptions smoothed;
+    smoothed.weight = weight;
+    smoothed.label_smoothing = 0.1;
+    nn::CrossEntropyOptions composed;
+    composed.weight = weight_leaf;
+    Tensor loss = nn::cross_entropy(x, target, plain) + nn::cross_entropy(x, target, smoothed) +
+                  nn::cross_entropy(x, target, composed) + nn::nll_loss(log_softmax(x, 1), target);
+    loss.backward();
+    return loss;
+  };
+  (void)step();  // first use of each kernel and of the device's error record
+  cuda::synchronize(0);
+  const uint64_t before = cuda::host_sync_count();
+  Tensor loss = step();
+  REQUIRE(cuda::host_sync_count() == before);
+  REQUIRE(std::isfinite(loss.to(kCPU).item<double>()));
+  REQUIRE(cuda::host_sync_count() == before + 1);
+}
+
+TEST_CASE("cuda cross_entropy and nll_loss: out-of-range targets raise at the next sync", "[cuda][nn_ops][errors]") {
+  TANDEM_REQUIRE_CUDA_OR_SKIP();
+  manual_seed(32);
+  const Tensor xc = random({4, 5}, f32);
+  const Tensor bad = from_vector<int64_t>({1, 7, -100, 9});  // 5 classes: 7 and 9 are out of range
+  const Tensor good = from_vector<int64_t>({1, 4, -100, 0});
+  std::string cpu_nll;
+  try {
+    nn::nll_loss(log_softmax(xc, 1), bad);
+  } catch (const Error& e) {
+    cpu_nll = e.what();
+  }
+  REQUIRE(cpu_nll == "[nll_loss] target 7 is out of bounds for 5 classes (expected 0..4 or ignore_index -100)");
+  const Tensor badg = bad.to(kGPU), goodg = good.to(kGPU);
+  Tensor x = xc.to(kGPU);
+  x.requires_grad_();
+
+  // The fused kernel: the op and its backward return, skipping the bad rows; the next sync raises.
+  Tensor loss;
+  REQUIRE_NOTHROW(loss = nn::cross_entropy(x, badg));
+  REQUIRE_NOTHROW(loss.backward());
+  REQUIRE_THROWS_WITH(
+      loss.to(kCPU),
+      "[cross_entropy] target 7 is out of bounds for 5 classes (expected 0..4 or ignore_index -100); detected on "
+      "cuda:0 at the next synchronisation (a copy to the host), after the op had returned");
+  // The composed path (nll_loss on the device): its own check, the CPU's text.
+  Tensor nll = nn::nll_loss(log_softmax(x, 1), badg);
+  REQUIRE_THROWS_WITH(cuda::synchronize(0), StartsWith(cpu_nll) && Contains("(cuda::synchronize)"));
+  REQUIRE_NOTHROW(nll.to(kCPU));  // reported once
+
+  // The device stays usable: good targets give the CPU's loss and gradient.
+  Tensor xcl = xc.clone();
+  xcl.requires_grad_();
+  Tensor x2 = xc.to(kGPU);
+  x2.requires_grad_();
+  Tensor want = nn::cross_entropy(xcl, good), got = nn::cross_entropy(x2, goodg);
+  want.backward();
+  got.backward();
+  require_match(got, want, 1e-5);
+  require_match(x2.grad(), xcl.grad(), 1e-5);
 }
