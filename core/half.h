@@ -2,10 +2,24 @@
 //
 // Conversions from float round to nearest, ties to even, and keep NaN (quiet), infinities and
 // subnormals. Arithmetic goes through float: kernels accumulate these types in f32.
+//
+// Host code converts with the software routines below. Device code (nvcc's device pass) converts
+// finite values with the hardware instructions (__float2half_rn, __half2float, __float2bfloat16_rn,
+// __bfloat162float of cuda_fp16.h/cuda_bf16.h), which round to nearest even as the software does,
+// so both give the same bits for every finite input, overflow to Inf and subnormals included.
+// Inf and NaN take the software path on both: the hardware may give a canonical NaN where the
+// software keeps the NaN's sign and payload (tests/test_cuda_elementwise.cpp checks the bits).
+// The layout stays a 2-byte struct of raw bits; a CPU-only build includes no CUDA header
+// (cuda_fp16.h is included under nvcc only).
 #pragma once
 
 #include <cstdint>
 #include <cstring>
+
+#if defined(__CUDACC__)
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#endif
 
 #include "core/macros.h"
 
@@ -30,6 +44,9 @@ TANDEM_HOST_DEVICE inline uint16_t float_to_half_bits(float f) {
   if (abs >= 0x7f800000u) {  // Inf or NaN
     return static_cast<uint16_t>(sign | 0x7c00u | (abs > 0x7f800000u ? 0x200u | ((abs >> 13) & 0x3ffu) : 0u));
   }
+#if defined(__CUDA_ARCH__)
+  return __half_as_ushort(__float2half_rn(f));  // finite: round to nearest even, as below
+#else
   if (abs >= 0x477ff000u) {  // rounds to >= 65520: overflow to Inf
     return static_cast<uint16_t>(sign | 0x7c00u);
   }
@@ -42,6 +59,7 @@ TANDEM_HOST_DEVICE inline uint16_t float_to_half_bits(float f) {
   uint32_t mant_odd = (abs >> 13) & 1u;
   abs += 0xc8000fffu + mant_odd;  // re-bias exponent (-112 << 23) and round to nearest even
   return static_cast<uint16_t>(sign | (abs >> 13));
+#endif
 }
 
 TANDEM_HOST_DEVICE inline float half_bits_to_float(uint16_t h) {
@@ -49,6 +67,9 @@ TANDEM_HOST_DEVICE inline float half_bits_to_float(uint16_t h) {
   uint32_t exp = (h >> 10) & 0x1fu;
   uint32_t mant = h & 0x3ffu;
   if (exp == 0x1f) return bits_float(sign | 0x7f800000u | (mant << 13));  // Inf/NaN
+#if defined(__CUDA_ARCH__)
+  return __half2float(__ushort_as_half(h));  // finite halves are exact in float
+#else
   if (exp == 0) {
     if (mant == 0) return bits_float(sign);
     // subnormal: value = mant * 2^-24
@@ -56,16 +77,26 @@ TANDEM_HOST_DEVICE inline float half_bits_to_float(uint16_t h) {
     return sign ? -v : v;
   }
   return bits_float(sign | ((exp + 112) << 23) | (mant << 13));
+#endif
 }
 
 TANDEM_HOST_DEVICE inline uint16_t float_to_bf16_bits(float f) {
   uint32_t x = float_bits(f);
   if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((x >> 16) | 0x40u);  // quiet NaN
+#if defined(__CUDA_ARCH__)
+  return __bfloat16_as_ushort(__float2bfloat16_rn(f));  // round to nearest even, as below
+#else
   uint32_t rounding = 0x7fffu + ((x >> 16) & 1u);
   return static_cast<uint16_t>((x + rounding) >> 16);
+#endif
 }
 
-TANDEM_HOST_DEVICE inline float bf16_bits_to_float(uint16_t b) { return bits_float(static_cast<uint32_t>(b) << 16); }
+TANDEM_HOST_DEVICE inline float bf16_bits_to_float(uint16_t b) {
+#if defined(__CUDA_ARCH__)
+  if ((b & 0x7fffu) <= 0x7f80u) return __bfloat162float(__ushort_as_bfloat16(b));  // not NaN: exact
+#endif
+  return bits_float(static_cast<uint32_t>(b) << 16);
+}
 }  // namespace detail
 
 struct Half {

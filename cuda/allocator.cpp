@@ -191,9 +191,16 @@ class DeviceAllocator {
     if (std::find(b->uses.begin(), b->uses.end(), stream) == b->uses.end()) b->uses.push_back(stream);
   }
 
+  // Touches only the devices that hold cached blocks (or blocks waiting on events): making every
+  // device current would create a context (some 500 MB) on each GPU of the node from every
+  // process that calls this, and fails on a GPU in exclusive-process mode that another owns.
   void empty_cache() {
     std::lock_guard<std::mutex> lock(mu_);
-    for (int d = 0; d < device_count(); ++d) release_cached(caches_[d], d);
+    for (int d = 0; d < device_count(); ++d) {
+      DeviceCache& c = caches_[d];
+      if (c.free_blocks.empty() && c.pending.empty()) continue;
+      release_cached(c, d);
+    }
   }
 
   MemoryStats stats(int device) {
@@ -241,7 +248,8 @@ class DeviceAllocator {
   }
 
   void release_cached(DeviceCache& c, int device) {
-    process_events(c, device, /*wait=*/true);
+    process_events(c, device, /*wait=*/true);  // event calls need no current device
+    if (c.free_blocks.empty()) return;         // nothing to free: leave the current device alone
     DeviceGuard guard(device);
     for (Block* b : c.free_blocks) {
       TANDEM_CUDA_CHECK(cudaFree(b->ptr));

@@ -11,9 +11,10 @@
 // f32 computes in f32 (TF32 tensor cores only when cuda::allow_tf32()), f16/bf16 take f32
 // accumulation, f64 is f64; i32/i64 (which cuBLAS has not) use a plain kernel.
 #include <algorithm>
+#include <array>
+#include <atomic>
 #include <climits>
 #include <mutex>
-#include <unordered_map>
 #include <vector>
 
 #include "core/kernel_tables.h"
@@ -37,6 +38,30 @@ using detail::sums_over_batch;
 
 constexpr int kMaxDevices = 64;
 
+// cuBLAS's workspace size on `device` (PyTorch's defaults), asked once per device.
+size_t workspace_bytes(int device) {
+  static std::array<std::atomic<size_t>, kMaxDevices> known{};
+  TANDEM_CHECK(device >= 0 && device < kMaxDevices, "[matmul] cuda:{} is beyond the {} devices supported", device,
+               kMaxDevices);
+  size_t bytes = known[device].load(std::memory_order_relaxed);
+  if (bytes == 0) {
+    int major = 0;
+    TANDEM_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    bytes = major >= 9 ? (size_t{32} << 20) : (size_t{8} << 20);
+    known[device].store(bytes, std::memory_order_relaxed);
+  }
+  return bytes;
+}
+
+// cuBLAS's workspace is not kept anywhere: each product (a Gemm, below) takes one from the
+// caching allocator on its stream and frees it when its GEMMs are queued. The allocator caches
+// blocks per stream and reuses them only on that stream, so the next product on the stream gets
+// the same block back (a set lookup, no cudaMalloc) and stream order makes the reuse safe; a
+// short-lived stream's block goes back to the cache with everything else it allocated, and
+// empty_cache() or an out-of-memory retry returns it to CUDA. Keeping one per (thread, stream),
+// as before, held 32 MiB allocated for the thread's life per stream it ever ran a GEMM on; a cap
+// (an LRU of a few streams) would bound that but still pin memory the allocator cannot reclaim.
+//
 // Handles are expensive to create and not thread-safe, so each thread leases one per device and
 // returns it to this pool when it exits. The pool is never destroyed (no teardown-order trouble at
 // exit); the handles stay valid for the process.
@@ -50,28 +75,18 @@ HandlePool& handle_pool() {
   return *pool;
 }
 
-// cuBLAS's workspace, one per (handle, stream): a device Tensor from the caching allocator,
-// allocated on that stream, so reuse of the memory is ordered with the GEMMs that used it.
-size_t workspace_bytes(int device) {
-  int major = 0;
-  TANDEM_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-  return major >= 9 ? (size_t{32} << 20) : (size_t{8} << 20);  // PyTorch's defaults
-}
-
 class ThreadHandles {
  public:
   ~ThreadHandles() {
-    for (int d = 0; d < kMaxDevices; ++d) {
-      if (handles_[d] == nullptr) continue;
-      workspaces_[d].clear();
-      HandlePool& pool = handle_pool();
-      std::lock_guard<std::mutex> lock(pool.mu);
-      pool.free[d].push_back(handles_[d]);
-    }
+    HandlePool& pool = handle_pool();
+    std::lock_guard<std::mutex> lock(pool.mu);
+    for (int d = 0; d < kMaxDevices; ++d)
+      if (handles_[d] != nullptr) pool.free[d].push_back(handles_[d]);
   }
 
-  // The thread's handle for `device` (current), bound to `stream` with its workspace.
-  cublasHandle_t get(int device, cudaStream_t stream) {
+  // The thread's handle for `device` (current), bound to `stream` and to `workspace` (device
+  // memory of the caller's that stays allocated until the GEMMs using it are queued on `stream`).
+  cublasHandle_t get(int device, cudaStream_t stream, void* workspace, size_t workspace_size) {
     TANDEM_CHECK(device >= 0 && device < kMaxDevices, "[matmul] cuda:{} is beyond the {} devices supported", device,
                  kMaxDevices);
     cublasHandle_t& h = handles_[device];
@@ -88,25 +103,17 @@ class ThreadHandles {
     }
     // SetStream resets the workspace to cuBLAS's own pool, so the workspace is set after it.
     TANDEM_CUBLAS_CHECK(cublasSetStream(h, stream));
-    auto it = workspaces_[device].find(stream);
-    if (it == workspaces_[device].end()) {
-      const auto bytes = static_cast<int64_t>(workspace_bytes(device));
-      Tensor ws = make_empty(Shape{bytes / 8}, i64, Device::cuda(device), "matmul");
-      it = workspaces_[device].emplace(stream, std::move(ws)).first;
-    }
-    const Tensor& ws = it->second;
-    TANDEM_CUBLAS_CHECK(cublasSetWorkspace(h, ws.data_ptr(), static_cast<size_t>(ws.numel()) * 8));
+    TANDEM_CUBLAS_CHECK(cublasSetWorkspace(h, workspace, workspace_size));
     return h;
   }
 
  private:
   cublasHandle_t handles_[kMaxDevices] = {};
-  std::unordered_map<cudaStream_t, Tensor> workspaces_[kMaxDevices];
 };
 
-cublasHandle_t blas_handle(int device, cudaStream_t stream) {
+cublasHandle_t blas_handle(int device, cudaStream_t stream, void* workspace, size_t workspace_size) {
   thread_local ThreadHandles handles;
-  return handles.get(device, stream);
+  return handles.get(device, stream, workspace, workspace_size);
 }
 
 // ---------------------------------------------------------------- kernels
@@ -242,7 +249,7 @@ class Gemm {
 
   // count products C[i] = A[i] B[i] (+ C[i] when accumulate), operand i at data + i * stride.
   void strided_batched(int64_t count, int64_t M, int64_t N, int64_t K, const Operand& a, int64_t sa, const Operand& b,
-                       int64_t sb, char* c, int64_t sc, bool accumulate) const {
+                       int64_t sb, char* c, int64_t sc, bool accumulate) {
     if (count == 0 || M == 0 || N == 0) return;
     if (!is_floating(dtype_)) return int_gemm(count, M, N, K, a, sa, b, sb, c, sc, accumulate);
     bool ta = false, tb = false;
@@ -278,7 +285,8 @@ class Gemm {
     const double alpha_d = 1.0, beta_d = accumulate ? 1.0 : 0.0;
     const void* alpha = dtype_ == f64 ? static_cast<const void*>(&alpha_d) : &alpha_f;
     const void* beta = dtype_ == f64 ? static_cast<const void*>(&beta_d) : &beta_f;
-    cublasHandle_t h = blas_handle(device_.index, stream_);
+    void* ws = workspace();
+    cublasHandle_t h = blas_handle(device_.index, stream_, ws, workspace_size_);
     // Column-major C^T (N x M) = B^T (N x K) A^T (K x M).
     const int m = int(N), n = int(M), k = int(K);
     if (count == 1) {
@@ -294,6 +302,16 @@ class Gemm {
   size_t esize() const { return esize_; }
 
  private:
+  // On the current stream (stream_), like every other buffer of the product: freed with this Gemm,
+  // once every GEMM using it is queued, it is reused only by later work on stream_.
+  void* workspace() {
+    if (!workspace_.defined()) {
+      workspace_size_ = workspace_bytes(device_.index);
+      workspace_ = make_empty(Shape{static_cast<int64_t>(workspace_size_ / 8)}, i64, device_, op_);
+    }
+    return workspace_.data_ptr();
+  }
+
   void int_gemm(int64_t count, int64_t M, int64_t N, int64_t K, const Operand& a, int64_t sa, const Operand& b,
                 int64_t sb, char* c, int64_t sc, bool accumulate) const {
     const unsigned blocks = blocks_for(count * M * N);
@@ -315,6 +333,9 @@ class Gemm {
   size_t esize_;
   cudaStream_t stream_;
   std::vector<Tensor> keep_;
+  // cuBLAS's workspace for this product's GEMMs, taken at the first one (see blas_handle).
+  Tensor workspace_;
+  size_t workspace_size_ = 0;
 };
 
 class CudaMatmulKernels final : public detail::MatmulDeviceKernels {

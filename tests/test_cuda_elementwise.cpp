@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <optional>
 #include <random>
@@ -242,6 +243,99 @@ TEST_CASE("cuda casts between every dtype pair match the CPU", "[cuda][elementwi
   Pair v = view(rnd({8, 9, 10}, bf16), [](const Tensor& x) { return x.permute({2, 0, 1}).slice(1, 1, 8, 3); });
   require_match(v.g.contiguous(), v.c.contiguous());
   require_match(v.g.clone(), v.c.clone());
+}
+
+// Device kernels convert with the hardware instructions (core/half.h); they must give the host
+// routines' bits: round to nearest even on ties, subnormals kept, overflow past the largest
+// finite value to Inf, NaN's sign and payload as the host keeps them.
+namespace {
+
+// A CPU tensor of `dtype` holding the given raw bit patterns (4-byte or 2-byte).
+template <class U>
+Tensor from_bits(const std::vector<U>& bits, Dtype dtype) {
+  Tensor t = empty({static_cast<int64_t>(bits.size())}, dtype);
+  REQUIRE(t.element_size() == sizeof(U));
+  std::memcpy(t.data_ptr(), bits.data(), bits.size() * sizeof(U));
+  return t;
+}
+
+template <class U>
+std::vector<U> bits_of(const Tensor& t) {
+  Tensor c = (t.is_cpu() ? t : t.to(kCPU)).contiguous();
+  REQUIRE(c.element_size() == sizeof(U));
+  std::vector<U> out(static_cast<size_t>(c.numel()));
+  if (!out.empty()) std::memcpy(out.data(), c.data_ptr(), out.size() * sizeof(U));
+  return out;
+}
+
+// got == want element by element, naming the first input whose result differs.
+template <class In, class Out>
+void require_same_bits(const std::vector<In>& input, const std::vector<Out>& got, const std::vector<Out>& want) {
+  REQUIRE(got.size() == want.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (got[i] == want[i]) continue;
+    INFO("input 0x" << std::hex << uint64_t(input[i]) << ": cuda 0x" << uint64_t(got[i]) << ", cpu 0x"
+                    << uint64_t(want[i]));
+    REQUIRE(got[i] == want[i]);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("cuda f16/bf16 conversions give the CPU's bits", "[cuda][elementwise][cast]") {
+  TANDEM_REQUIRE_CUDA_OR_SKIP();
+  // f32 inputs by their bits: zeros, ties of both formats, subnormals of both, the largest finite
+  // values and the first ones that overflow, infinities, NaNs (quiet, signalling, signed, payloads).
+  std::vector<uint32_t> in = {
+      0x00000000, 0x80000000, 0x3f800000, 0xbf800000,  // +-0, +-1
+      0x3f801000, 0x3f803000, 0x3f802000, 0x3f801001,  // f16 at 1: ties (to even: down, up), exact, over a tie
+      0x3f808000, 0x3f818000, 0x3f808001, 0xbf818000,  // bf16 at 1: ties (down, up), over a tie, a negative tie
+      0x33000000, 0x33400000, 0x33c00000, 0xb3c00000,  // 2^-25 (f16 tie to 0), 1.5 * 2^-25, 1.5 * 2^-24
+      0x387fc000, 0x387fe000, 0x38800000, 0x38000000,  // around the smallest normal f16 (2^-14)
+      0x00000001, 0x00008000, 0x00018000, 0x80018000,  // f32 subnormals: bf16 ties to 0 and to 2
+      0x007fffff, 0x00800000, 0x007f8000, 0x007fc000,  // largest f32 subnormal, smallest normal
+      0x477fe000, 0x477fefff, 0x477ff000, 0xc77ff000,  // 65504, just under 65520, 65520 (-> Inf)
+      0x47800000, 0x4f000000, 0x7f7f7fff, 0x7f7f8000,  // 65536, 2^31, bf16: largest finite, tie -> Inf
+      0x7f7fffff, 0xff7fffff, 0x7f800000, 0xff800000,  // f32 max (overflows both), +-Inf
+      0x7fc00000, 0xffc00000, 0x7f800001, 0xff800001,  // quiet and signalling NaNs, both signs
+      0x7fa5a5a5, 0x7fffffff, 0x7f802000, 0x7fc00001,  // NaN payloads
+  };
+  uint32_t x = 12345;  // and 100000 patterns from a fixed LCG, every exponent
+  for (int i = 0; i < 100000; ++i) in.push_back(x = x * 1664525u + 1013904223u);
+  Tensor cpu = from_bits(in, f32);
+  Tensor gpu = cpu.to(kGPU);
+  for (Dtype to : {f16, bf16}) {
+    INFO("f32 -> " << to);
+    require_same_bits(in, bits_of<uint16_t>(gpu.to(to)), bits_of<uint16_t>(cpu.to(to)));
+  }
+  // Every 2-byte pattern to f32, and back to the 2-byte type.
+  std::vector<uint16_t> all(1 << 16);
+  for (uint32_t h = 0; h < all.size(); ++h) all[h] = static_cast<uint16_t>(h);
+  for (Dtype from : {f16, bf16}) {
+    INFO(from << " -> f32");
+    Tensor c = from_bits(all, from), g = c.to(kGPU);
+    require_same_bits(all, bits_of<uint32_t>(g.to(f32)), bits_of<uint32_t>(c.to(f32)));
+    require_same_bits(all, bits_of<uint16_t>(g.to(f32).to(from)), bits_of<uint16_t>(c.to(f32).to(from)));
+  }
+  // Arithmetic in f16/bf16 loads and stores through the same conversions: sums of the random
+  // patterns round as on the CPU. A NaN sum only has to be NaN (which NaN an add returns is the
+  // arithmetic's choice, not the conversion's: the GPU gives the canonical one).
+  const int64_t half_n = 50000;
+  Tensor lhs = cpu.slice(0, 48, 48 + half_n), rhs = cpu.slice(0, 48 + half_n, 48 + 2 * half_n);
+  for (Dtype d : {f16, bf16}) {
+    INFO("add in " << d);
+    Tensor cl = lhs.to(d), cr = rhs.to(d);
+    const std::vector<uint16_t> got = bits_of<uint16_t>(add(cl.to(kGPU), cr.to(kGPU)));
+    const std::vector<uint16_t> want = bits_of<uint16_t>(add(cl, cr));
+    const uint16_t exp_mask = d == f16 ? 0x7c00 : 0x7f80;
+    auto is_nan = [&](uint16_t b) { return (b & exp_mask) == exp_mask && (b & ~exp_mask & 0x7fff) != 0; };
+    REQUIRE(got.size() == want.size());
+    for (size_t i = 0; i < got.size(); ++i) {
+      if (got[i] == want[i] || (is_nan(got[i]) && is_nan(want[i]))) continue;
+      INFO("element " << i << ": cuda 0x" << std::hex << got[i] << ", cpu 0x" << want[i]);
+      REQUIRE(got[i] == want[i]);
+    }
+  }
 }
 
 TEST_CASE("cuda copy_ across devices converts and broadcasts", "[cuda][elementwise][cast]") {

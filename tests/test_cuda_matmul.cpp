@@ -6,6 +6,7 @@
 #include <functional>
 #include <thread>
 
+#include "cuda/allocator.h"
 #include "cuda_test_util.h"
 #include "tandem.h"
 #include "test_util.h"
@@ -255,6 +256,50 @@ TEST_CASE("cuda matmul: runs on the current stream and from several threads", "[
   }
   for (auto& th : threads) th.join();
   for (const Tensor& r : results) require_close(r.to_vector<double>(), want.to_vector<double>(), tol_for(f32));
+}
+
+// cuBLAS's workspace (32 MiB on sm_90) is taken from the caching allocator on the product's
+// stream and given back when the product is queued: nothing stays allocated per stream, so a
+// program that makes many short-lived streams holds no workspace for the ones that are gone.
+TEST_CASE("cuda matmul: short-lived streams leave no cuBLAS workspace allocated", "[cuda][matmul]") {
+  TANDEM_REQUIRE_CUDA_OR_SKIP();
+  manual_seed(9);
+  Tensor a = randn({64, 96}), b = randn({96, 80});
+  Tensor want = matmul(a, b);
+  Tensor ga = a.to(kGPU), gb = b.to(kGPU);
+  cuda::synchronize(0);  // ga, gb were written on the default stream; the streams below read them
+  cuda::empty_cache();
+  const cuda::MemoryStats base = cuda::memory_stats(0);
+  cuda::reset_peak_memory_stats(0);
+  const int64_t workspace = 32 << 20, product = 64 * 80 * 4;  // at most; a product's own buffers
+  for (int i = 0; i < 200; ++i) {
+    INFO("stream " << i);
+    cuda::Stream s = cuda::Stream::create(0);
+    {
+      cuda::StreamGuard guard(s);
+      Tensor c = matmul(ga, gb);
+      if (i % 50 == 0) require_match(c, want, tol_for(f32));
+      s.synchronize();
+    }
+    const cuda::MemoryStats now = cuda::memory_stats(0);
+    REQUIRE(now.allocated_bytes == base.allocated_bytes);  // neither c nor a workspace is held
+    REQUIRE(now.active_blocks == base.active_blocks);
+  }
+  // One product's workspace at a time, never one per stream.
+  REQUIRE(cuda::memory_stats(0).peak_allocated_bytes <= base.allocated_bytes + workspace + 2 * product);
+  // What the streams cached (each its own blocks, reused only on it) all goes back to CUDA.
+  cuda::empty_cache();
+  const cuda::MemoryStats after = cuda::memory_stats(0);
+  REQUIRE(after.reserved_bytes == base.reserved_bytes);
+  REQUIRE(after.segments == base.segments);
+  // On a stream that lives on (the default one), the next product gets the cached workspace back.
+  {
+    Tensor warm = matmul(ga, gb);
+  }
+  const int64_t mallocs = cuda::memory_stats(0).num_device_mallocs;
+  Tensor c = matmul(ga, gb);
+  REQUIRE(cuda::memory_stats(0).num_device_mallocs == mallocs);
+  require_match(c, want, tol_for(f32));
 }
 
 TEST_CASE("cuda matmul: mixed devices are an error", "[cuda][matmul]") {

@@ -4,8 +4,11 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <optional>
 #include <thread>
 #include <vector>
+
+#include <cuda.h>  // the driver API's types only: its functions are reached through the runtime
 
 #include "cuda/allocator.h"
 #include "cuda/check.h"
@@ -38,6 +41,39 @@ struct Gate {
 };
 
 void* ptr_of(const Tensor& t) { return t.storage()->data(); }
+
+// A driver API function by name, through the runtime (the tests do not link libcuda); nullptr
+// when the driver does not offer it.
+void* driver_function(const char* name) {
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult found{};
+#if CUDART_VERSION >= 12050
+  cudaError_t err = cudaGetDriverEntryPointByVersion(name, &fn, 12000, cudaEnableDefault, &found);
+#else
+  cudaError_t err = cudaGetDriverEntryPoint(name, &fn, cudaEnableDefault, &found);
+#endif
+  if (err != cudaSuccess || found != cudaDriverEntryPointSuccess) {
+    (void)cudaGetLastError();
+    return nullptr;
+  }
+  return fn;
+}
+
+// Whether this process holds the primary context of `device` (cuDevicePrimaryCtxGetState); asking
+// creates none. nullopt when the driver cannot be asked.
+std::optional<bool> primary_context_active(int device) {
+  using DeviceGet = CUresult (*)(CUdevice*, int);
+  using GetState = CUresult (*)(CUdevice, unsigned int*, int*);
+  static auto* device_get = reinterpret_cast<DeviceGet>(driver_function("cuDeviceGet"));
+  static auto* get_state = reinterpret_cast<GetState>(driver_function("cuDevicePrimaryCtxGetState"));
+  if (device_get == nullptr || get_state == nullptr) return std::nullopt;
+  CUdevice dev{};
+  unsigned int flags = 0;
+  int active = 0;
+  if (device_get(&dev, device) != CUDA_SUCCESS || get_state(dev, &flags, &active) != CUDA_SUCCESS)
+    return std::nullopt;
+  return active != 0;
+}
 
 Tensor random_of(Dtype d, const Shape& shape) {
   if (d == boolean) return randint(0, 2, shape).to(boolean);
@@ -364,6 +400,46 @@ TEST_CASE("cuda: empty_cache waits for recorded streams, then returns every cach
   REQUIRE(s.reserved_bytes == base.reserved_bytes);
   REQUIRE(s.segments == base.segments);
   REQUIRE(s.num_device_frees == base.num_device_frees + 2);
+}
+
+// A process that uses one GPU must not create a context (some 500 MB, and an error in
+// exclusive-process mode) on the others of the node. ctest runs each case in a process of its
+// own, where no device has a context yet; run with the other cases, the devices earlier cases
+// used are left out of the check.
+TEST_CASE("cuda: empty_cache touches only the devices that hold cached blocks", "[cuda]") {
+  TANDEM_REQUIRE_CUDA_OR_SKIP();
+  const int n = tc::device_count();
+  std::vector<int> idle;  // devices without a context in this process so far
+  for (int d = 0; d < n; ++d) {
+    const std::optional<bool> active = primary_context_active(d);
+    if (!active) {
+      WARN("SKIP: cuDevicePrimaryCtxGetState cannot be reached through the runtime");
+      return;
+    }
+    if (!*active) idle.push_back(d);
+  }
+  if (idle.empty()) WARN("SKIP (in part): every device already has a context in this process (run this case alone)");
+  auto require_still_idle = [&](int except) {
+    for (int d : idle) {
+      if (d == except) continue;
+      INFO("cuda:" << d << " had no context before");
+      REQUIRE(primary_context_active(d) == std::optional<bool>(false));
+    }
+  };
+  // Nothing cached on an idle device: empty_cache leaves every one of them alone.
+  tc::empty_cache();
+  require_still_idle(-1);
+  // Blocks cached on cuda:0 only: they are returned, and no other device is made current.
+  {
+    Tensor a = empty({1 << 20}, on_gpu());
+    Tensor b = empty({1 << 10}, on_gpu());
+  }
+  REQUIRE(tc::memory_stats(0).cached_blocks >= 2);
+  tc::empty_cache();
+  REQUIRE(tc::memory_stats(0).cached_blocks == 0);
+  REQUIRE(primary_context_active(0) == std::optional<bool>(true));
+  require_still_idle(0);
+  if (n < 2) WARN("SKIP (in part): one CUDA device; devices other than cuda:0 not checked");
 }
 
 TEST_CASE("cuda: out of memory frees the cache, retries, then throws a clear error", "[cuda]") {
