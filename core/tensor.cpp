@@ -2,6 +2,7 @@
 
 #include <sstream>
 
+#include "core/elementwise.h"
 #include "core/iter.h"
 
 namespace tandem {
@@ -91,7 +92,8 @@ Strides broadcast_strides(const Tensor& t, const Shape& shape) {
 
 template <class T> T Tensor::item() const {
   TANDEM_CHECK(numel() == 1, "[item] needs a tensor with one element, got shape {}", shape());
-  TANDEM_CHECK(is_cpu(), "[item] tensor on {}: copy it to the CPU first", device());
+  // As PyTorch: on a device, one element is copied to the host, which waits for the device.
+  if (!is_cpu()) return detail::to_device(*this, kCPU).item<T>();
   T out{};
   TANDEM_DISPATCH_ALL(dtype(), "item", [&] {
     out = static_cast<T>(static_cast<acc_t<scalar_t>>(*static_cast<const scalar_t*>(data_ptr())));
@@ -100,7 +102,7 @@ template <class T> T Tensor::item() const {
 }
 
 template <class T> std::vector<T> Tensor::to_vector() const {
-  TANDEM_CHECK(is_cpu(), "[to_vector] tensor on {}: copy it to the CPU first", device());
+  if (!is_cpu()) return detail::to_device(*this, kCPU).to_vector<T>();  // as item(): waits for the device
   std::vector<T> out(static_cast<size_t>(numel()));
   if (out.empty()) return out;
   size_t idx = 0;  // indexed, not a pointer: std::vector<bool> has no data()

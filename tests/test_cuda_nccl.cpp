@@ -5,9 +5,13 @@
 // Without a usable device every case skips and says so.
 #include <catch2/catch.hpp>
 
+#include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "cuda/check.h"
 #include "cuda/runtime.h"
@@ -141,6 +145,13 @@ ProcessGroupPtr nccl_world() {
 }
 
 int group_device() { return cuda::current_device(); }  // make_nccl_world made it current
+
+// Blocks the host until the watchdog has completed `w` (at most 60 s) and returns its error, "" on
+// success. Work::wait on a CUDA collective need not block (it may only order the caller's stream
+// after it), but a continuation's Work completes on the host, with `w`'s error when `w` failed.
+std::string host_outcome(const WorkPtr& w) {
+  return error_of([&] { w->then([](Work&) { return TensorList{}; })->wait(std::chrono::seconds(60)); });
+}
 #endif
 
 }  // namespace
@@ -257,9 +268,12 @@ TEST_CASE("nccl: a collective past its timeout aborts the communicator and break
   nccl_world();  // makes the device current
   const int dev = group_device();
   ProcessGroupPtr g = make_nccl_world();  // a group of its own: this one ends broken
-  g->set_timeout(std::chrono::milliseconds(400));
   Tensor t = on(make({64}, f32, [](int64_t) { return 1; }), dev);
-  g->allreduce(t)->wait();  // #0 works
+  // #0 works. It runs under the group's default timeout (its first call also connects the
+  // communicator, which can take long) and has finished before the timeout is shortened, which
+  // applies to the collectives issued from then on.
+  REQUIRE(host_outcome(g->allreduce(t)) == "");
+  g->set_timeout(std::chrono::milliseconds(400));
   cuda::Stream user = cuda::Stream::create(dev);
   {
     cuda::StreamGuard guard(user);
@@ -268,11 +282,14 @@ TEST_CASE("nccl: a collective past its timeout aborts the communicator and break
     TANDEM_CUDA_CHECK(cudaLaunchHostFunc(
         user.raw(), [](void*) { std::this_thread::sleep_for(std::chrono::seconds(2)); }, nullptr));
     auto start = std::chrono::steady_clock::now();
-    std::string msg = error_of([&] { g->allreduce(t)->wait(); });
+    WorkPtr w = g->allreduce(t);
+    std::string msg = host_outcome(w);
     double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     expect_error(msg, {"[dist] allreduce #1 timed out after 400 ms on nccl group of 1 rank", "aborted", "broken"},
                  "timeout");
     REQUIRE(waited < 10);
+    // Once reported, the error is what wait() throws (whether it blocks or orders the stream).
+    expect_error(error_of([&] { w->wait(); }), {"allreduce #1 timed out"}, "wait after the timeout");
   }
   REQUIRE(g->is_broken());
   auto start = std::chrono::steady_clock::now();
@@ -297,6 +314,147 @@ TEST_CASE("nccl: dist::init with backend nccl", "[cuda]") {
   Tensor t = on(make({5}, bf16, [](int64_t i) { return static_cast<double>(i); }), cuda::current_device());
   dist::allreduce(t, ReduceOp::sum)->wait();
   expect_values(t.to(kCPU), [](int64_t i) { return static_cast<double>(i); }, "dist::allreduce on nccl");
+}
+
+// ---- issue 26: the handle lock, the step stream and device-ordered waits ----
+
+namespace {
+// Holds `stream` on the host for `ms` milliseconds: what is ordered after it cannot finish before.
+void hold_stream(cudaStream_t stream, int ms) {
+  static int held_ms = 0;
+  held_ms = ms;
+  TANDEM_CUDA_CHECK(cudaLaunchHostFunc(
+      stream, [](void*) { std::this_thread::sleep_for(std::chrono::milliseconds(held_ms)); }, nullptr));
+}
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+}  // namespace
+
+TEST_CASE("nccl: wait() orders the caller's stream instead of blocking the host", "[cuda]") {
+  TANDEM_REQUIRE_CUDA_OR_SKIP();
+  if (!nccl_cases_can_run()) return;
+  ProcessGroupPtr g = nccl_world();
+  const int dev = group_device();
+  Tensor t = on(make({1024}, f32, [](int64_t i) { return static_cast<double>(i); }), dev);
+  g->allreduce(t)->wait();  // connected
+  cuda::Stream user = cuda::Stream::create(dev), side = cuda::Stream::create(dev);
+  cuda::Event after_wait;
+  WorkPtr w;
+  {
+    cuda::StreamGuard guard(user);
+    hold_stream(user.raw(), 1500);  // the collective is ordered after this
+    const auto start = std::chrono::steady_clock::now();
+    w = g->allreduce(t);
+    REQUIRE(w->is_device_ordered());
+    {
+      cuda::StreamGuard on_side(side);
+      w->wait();  // the side stream now waits for the collective on the device
+      after_wait.record(side.raw());
+    }
+    REQUIRE(seconds_since(start) < 0.75);  // the host did not wait for it
+    REQUIRE(!w->is_completed());
+    REQUIRE(!after_wait.query());  // the side stream is held behind the collective
+  }
+  after_wait.synchronize();
+  const auto start = std::chrono::steady_clock::now();
+  while (!w->is_completed() && seconds_since(start) < 10) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  REQUIRE(w->is_completed());  // the watchdog still completes it on the host
+  expect_values(t.to(kCPU), [](int64_t i) { return static_cast<double>(i); }, "allreduce, device-ordered wait");
+
+  // TANDEM_NCCL_BLOCKING_WAIT=1 (read when a group is made): wait() blocks until the host saw it.
+  setenv("TANDEM_NCCL_BLOCKING_WAIT", "1", 1);
+  ProcessGroupPtr blocking;
+  try {
+    blocking = make_nccl_world();
+  } catch (...) {
+    unsetenv("TANDEM_NCCL_BLOCKING_WAIT");
+    throw;
+  }
+  unsetenv("TANDEM_NCCL_BLOCKING_WAIT");
+  WorkPtr b = blocking->allreduce(t);
+  REQUIRE(!b->is_device_ordered());
+  b->wait();
+  REQUIRE(b->is_completed());
+}
+
+TEST_CASE("nccl: work on the step stream stays off the comm stream and is joined by the caller", "[cuda]") {
+  TANDEM_REQUIRE_CUDA_OR_SKIP();
+  if (!nccl_cases_can_run()) return;
+  ProcessGroupPtr g = nccl_world();
+  const int dev = group_device();
+  Tensor t = on(make({256}, f32, [](int64_t) { return 1; }), dev);
+  Tensor out = on(make({256}, f32, [](int64_t) { return 0; }), dev);
+  const cudaStream_t caller = cuda::current_stream(dev);
+  std::atomic<bool> other_stream{false};
+  WorkPtr chained = g->allreduce(t)->then([&](Work& done) {
+    g->run_on_step_stream([&] {
+      cudaStream_t s = cuda::current_stream(dev);
+      other_stream = s != caller;
+      hold_stream(s, 1000);  // held on the host, then out = 3 * the reduced tensor
+      NoGradGuard no_grad;
+      out.copy_(done.result().at(0));
+      out.mul_(3.0);
+      return TensorList{out};
+    });
+    return TensorList{};
+  });
+  chained->wait();  // a then() Work: the host waits for the continuation, not for the step stream
+  REQUIRE(other_stream);
+  // A collective issued now does not queue behind the step stream's held work.
+  Tensor u = on(make({16}, f32, [](int64_t) { return 2; }), dev);
+  const auto start = std::chrono::steady_clock::now();
+  WorkPtr next = g->allreduce(u);
+  while (!next->is_completed() && seconds_since(start) < 10) std::this_thread::sleep_for(std::chrono::microseconds(200));
+  REQUIRE(next->is_completed());
+  CHECK(seconds_since(start) < 0.75);
+  // The caller's stream joins the step stream: it reads `out` after the step work.
+  g->join_step_stream();
+  expect_values(out.to(kCPU), [](int64_t) { return 3; }, "written on the step stream, read after the join");
+}
+
+TEST_CASE("nccl: a group broken under threads that launch on it fails them all, cleanly and in time", "[cuda]") {
+  TANDEM_REQUIRE_CUDA_OR_SKIP();
+  if (!nccl_cases_can_run()) return;
+  nccl_world();  // makes the device current
+  const int dev = group_device();
+  ProcessGroupPtr g = make_nccl_world();  // a group of its own: this one ends broken
+  Tensor t = on(make({64}, f32, [](int64_t) { return 1; }), dev);
+  g->allreduce(t)->wait();  // #0 connects, under the default timeout
+  g->set_timeout(std::chrono::milliseconds(300));
+  cuda::Stream user = cuda::Stream::create(dev);
+  {
+    cuda::StreamGuard guard(user);
+    hold_stream(user.raw(), 2000);
+    g->allreduce(t);  // cannot finish within 300 ms: the watchdog aborts the communicator
+  }
+  // Meanwhile four threads keep launching: each launch uses the raw communicator under the handle
+  // lock, which the abort takes too (before, ncclCommAbort could free it under their calls).
+  std::vector<std::string> errors(4);
+  std::vector<std::thread> threads;
+  const auto start = std::chrono::steady_clock::now();
+  for (int k = 0; k < 4; ++k) {
+    threads.emplace_back([&, k] {
+      cuda::set_device(dev);
+      Tensor x = on(make({32}, f32, [](int64_t) { return 1; }), dev);
+      for (int i = 0; i < 100000 && errors[k].empty(); ++i) {
+        errors[k] = error_of([&] { g->allreduce(x); });
+        std::this_thread::sleep_for(std::chrono::microseconds(200));
+      }
+    });
+  }
+  for (std::thread& th : threads) th.join();
+  CHECK(seconds_since(start) < 10);
+  for (int k = 0; k < 4; ++k) {
+    INFO("thread " << k << ": " << errors[k]);
+    CHECK(errors[k].find("broken") != std::string::npos);
+  }
+  REQUIRE(g->is_broken());
+  user.synchronize();
+  Tensor u = on(make({3}, f32, [](int64_t) { return 2; }), dev);
+  nccl_world()->allreduce(u)->wait();  // other groups are unaffected
+  expect_values(u.to(kCPU), [](int64_t) { return 2; }, "another group after a broken one");
 }
 
 #else

@@ -1,10 +1,14 @@
 // Random numbers and factory functions on CUDA: the same seed and shape give the CPU's numbers
-// bit for bit (uniforms, randint, f32/f16/bf16 normals; f64 normals to the last ulps of libm),
+// (uniforms and randint bit for bit; normals, whose Box-Muller transform goes through the device's
+// log/cos/sin, within 2 ulps in f32/f16/bf16 and almost all bit for bit, and to the last ulps of
+// libm in f64),
 // the generator offset advances alike on both devices so later draws stay in step, in-place
 // fills of non-contiguous views, and zeros/ones/full/arange/linspace/eye computed on the device
 // with the CPU's values.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <vector>
 
@@ -37,6 +41,35 @@ int64_t mismatches(const Tensor& gpu, const Tensor& cpu) {
   return n;
 }
 
+// How far apart two floating values of `size` bytes (2, 4 or 8) are, in units in the last place
+// of their dtype: neighbouring representable values are 1 apart, +0 and -0 are 0 apart.
+uint64_t ulp_distance(const unsigned char* a, const unsigned char* b, size_t size) {
+  uint64_t x = 0, y = 0;
+  std::memcpy(&x, a, size);  // little-endian host: the low `size` bytes
+  std::memcpy(&y, b, size);
+  const uint64_t sign = uint64_t{1} << (8 * size - 1);
+  const uint64_t mx = x & (sign - 1), my = y & (sign - 1);
+  if ((x & sign) == (y & sign)) return mx > my ? mx - my : my - mx;
+  return mx + my;
+}
+
+// Normals in f32/f16/bf16 on the GPU against the CPU. The Box-Muller transform runs in double
+// through the device's log/cos/sin, which may differ from glibc's by an ulp or two; rounded to
+// the dtype, such a difference can (rarely) land on the neighbouring value. So: every element
+// within 2 ulps of its dtype, and all but a few bit for bit (a transform computed differently, a
+// wrong word or a wrong rounding, changes far more than one element in 10^4).
+void require_normals_match(const Tensor& gpu, const Tensor& cpu) {
+  REQUIRE(gpu.dtype() != f64);
+  const int64_t differ = mismatches(gpu, cpu);
+  const auto a = bits(gpu), b = bits(cpu);
+  const size_t isz = gpu.element_size();
+  uint64_t worst = 0;
+  for (size_t i = 0; i < a.size(); i += isz) worst = std::max(worst, ulp_distance(&a[i], &b[i], isz));
+  INFO(differ << " of " << gpu.numel() << " elements differ from the CPU's, by at most " << worst << " ulp");
+  REQUIRE(worst <= 2);
+  REQUIRE(differ <= 1 + gpu.numel() / 10000);
+}
+
 }  // namespace
 
 TEST_CASE("cuda rand/randn/randint: the CPU's numbers for the same seed and shape", "[cuda][random]") {
@@ -58,7 +91,7 @@ TEST_CASE("cuda rand/randn/randint: the CPU's numbers for the same seed and shap
       if (dt == f64) {
         require_close(host_values(g), host_values(c), 1e-14);  // device libm: last-ulp differences
       } else {
-        REQUIRE(mismatches(g, c) == 0);
+        require_normals_match(g, c);
       }
     }
     for (Dtype dt : {i64, i32, f32, f64, f16, bf16, boolean}) {
@@ -122,7 +155,7 @@ TEST_CASE("cuda uniform_/normal_ fill non-contiguous views in logical order", "[
     if (dt == f64) {
       require_close(host_values(g), host_values(c), 1e-14);
     } else {
-      require_bit_equal(g, c);
+      require_normals_match(g, c);  // the elements outside the view stay 0 on both
     }
   }
   Tensor e = zeros({2, 1}, TensorOptions(f32, kGPU)).expand({2, 3});

@@ -3,6 +3,13 @@
 // embedding (index), layer_norm and cross_entropy (nn_ops), linear (matmul, cuBLAS), gelu, relu,
 // tanh, mul and add (elementwise), mean and amax (reductions), cat, dropout (Philox, the same
 // masks on both devices), and the fused SGD / AdamW steps; the loss goes to the host each step.
+//
+// SGD trains in f32. AdamW trains in f64: its first steps move every weight by about
+// lr * sign(grad), so in f32 a gradient within rounding of zero (|g| near eps = 1e-8, where CPU
+// and GPU sums can disagree in sign) moves a weight by up to 2 lr apart on the two devices. In
+// f64 the devices' gradients differ by ~1e-16 and the steps agree to ~1e-10, so the comparison
+// can be tight (1e-8) and still fail on a wrong step (an f32 intermediate in the f64 kernel, a
+// bias correction off by a step, a missing weight decay).
 #include <catch2/catch.hpp>
 
 #include <functional>
@@ -58,11 +65,12 @@ struct Run {
 
 using MakeOpt = std::function<std::unique_ptr<optim::Optimizer>(const TensorList&)>;
 
-// Trains a fresh model (same init for the same seed: parameters are initialised on the CPU and
-// then moved) for `steps` steps on `device`.
-Run train(Device device, const MakeOpt& make_opt, double dropout_p, int steps) {
+// Trains a fresh model (same init for the same seed: parameters are initialised on the CPU in
+// f32, then cast to `dtype` and moved) for `steps` steps on `device`.
+Run train(Device device, Dtype dtype, const MakeOpt& make_opt, double dropout_p, int steps) {
   manual_seed(1234);
   auto net = std::make_shared<Classifier>(dropout_p);
+  net->to(dtype);
   net->to(device);
   Tensor tokens = randint(0, kVocab, {kBatch, kSeq}).to(device);
   Tensor labels = randint(0, kClasses, {kBatch}).to(device);
@@ -74,24 +82,26 @@ Run train(Device device, const MakeOpt& make_opt, double dropout_p, int steps) {
     Tensor loss = nn::cross_entropy((*net)(tokens), labels);
     loss.backward();
     opt->step();
-    run.losses.push_back(loss.item<float>());
+    run.losses.push_back(loss.to(kCPU).item<double>());  // item() reads CPU tensors only
   }
   run.params = net->state_dict();
   return run;
 }
 
-void require_same_training(const MakeOpt& make_opt, double dropout_p, int steps) {
-  Run cpu = train(kCPU, make_opt, dropout_p, steps);
-  Run gpu = train(kGPU, make_opt, dropout_p, steps);
-  INFO("cpu loss " << cpu.losses.front() << " -> " << cpu.losses.back() << ", gpu loss " << gpu.losses.front()
-                   << " -> " << gpu.losses.back());
-  require_close(gpu.losses, cpu.losses, 1e-4);
+void require_same_training(Dtype dtype, const MakeOpt& make_opt, double dropout_p, int steps) {
+  Run cpu = train(kCPU, dtype, make_opt, dropout_p, steps);
+  Run gpu = train(kGPU, dtype, make_opt, dropout_p, steps);
+  const double tol = dtype == f64 ? 1e-8 : 1e-4;
+  INFO(dtype << ": cpu loss " << cpu.losses.front() << " -> " << cpu.losses.back() << ", gpu loss "
+             << gpu.losses.front() << " -> " << gpu.losses.back());
+  require_close(gpu.losses, cpu.losses, tol);
   REQUIRE(cpu.losses.back() < cpu.losses.front());  // it trains
   for (const auto& [name, t] : cpu.params) {
     INFO(name);
     const Tensor& g = gpu.params.at(name);
     REQUIRE(g.device() == kGPU);
-    require_close(to_dtype(g.to(kCPU), f64).to_vector<double>(), to_dtype(t, f64).to_vector<double>(), 1e-4);
+    REQUIRE(g.dtype() == dtype);
+    require_close(to_dtype(g.to(kCPU), f64).to_vector<double>(), to_dtype(t, f64).to_vector<double>(), tol);
   }
 }
 
@@ -100,22 +110,23 @@ void require_same_training(const MakeOpt& make_opt, double dropout_p, int steps)
 TEST_CASE("cuda training: SGD with momentum on the GPU matches the CPU", "[cuda][training]") {
   TANDEM_REQUIRE_CUDA_OR_SKIP();
   require_same_training(
+      f32,
       [](const TensorList& ps) {
         return std::make_unique<optim::SGD>(ps, optim::SGDOptions{.lr = 0.1, .momentum = 0.9, .weight_decay = 1e-4});
       },
       0.0, 8);
 }
 
-TEST_CASE("cuda training: AdamW on the GPU matches the CPU", "[cuda][training]") {
+TEST_CASE("cuda training: AdamW on the GPU matches the CPU (f64)", "[cuda][training]") {
   TANDEM_REQUIRE_CUDA_OR_SKIP();
   require_same_training(
-      [](const TensorList& ps) { return std::make_unique<optim::AdamW>(ps, optim::AdamWOptions{.lr = 0.01}); }, 0.0,
-      8);
+      f64, [](const TensorList& ps) { return std::make_unique<optim::AdamW>(ps, optim::AdamWOptions{.lr = 0.01}); },
+      0.0, 8);
 }
 
-TEST_CASE("cuda training: with dropout (same Philox masks on both devices)", "[cuda][training][random]") {
+TEST_CASE("cuda training: with dropout (same Philox masks on both devices, f64)", "[cuda][training][random]") {
   TANDEM_REQUIRE_CUDA_OR_SKIP();
   require_same_training(
-      [](const TensorList& ps) { return std::make_unique<optim::AdamW>(ps, optim::AdamWOptions{.lr = 0.01}); }, 0.25,
-      6);
+      f64, [](const TensorList& ps) { return std::make_unique<optim::AdamW>(ps, optim::AdamWOptions{.lr = 0.01}); },
+      0.25, 6);
 }
