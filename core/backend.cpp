@@ -193,13 +193,6 @@ Backend& backend_for(Device device, const char* op) {
   return *b;
 }
 
-void require_cpu(const Tensor& t, const char* op) {
-  TANDEM_CHECK(t.defined(), "[{}] undefined tensor", op);
-  if (t.is_cpu()) [[likely]] return;
-  backend_for(t.device(), op);
-  fail("[{}] has no kernel for tensors on {} (tensor of shape {})", op, t.device(), t.shape());
-}
-
 Tensor Backend::host_staging(const Tensor& like) { return make_empty(like.shape(), like.dtype(), kCPU, "dist staging"); }
 
 bool has_backend(DeviceType type) {

@@ -41,8 +41,4 @@ Table& device_kernels(Device device, const char* op) {
   return *t;
 }
 
-// For an op with CPU kernels only: throws "[op] tandem was built without CUDA" (via backend_for)
-// or "[op] has no kernel for tensors on cuda:0 (tensor of shape [2, 3])" unless `t` is on the CPU.
-void require_cpu(const Tensor& t, const char* op);
-
 }  // namespace tandem

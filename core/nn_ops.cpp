@@ -7,6 +7,7 @@
 #include "core/kernel_tables.h"
 #include "core/iter.h"
 #include "core/reduce.h"
+#include "core/views.h"
 
 namespace tandem::detail {
 
@@ -337,7 +338,7 @@ Tensor dropout_backward_kernel(const Tensor& g, const Tensor& mask) {
   if (!mask.is_cpu()) {
     require_floating_input(mask, op);
     TANDEM_CHECK(g.dtype() == mask.dtype(), "[{}] gradient dtype {} does not match {}", op, g.dtype(), mask.dtype());
-    Tensor gb = g.shape() == mask.shape() ? g : g.expand(mask.shape());
+    Tensor gb = g.shape() == mask.shape() ? g : detail::expand(g, mask.shape());  // core's: records nothing
     device_table(mask, op).dropout_backward(materialize(gb, op), materialize(mask, op), out);
     return out;
   }

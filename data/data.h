@@ -1,8 +1,10 @@
-// The data layer: IDX files, data sets (tensors, Fashion-MNIST) and the DataLoader. It sits
-// above nn and beside dist, whose DistributedSampler shards and shuffles every epoch.
+// The data layer: IDX files, data sets (tensors, Fashion-MNIST), the DistributedSampler that
+// shards and shuffles every epoch, and the DataLoader. It sits above nn and beside dist, and
+// needs nothing from it.
 #pragma once
 
 #include "data/dataset.h"
 #include "data/fashion_mnist.h"
 #include "data/idx.h"
 #include "data/loader.h"
+#include "data/sampler.h"

@@ -1,5 +1,5 @@
 // DataLoader: batches of a Dataset, this process's shard of each epoch in the order of
-// dist::DistributedSampler (seeded shuffle per epoch, the same on every rank; padded or trimmed to
+// DistributedSampler (seeded shuffle per epoch, the same on every rank; padded or trimmed to
 // equal shards as in PyTorch), prepared ahead on a background thread.
 //
 //   data::DataLoader loader(data::FashionMNIST(data::Split::train),
@@ -16,7 +16,7 @@
 #include <memory>
 
 #include "data/dataset.h"
-#include "dist/sampler.h"
+#include "data/sampler.h"
 
 namespace tandem::data {
 
@@ -96,7 +96,7 @@ class DataLoader {
 
   std::shared_ptr<const Dataset> dataset_;
   LoaderOptions options_;
-  dist::DistributedSampler sampler_;
+  DistributedSampler sampler_;
   std::unique_ptr<Epoch> running_;
 };
 

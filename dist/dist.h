@@ -8,5 +8,4 @@
 #include "dist/mpi/mpi.h"
 #include "dist/process_group.h"
 #include "dist/reducer.h"
-#include "dist/sampler.h"
 #include "dist/threads/threads.h"

@@ -18,6 +18,10 @@ struct InitOptions {
   std::string backend = "auto";
   std::optional<Milliseconds> timeout;  // default: TANDEM_DIST_TIMEOUT or 300 s
   std::optional<bool> debug_checks;     // default: TANDEM_DIST_DEBUG=detail
+  // nccl: Work::wait blocks the host until the collective has finished, instead of ordering the
+  // caller's stream after it (PyTorch's TORCH_NCCL_BLOCKING_WAIT; for debugging). Default:
+  // TANDEM_NCCL_BLOCKING_WAIT=1. A barrier's wait always blocks the host, as in PyTorch.
+  std::optional<bool> nccl_blocking_wait;
 };
 
 struct WorldInfo {

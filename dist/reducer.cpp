@@ -163,6 +163,12 @@ void Reducer::wait_outstanding() noexcept {
     }
     used_work_.reset();
   }
+  // What continuations already queued on the step stream (a failed backward's steps or casts)
+  // is done before the buffers are written again.
+  try {
+    group_->join_step_stream();
+  } catch (...) {
+  }
 }
 
 void Reducer::reset_iteration() {

@@ -55,7 +55,7 @@ void cuda_equivalence(ProcessGroupPtr g, bool bucket_view, bool find_unused, boo
     double d = max_abs_diff(got.at(name).to(kCPU), want);
     INFO(name << " (bucket_view " << bucket_view << ", find_unused " << find_unused << ", compress " << compress
               << ", rank " << R << ")");
-    CHECK(d < (compress ? 2e-3 : 1e-4));
+    CHECK(d < (compress ? 5e-3 : 1e-4));  // f16 gradients: ~2e-3 per step, 5 steps of momentum 0.9
     CHECK(got.at(name).device() == dev);
   }
   if (find_unused) CHECK_FALSE(model->never->weight.grad().defined());
@@ -234,7 +234,9 @@ TEST_CASE("ddp cuda: over nccl, a world of one, equals CPU training", "[cuda]") 
 }
 
 // The compress hook's cast back runs on the group's step stream, which DDP joins: before, it ran on
-// the watchdog thread's current stream, unordered with a training loop on a stream of its own.
+// the watchdog thread's current stream, unordered with a training loop on a stream of its own. (At
+// world size 1 a lost cast back would leave the unrounded gradient, so this checks the path works
+// on a user's stream; the ordering itself is the step stream's test in test_cuda_nccl.)
 TEST_CASE("ddp cuda: fp16_compress over nccl, training on a stream of the user's, equals CPU training", "[cuda]") {
   TANDEM_REQUIRE_CUDA_OR_SKIP();
   InitOptions io;

@@ -296,7 +296,7 @@ TEST_CASE("DataLoader: batches arrive in the sampler's order, with any prefetch 
     INFO("prefetch " << prefetch);
     data::DataLoader loader(ds, {.batch_size = 8, .seed = 7, .prefetch = prefetch});
     REQUIRE(loader.num_batches() == 13);
-    dist::DistributedSampler sampler(103, 1, 0, {.seed = 7});
+    data::DistributedSampler sampler(103, 1, 0, {.seed = 7});
     for (int64_t epoch : {0, 1, 4}) {
       loader.set_epoch(epoch);
       sampler.set_epoch(epoch);
@@ -483,7 +483,7 @@ TEST_CASE("DataLoader: destroyed or restarted mid-epoch, it stops its thread", "
     }
     // A new epoch after a broken-off one starts from its first batch.
     loader.set_epoch(1);
-    dist::DistributedSampler sampler(40, 1, 0);
+    data::DistributedSampler sampler(40, 1, 0);
     sampler.set_epoch(1);
     const std::vector<int64_t> order = sampler.indices();
     REQUIRE(flat(epoch_batches(loader)) == order);
@@ -604,4 +604,44 @@ TEST_CASE("FashionMNIST: files that do not fit", "[data][fashion_mnist]") {
   write_split({3, 28, 28}, 3, 10);
   REQUIRE_THROWS_WITH(data::FashionMNIST(data::Split::train, {.root = dir.path.string()}),
                       Contains("label 10 of example 0 is not in 0..9"));
+}
+
+TEST_CASE("DistributedSampler: PyTorch's padding, drop_last, per-epoch shuffle", "[data][sampler]") {
+  // 10 samples over 3 ranks: 4 each, padded with the first two indices.
+  std::vector<int64_t> seen;
+  for (int r = 0; r < 3; ++r) {
+    data::DistributedSampler s(10, 3, r, {.shuffle = false});
+    REQUIRE(s.num_samples() == 4);
+    auto idx = s.indices();
+    REQUIRE(idx.size() == 4);
+    for (size_t i = 0; i < idx.size(); ++i) REQUIRE(idx[i] == (r + 3 * static_cast<int64_t>(i)) % 10);
+    seen.insert(seen.end(), idx.begin(), idx.end());
+  }
+  std::sort(seen.begin(), seen.end());
+  REQUIRE(seen == std::vector<int64_t>{0, 0, 1, 1, 2, 3, 4, 5, 6, 7, 8, 9});
+  // drop_last: 10 over 3 -> 3 each, index 9 dropped.
+  for (int r = 0; r < 3; ++r) {
+    data::DistributedSampler s(10, 3, r, {.shuffle = false, .drop_last = true});
+    REQUIRE(s.num_samples() == 3);
+    for (int64_t i : s.indices()) REQUIRE(i < 9);
+  }
+  // Shuffled: the ranks partition one permutation, which changes with the epoch and not with the rank.
+  std::vector<int64_t> e0, e1;
+  for (int r = 0; r < 4; ++r) {
+    data::DistributedSampler s(20, 4, r, {.seed = 5});
+    auto a = s.indices();
+    s.set_epoch(1);
+    auto b = s.indices();
+    e0.insert(e0.end(), a.begin(), a.end());
+    e1.insert(e1.end(), b.begin(), b.end());
+  }
+  REQUIRE(e0 != e1);
+  auto sorted0 = e0, sorted1 = e1;
+  std::sort(sorted0.begin(), sorted0.end());
+  std::sort(sorted1.begin(), sorted1.end());
+  for (int64_t i = 0; i < 20; ++i) REQUIRE((sorted0[i] == i && sorted1[i] == i));
+  // More replicas than samples: padding repeats the dataset.
+  data::DistributedSampler tiny(2, 5, 4, {.shuffle = false});
+  REQUIRE(tiny.indices() == std::vector<int64_t>{0});
+  REQUIRE_THROWS_WITH(data::DistributedSampler(5, 2, 2), Catch::Contains("[DistributedSampler] rank 2 is outside [0, 2)"));
 }

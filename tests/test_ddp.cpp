@@ -83,12 +83,16 @@ TEST_CASE("ddp: compress hooks and steps in backward go through the step stream,
   model->never->bias.requires_grad_(false);
   DistributedDataParallel ddp(model, spy, {});
   ddp.register_comm_hook(hooks::fp16_compress);
-  for (int step = 0; step < 3; ++step) mse_loss(ddp(inputs(0, 4, 8, f32)), targets(0, 4, 4, f32)).backward();
+  for (int step = 0; step < 3; ++step) {
+    Tensor loss = mse_loss(ddp(inputs(0, 4, 8, f32)), targets(0, 4, 4, f32));
+    const int joins_before = spy->joins;
+    loss.backward();
+    REQUIRE(spy->joins > joins_before);  // the end of backward joined the step stream
+  }
   const int buckets = static_cast<int>(ddp.stats().bucket_bytes.size());
   REQUIRE(buckets >= 1);
   REQUIRE(spy->steps == 3 * buckets);  // one cast back per bucket per backward
   REQUIRE(spy->kept == 2 * spy->steps);  // the bucket and the reduced copy it read
-  REQUIRE(spy->joins == 3);
 }
 
 TEST_CASE("ddp threads: equivalence with one process (bucket view x unused x layouts, SGD and AdamW, f64 and f32)",
@@ -227,46 +231,6 @@ TEST_CASE("ddp: stats describe buckets, timings and the ready order", "[ddp]") {
     expect(s.comm_ms >= 0 && s.backward_compute_ms >= 0 && s.forward_ms > 0, "timings not recorded");
     expect(s.str().find("DDP over 2 ranks, 2 iterations") != std::string::npos, "str(): {}", s.str());
   });
-}
-
-TEST_CASE("DistributedSampler: PyTorch's padding, drop_last, per-epoch shuffle", "[ddp][sampler]") {
-  // 10 samples over 3 ranks: 4 each, padded with the first two indices.
-  std::vector<int64_t> seen;
-  for (int r = 0; r < 3; ++r) {
-    DistributedSampler s(10, 3, r, {.shuffle = false});
-    REQUIRE(s.num_samples() == 4);
-    auto idx = s.indices();
-    REQUIRE(idx.size() == 4);
-    for (size_t i = 0; i < idx.size(); ++i) REQUIRE(idx[i] == (r + 3 * static_cast<int64_t>(i)) % 10);
-    seen.insert(seen.end(), idx.begin(), idx.end());
-  }
-  std::sort(seen.begin(), seen.end());
-  REQUIRE(seen == std::vector<int64_t>{0, 0, 1, 1, 2, 3, 4, 5, 6, 7, 8, 9});
-  // drop_last: 10 over 3 -> 3 each, index 9 dropped.
-  for (int r = 0; r < 3; ++r) {
-    DistributedSampler s(10, 3, r, {.shuffle = false, .drop_last = true});
-    REQUIRE(s.num_samples() == 3);
-    for (int64_t i : s.indices()) REQUIRE(i < 9);
-  }
-  // Shuffled: the ranks partition one permutation, which changes with the epoch and not with the rank.
-  std::vector<int64_t> e0, e1;
-  for (int r = 0; r < 4; ++r) {
-    DistributedSampler s(20, 4, r, {.seed = 5});
-    auto a = s.indices();
-    s.set_epoch(1);
-    auto b = s.indices();
-    e0.insert(e0.end(), a.begin(), a.end());
-    e1.insert(e1.end(), b.begin(), b.end());
-  }
-  REQUIRE(e0 != e1);
-  auto sorted0 = e0, sorted1 = e1;
-  std::sort(sorted0.begin(), sorted0.end());
-  std::sort(sorted1.begin(), sorted1.end());
-  for (int64_t i = 0; i < 20; ++i) REQUIRE((sorted0[i] == i && sorted1[i] == i));
-  // More replicas than samples: padding repeats the dataset.
-  DistributedSampler tiny(2, 5, 4, {.shuffle = false});
-  REQUIRE(tiny.indices() == std::vector<int64_t>{0});
-  REQUIRE_THROWS_WITH(DistributedSampler(5, 2, 2), Catch::Contains("[DistributedSampler] rank 2 is outside [0, 2)"));
 }
 
 TEST_CASE("ddp: misuse after construction is a clear error, and a failed reduction stays reported", "[ddp]") {

@@ -305,7 +305,7 @@ TEST_CASE("README DistributedDataParallel", "[readme]") {
     dist::DistributedDataParallel ddp(model, pg, {.bucket_cap_mb = 4});  // pg: dist::init() under mpirun
     ddp.register_comm_hook(dist::hooks::bf16_compress);  // optional, before the first backward
     optim::SGD opt(model->parameters(), {.lr = 0.1, .momentum = 0.9});
-    dist::DistributedSampler sampler(x.size(0), pg->size(), pg->rank(), {.seed = 0});
+    data::DistributedSampler sampler(x.size(0), pg->size(), pg->rank(), {.seed = 0});
     for (int64_t epoch = 0; epoch < 3; ++epoch) {
       sampler.set_epoch(epoch);  // a new shuffle, the same on every rank
       Tensor idx = from_vector(sampler.indices());

@@ -100,7 +100,7 @@ void write_setup(const std::string& path, int64_t epochs_np2, int64_t dataset_si
   for (const auto& [name, t] : make_fmnist_cnn()->state_dict()) all.insert("model." + name, t);
   for (int world : {1, 2}) {
     for (int rank = 0; rank < world; ++rank) {
-      dist::DistributedSampler sampler(dataset_size, world, rank, {.seed = train_loader_seed(0)});
+      data::DistributedSampler sampler(dataset_size, world, rank, {.seed = train_loader_seed(0)});
       for (int64_t e = 0; e < (world == 1 ? 1 : epochs_np2); ++e) {
         sampler.set_epoch(e);
         all.insert(fmt::format("order.{}.{}.{}", world, rank, e), from_vector(sampler.indices()));

@@ -165,6 +165,11 @@ void NcclComm::push(NcclPending p) {
   p.work->mark_failed(broken_error(p.what));
 }
 
+void NcclComm::wait_for_room() {
+  std::unique_lock lock(state_mutex);
+  room_cv.wait(lock, [&] { return pending.size() < kMaxInFlight || stopping || broken->is_broken(); });
+}
+
 void NcclComm::start_watchdog(const std::shared_ptr<NcclComm>& self) {
   watchdog = std::thread([self] { self->watch(); });
 }
@@ -190,6 +195,7 @@ void NcclComm::break_group(const std::string& reason) noexcept {
   }
   abort_comm();
   cv.notify_all();
+  room_cv.notify_all();
 }
 
 void NcclComm::fail_pending(std::exception_ptr front_error) noexcept {
@@ -198,6 +204,7 @@ void NcclComm::fail_pending(std::exception_ptr front_error) noexcept {
     std::lock_guard lock(state_mutex);
     failed.swap(pending);
   }
+  room_cv.notify_all();
   bool first = true;
   for (NcclPending& p : failed) {
     try {
@@ -210,8 +217,12 @@ void NcclComm::fail_pending(std::exception_ptr front_error) noexcept {
 
 void NcclComm::abort_comm() noexcept {
   // The handle lock (see comm.h): no other thread is inside an NCCL call with this communicator
-  // while it is aborted and freed, and none starts one after (they find `comm` null).
-  std::lock_guard handle(handle_mutex);
+  // while it is aborted and freed, and none starts one after (they find `comm` null). Its holders
+  // only make non-blocking NCCL calls and let go once the group is marked broken, so it comes
+  // within milliseconds; should a holder ever be stuck for good (a CUDA call that waits for the
+  // device this abort would release), aborting without it is the lesser evil than a hang.
+  std::unique_lock handle(handle_mutex, std::defer_lock);
+  (void)handle.try_lock_for(std::chrono::seconds(5));
   ncclComm_t c = comm.exchange(nullptr);
   if (c != nullptr) {
     (void)cudaSetDevice(device);
@@ -238,6 +249,7 @@ void NcclComm::watch() {
     // its deadline is the earliest.
     std::string failure;
     bool timed_out = false, done = false;
+    uint64_t busy_polls = 0;  // polls that found a launch holding the handle lock
     const Clock::time_point polling_since = Clock::now();
     for (uint64_t spin = 0;; ++spin) {
       try {
@@ -250,11 +262,14 @@ void NcclComm::watch() {
       if (done) break;
       if ((spin & 15) == 15) {
         if (broken->is_broken()) break;  // failure stays empty: fail_pending below gives the reason
-        // Under the handle lock (comm.h); a launch holding it is enqueueing, so this poll waits
-        // for the next round rather than for it.
+        // Under the handle lock (comm.h).
         ncclResult_t async = ncclSuccess, rc = ncclSuccess;
         std::string detail;
-        if (std::unique_lock handle(handle_mutex, std::try_to_lock); handle.owns_lock()) {
+        // A launch holds the lock only for its NCCL calls: skip a busy round, but not forever (an
+        // asynchronous error must not wait for the collective's timeout).
+        std::unique_lock handle(handle_mutex, std::defer_lock);
+        if (handle.try_lock() || ++busy_polls % 64 == 0) {
+          if (!handle.owns_lock()) handle.lock();
           ncclComm_t c = comm.load();
           rc = c ? ncclCommGetAsyncError(c, &async) : ncclInvalidUsage;
           if (rc != ncclSuccess || (async != ncclSuccess && async != ncclInProgress)) {
@@ -305,6 +320,7 @@ void NcclComm::watch() {
       std::lock_guard lock(state_mutex);
       p = std::move(pending.front());
       pending.pop_front();
+      room_cv.notify_all();
       if (free_events.size() < 64) free_events.push_back(std::move(p.done));
     }
     try {

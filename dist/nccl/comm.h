@@ -123,6 +123,13 @@ struct NcclComm {
   std::shared_ptr<cuda::Event> take_event();
   // Hands a launched collective to the watchdog, or fails it if the group broke meanwhile.
   void push(NcclPending p);
+  // At most this many collectives are queued on the comm stream: a host that runs ahead of the
+  // device (waits are device-ordered) then waits here, never inside a CUDA call on a full launch
+  // queue while holding the handle lock.
+  static constexpr size_t kMaxInFlight = 64;
+  // Returns once fewer than kMaxInFlight collectives are in flight, or the group is broken or
+  // stopping (the launch then fails as it would have).
+  void wait_for_room();
   void start_watchdog(const std::shared_ptr<NcclComm>& self);
   // Stops the watchdog once the collectives in flight are done (or failed at their deadline).
   void stop() noexcept;
@@ -145,7 +152,7 @@ struct NcclComm {
   // held across anything that can wait for the device: a launch allocates before taking it, and a
   // launching thread inside NCCL polls (non-blocking communicator) and lets go once the group is
   // marked broken, so the abort's wait for it is short. Order: issue_mutex, then handle_mutex.
-  std::mutex handle_mutex;
+  std::timed_mutex handle_mutex;
   // The group's broken state (GroupBase's), which the watchdog sets too. Its peers are other
   // processes under a launcher: a break is recorded process-wide for the exit (mpi_finalize).
   const std::shared_ptr<BrokenState> broken = std::make_shared<BrokenState>(/*peers_are_processes=*/true);
@@ -161,6 +168,7 @@ struct NcclComm {
 
   std::mutex state_mutex;  // the fields below
   std::condition_variable cv;
+  std::condition_variable room_cv;  // wait_for_room
   std::deque<NcclPending> pending;
   std::vector<std::shared_ptr<cuda::Event>> free_events;
   bool stopping = false;

@@ -24,12 +24,14 @@ ProcessGroupPtr make_nccl_world(const InitOptions&) {
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <optional>
 #include <string_view>
 
 #include "cuda/allocator.h"
 #include "cuda/check.h"
 #include "cuda/runtime.h"
 #include "dist/detail/collective_checks.h"
+#include "dist/detail/comm_thread.h"
 #include "dist/detail/group_base.h"
 #include "dist/mpi/mpi.h"
 #include "dist/nccl/comm.h"
@@ -41,8 +43,9 @@ namespace {
 
 bool is_cpu_tensor(const Tensor& t) { return t.defined() && t.is_cpu(); }
 
-// TANDEM_NCCL_BLOCKING_WAIT=1 (anything but empty or 0).
-bool blocking_wait_requested() {
+// InitOptions::nccl_blocking_wait, else TANDEM_NCCL_BLOCKING_WAIT=1 (anything but empty or 0).
+bool blocking_wait_requested(const std::optional<bool>& option) {
+  if (option) return *option;
   const char* env = std::getenv("TANDEM_NCCL_BLOCKING_WAIT");
   return env != nullptr && *env != 0 && std::string_view(env) != "0";
 }
@@ -65,14 +68,14 @@ struct Launch {
 // NcclLaunch); may add scratch tensors to `keep`.
 using Body = std::function<void(const NcclLaunch&, TensorList& keep)>;
 
-std::shared_ptr<ProcessGroup> create_group(ProcessGroupPtr cpu, int device, int local_size);
+std::shared_ptr<ProcessGroup> create_group(ProcessGroupPtr cpu, int device, int local_size, bool blocking_wait);
 
 // The settings live here and in the companion group, which carries this group's CPU tensors.
 class NcclGroup final : public GroupBase {
  public:
-  NcclGroup(ProcessGroupPtr cpu, std::shared_ptr<NcclComm> comm, int local_size)
+  NcclGroup(ProcessGroupPtr cpu, std::shared_ptr<NcclComm> comm, int local_size, bool blocking_wait)
       : GroupBase(comm->rank, comm->size, comm->name, cpu->timeout(), cpu->debug_checks(), comm->broken),
-        cpu_(std::move(cpu)), comm_(std::move(comm)), local_size_(local_size) {}
+        cpu_(std::move(cpu)), comm_(std::move(comm)), local_size_(local_size), blocking_wait_(blocking_wait) {}
   ~NcclGroup() override { comm_->stop(); }
 
   std::string_view backend() const override { return "nccl"; }
@@ -100,6 +103,13 @@ class NcclGroup final : public GroupBase {
     cuda::DeviceGuard device(comm_->device);
     std::lock_guard lock(step_mutex_);
     if (step_stream_.raw() == nullptr) step_stream_ = cuda::Stream::create(comm_->device, -1);
+    if (!on_comm_thread()) {
+      // Run inline by then() on a Work already complete (a hook that skipped communication): the
+      // caller's stream may still be writing what fn reads, so the step stream waits for it.
+      // (On the watchdog thread the current stream is nobody's: the collective has finished.)
+      step_ready_.record(cuda::current_stream(comm_->device));
+      step_ready_.wait(step_stream_.raw());
+    }
     TensorList kept;
     {
       cuda::StreamGuard guard(step_stream_);
@@ -319,7 +329,7 @@ class NcclGroup final : public GroupBase {
       ++next_number(OpKind::new_group);  // a collective of this group, as on the other backends
     }
     if (!cpu_child) return nullptr;
-    ProcessGroupPtr g = create_group(cpu_child, comm_->device, local_size_);
+    ProcessGroupPtr g = create_group(cpu_child, comm_->device, local_size_, blocking_wait_);
     configure_child(*g);
     return g;
   }
@@ -365,6 +375,7 @@ class NcclGroup final : public GroupBase {
   // the caller's stream; no host synchronisation.
   WorkPtr launch(Launch l, const Body& body) {
     NcclComm& c = *comm_;
+    c.wait_for_room();  // a bounded run-ahead of the host (see kMaxInFlight)
     std::lock_guard issue(c.issue_mutex);
     const bool collective = !is_p2p(l.kind);
     uint64_t& counter = next_number(l.kind);
@@ -386,18 +397,24 @@ class NcclGroup final : public GroupBase {
     p.timeout = timeout();
     p.deadline = Clock::now() + p.timeout;
     try {
-      std::lock_guard handle(c.handle_mutex);  // see comm.h: the abort waits for this launch
-      ncclComm_t nc = c.comm.load();
-      if (nc == nullptr) throw Error(broken().message(what));  // aborted: the group broke meanwhile
       cuda::DeviceGuard guard(c.device);
       cudaStream_t s = c.stream.raw();
+      // Stream calls that are not NCCL's stay outside the handle lock (comm.h): with a full launch
+      // queue they block until the device drains, which an aborted collective may be holding up.
       c.ready.record(cuda::current_stream(c.device));  // after everything the caller issued so far
       c.ready.wait(s);
-      // Each NCCL call returns once NCCL has enqueued it, or by the deadline (NcclLaunch::check):
-      // a peer that never connects cannot hold this thread, which holds the issue lock.
-      body(NcclLaunch{c, nc, s, what, p.timeout, p.deadline}, p.keep);
+      {
+        std::lock_guard handle(c.handle_mutex);  // see comm.h: the abort waits for this
+        ncclComm_t nc = c.comm.load();
+        if (nc == nullptr) throw Error(broken().message(what));  // aborted: the group broke meanwhile
+        // Each NCCL call returns once NCCL has enqueued it, or by the deadline (NcclLaunch::check):
+        // a peer that never connects cannot hold this thread, which holds the issue lock. The few
+        // copies some bodies queue between NCCL calls cannot find the queue full: at most
+        // NcclComm::kMaxInFlight collectives are queued (wait_for_room above).
+        body(NcclLaunch{c, nc, s, what, p.timeout, p.deadline}, p.keep);
+      }
       p.done = c.take_event();
-      p.done->record(s);
+      p.done->record(s);  // still under the issue lock: in launch order
     } catch (const TimeoutError& e) {
       // NCCL was still waiting for a peer at the deadline; the message names the operation.
       c.break_group(e.what());
@@ -415,9 +432,10 @@ class NcclGroup final : public GroupBase {
     // Outside the handle lock: the allocator's lock may be held by a thread waiting for the device.
     for (const Tensor& t : p.keep) cuda::record_stream(t, c.stream.raw());
     for (const Tensor& t : p.result) cuda::record_stream(t, c.stream.raw());
-    if (!blocking_wait_) {
+    if (!blocking_wait_ && l.kind != OpKind::barrier) {
       // wait() orders the waiting thread's stream after the collective instead of blocking the
       // host; the watchdog still completes the Work (continuations, errors) when the event fires.
+      // A barrier's wait blocks the host, as in PyTorch: callers use it to hold ranks together.
       const int device = c.device;
       work->order_on_device(p.result, [done = p.done, device] { done->wait(cuda::current_stream(device)); });
     }
@@ -447,13 +465,13 @@ class NcclGroup final : public GroupBase {
   ProcessGroupPtr cpu_;
   std::shared_ptr<NcclComm> comm_;
   int local_size_;
-  // TANDEM_NCCL_BLOCKING_WAIT=1: Work::wait blocks the host until the watchdog has seen the
+  // InitOptions::nccl_blocking_wait: Work::wait blocks the host until the watchdog has seen the
   // collective finish (PyTorch's TORCH_NCCL_BLOCKING_WAIT), for debugging; by default it orders
-  // the caller's stream (Work::order_on_device).
-  bool blocking_wait_ = blocking_wait_requested();
+  // the caller's stream (Work::order_on_device). Sub-groups inherit it.
+  bool blocking_wait_;
   std::mutex step_mutex_;  // the step stream's state below
   cuda::Stream step_stream_;  // run_on_step_stream; created at the first use
-  cuda::Event step_joined_;
+  cuda::Event step_joined_, step_ready_;
   TensorList step_kept_;  // used on the step stream since the last join
   bool step_queued_ = false;
 };
@@ -461,7 +479,7 @@ class NcclGroup final : public GroupBase {
 // Collective over `cpu`'s ranks: sets up this rank's device state, broadcasts rank 0's
 // ncclUniqueId over `cpu`, agrees that every rank is ready (so that one failing rank makes all
 // throw instead of leaving the others in ncclCommInitRank), then creates the communicator.
-std::shared_ptr<ProcessGroup> create_group(ProcessGroupPtr cpu, int device, int local_size) {
+std::shared_ptr<ProcessGroup> create_group(ProcessGroupPtr cpu, int device, int local_size, bool blocking_wait) {
   const int rank = cpu->rank(), size = cpu->size();
   std::string local_error;
   std::shared_ptr<NcclComm> comm;
@@ -506,7 +524,7 @@ std::shared_ptr<ProcessGroup> create_group(ProcessGroupPtr cpu, int device, int 
   }
   comm->teardown_ms.store(cpu->timeout().count());
   comm->start_watchdog(comm);
-  return std::make_shared<NcclGroup>(std::move(cpu), std::move(comm), local_size);
+  return std::make_shared<NcclGroup>(std::move(cpu), std::move(comm), local_size, blocking_wait);
 }
 
 }  // namespace
@@ -534,7 +552,7 @@ ProcessGroupPtr make_nccl_world(const InitOptions& options) {
     device = cuda::current_device();
   }
   cuda::set_device(device);
-  return create_group(std::move(cpu), device, local_size);
+  return create_group(std::move(cpu), device, local_size, blocking_wait_requested(options.nccl_blocking_wait));
 }
 
 }  // namespace tandem::dist

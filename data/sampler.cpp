@@ -1,11 +1,11 @@
-#include "dist/sampler.h"
+#include "data/sampler.h"
 
 #include <numeric>
 #include <random>
 
 #include "core/error.h"
 
-namespace tandem::dist {
+namespace tandem::data {
 
 DistributedSampler::DistributedSampler(int64_t dataset_size, int num_replicas, int rank, SamplerOptions options)
     : dataset_size_(dataset_size), num_replicas_(num_replicas), rank_(rank), options_(options) {
@@ -48,4 +48,4 @@ std::vector<int64_t> DistributedSampler::indices() const {
   return mine;
 }
 
-}  // namespace tandem::dist
+}  // namespace tandem::data

@@ -1,5 +1,6 @@
 // DistributedSampler: which dataset indices each rank reads, as torch.utils.data's
-// DistributedSampler. Every epoch the indices are shuffled with seed + epoch (identically on every
+// DistributedSampler (part of the data layer, as in PyTorch: it needs nothing from dist; the
+// caller passes the world size and rank). Every epoch the indices are shuffled with seed + epoch (identically on every
 // rank), padded by repeating the first indices so every rank gets the same count (or, with
 // drop_last, trimmed to a multiple of the world size), and dealt out round robin: rank r gets
 // positions r, r + world, r + 2 world, ...
@@ -8,7 +9,7 @@
 #include <cstdint>
 #include <vector>
 
-namespace tandem::dist {
+namespace tandem::data {
 
 struct SamplerOptions {
   bool shuffle = true;
@@ -37,4 +38,4 @@ class DistributedSampler {
   int64_t epoch_ = 0;
 };
 
-}  // namespace tandem::dist
+}  // namespace tandem::data
