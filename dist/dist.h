@@ -2,10 +2,10 @@
 // it is built from.
 #pragma once
 
-#include "dist/comm_hooks.h"
-#include "dist/ddp.h"
+#include "dist/ddp/comm_hooks.h"
+#include "dist/ddp/ddp.h"
 #include "dist/init.h"
 #include "dist/mpi/mpi.h"
 #include "dist/process_group.h"
-#include "dist/reducer.h"
+#include "dist/ddp/reducer.h"
 #include "dist/threads/threads.h"

@@ -1,4 +1,4 @@
-#include "dist/ddp.h"
+#include "dist/ddp/ddp.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>

@@ -1,4 +1,4 @@
-#include "dist/mixed_precision.h"
+#include "dist/ddp/mixed_precision.h"
 
 #include "autograd/engine.h"
 #include "autograd/grad_mode.h"

@@ -1,4 +1,4 @@
-#include "dist/backward_watch.h"
+#include "dist/ddp/backward_watch.h"
 
 #include <algorithm>
 

@@ -1,4 +1,4 @@
-#include "dist/reducer.h"
+#include "dist/ddp/reducer.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>

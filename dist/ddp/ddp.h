@@ -15,7 +15,7 @@
 //
 // Construction checks that every rank holds the same parameters (count, shapes, dtypes) and
 // broadcasts rank 0's parameters (and buffers, with broadcast_buffers) to all ranks. Gradients
-// are reduced during backward in buckets (see dist/reducer.h); no_sync() skips that for
+// are reduced during backward in buckets (see dist/ddp/reducer.h); no_sync() skips that for
 // gradient accumulation.
 #pragma once
 
@@ -29,10 +29,10 @@
 #include <vector>
 
 #include "core/trace.h"
-#include "dist/comm_hooks.h"
-#include "dist/delayed_allreduce.h"
-#include "dist/mixed_precision.h"
-#include "dist/reducer.h"
+#include "dist/ddp/comm_hooks.h"
+#include "dist/ddp/delayed_allreduce.h"
+#include "dist/ddp/mixed_precision.h"
+#include "dist/ddp/reducer.h"
 #include "nn/module.h"
 
 namespace tandem::dist {

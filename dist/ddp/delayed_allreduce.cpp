@@ -1,4 +1,4 @@
-#include "dist/delayed_allreduce.h"
+#include "dist/ddp/delayed_allreduce.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>

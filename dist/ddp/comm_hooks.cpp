@@ -1,4 +1,4 @@
-#include "dist/comm_hooks.h"
+#include "dist/ddp/comm_hooks.h"
 
 #include "autograd/grad_mode.h"
 #include "autograd/ops.h"

@@ -6,7 +6,7 @@
 // the end of backward waits for every bucket and writes the averages back into `.grad`.
 //
 // Which backward is DDP's: one that reaches the output of a synchronised forward (DDP hands the
-// outputs over in prepare_for_backward; dist/backward_watch.h adopts it before any node runs);
+// outputs over in prepare_for_backward; dist/ddp/backward_watch.h adopts it before any node runs);
 // gradient hooks fired by any other backward (another model sharing parameters) are not this
 // iteration's. Several synchronised forwards may precede one backward unless
 // find_unused_parameters is on without static_graph (then which parameters one forward left
@@ -32,8 +32,8 @@
 
 #include "autograd/engine.h"
 #include "autograd/hooks.h"
-#include "dist/backward_watch.h"
-#include "dist/comm_hooks.h"
+#include "dist/ddp/backward_watch.h"
+#include "dist/ddp/comm_hooks.h"
 #include "dist/process_group.h"
 #include "nn/optim_in_backward.h"
 

@@ -24,9 +24,9 @@
 #include <vector>
 
 #include "autograd/hooks.h"
-#include "dist/backward_watch.h"
+#include "dist/ddp/backward_watch.h"
 #include "dist/process_group.h"
-#include "dist/reducer.h"
+#include "dist/ddp/reducer.h"
 #include "nn/optim_in_backward.h"
 
 namespace tandem::dist {
