@@ -3,6 +3,7 @@
 // input's dtype (promotion can make the output wider than an input).
 #include "autograd/node.h"
 #include "autograd/ops.h"
+#include "core/checks.h"
 #include "core/elementwise.h"
 
 namespace tandem {
@@ -310,9 +311,8 @@ Tensor clamp(const Tensor& a, const std::optional<Tensor>& lo_in, const std::opt
   for (const Tensor* b : {lo, hi}) {
     if (!b) continue;
     // A 0-dim CPU bound may join a tensor on another device, as in every binary op.
-    TANDEM_CHECK(b->device() == a.device() || (b->dim() == 0 && b->is_cpu()),
-                 "[clamp] tensors are on different devices: self on {}, {} on {}", a.device(),
-                 b == lo ? "min" : "max", b->device());
+    if (!(b->device() == a.device() || (b->dim() == 0 && b->is_cpu()))) [[unlikely]]
+      detail::fail_devices("clamp", {{"self", a}, {b == lo ? "min" : "max", *b}});
     shape = broadcast_shapes(shape, b->shape(), "clamp");
   }
   // One promotion over all three operands (PyTorch's result_type(self, min, max)), then the

@@ -1,6 +1,7 @@
 // The public NN functional ops of autograd/ops.h: forward through core/nn_ops.h, backward rules here.
 #include "autograd/node.h"
 #include "autograd/ops.h"
+#include "core/checks.h"
 #include "core/nn_ops.h"
 
 namespace tandem {
@@ -51,7 +52,7 @@ Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& 
 Tensor dropout(const Tensor& x, double p, bool training) {
   TANDEM_CHECK(x.defined(), "[dropout] got an undefined tensor");
   TANDEM_CHECK(p >= 0 && p <= 1, "[dropout] p must be in [0, 1], got {}", p);
-  TANDEM_CHECK(is_floating(x.dtype()), "[dropout] needs a floating input, got {} (shape {})", x.dtype(), x.shape());
+  detail::check_floating(x, "dropout");
   if (!training || p == 0) return x;
   Tensor uniform = rand(x.shape(), TensorOptions(f32, x.device()));
   auto [out, mask] = detail::dropout_kernel(x, uniform, p);

@@ -6,6 +6,7 @@
 #include <limits>
 #include <vector>
 
+#include "core/checks.h"
 #include "core/kernel_tables.h"
 #include "core/elementwise.h"
 #include "core/matmul.h"
@@ -26,11 +27,6 @@ int64_t floor_div(int64_t a, int64_t b) { return a >= 0 ? a / b : -((-a + b - 1)
 
 void check_positive(Size2 s, const char* what, const char* op) {
   TANDEM_CHECK(s.h > 0 && s.w > 0, "[{}] {} must be positive, got {}", op, what, s);
-}
-
-void check_floating_input(const Tensor& t, const char* op) {
-  TANDEM_CHECK(t.defined(), "[{}] got an undefined input", op);
-  TANDEM_CHECK(is_floating(t.dtype()), "[{}] needs a floating input, got {} (shape {})", op, t.dtype(), t.shape());
 }
 
 void check_4d(const Tensor& t, const char* op) {
@@ -288,15 +284,14 @@ Tensor to_f32(const Tensor& t, const char* op) { return t.defined() ? convert(t,
 
 Conv2dGeometry conv2d_geometry(const Tensor& input, const Tensor& weight, const Tensor& bias, const Conv2dArgs& a) {
   const char* op = "conv2d";
-  check_floating_input(input, op);
+  check_floating(input, op);
   TANDEM_CHECK(weight.defined(), "[conv2d] got an undefined weight");
   check_4d(input, op);
   TANDEM_CHECK(weight.dim() == 4, "[conv2d] expected weight [out_channels, in_channels / groups, kh, kw], got {}",
                weight.shape());
   TANDEM_CHECK(weight.dtype() == input.dtype(), "[conv2d] weight has dtype {} but input has {}", weight.dtype(),
                input.dtype());
-  TANDEM_CHECK(weight.device() == input.device(), "[conv2d] weight is on {} but input on {}", weight.device(),
-               input.device());
+  check_same_device(op, {{"input", input}, {"weight", weight}});
   check_positive(a.stride, "stride", op);
   check_positive(a.dilation, "dilation", op);
   TANDEM_CHECK(a.padding.h >= 0 && a.padding.w >= 0, "[conv2d] padding must be non-negative, got {}", a.padding);
@@ -317,8 +312,7 @@ Conv2dGeometry conv2d_geometry(const Tensor& input, const Tensor& weight, const 
   if (bias.defined()) {
     TANDEM_CHECK(bias.dtype() == input.dtype(), "[conv2d] bias has dtype {} but input has {}", bias.dtype(),
                  input.dtype());
-    TANDEM_CHECK(bias.device() == input.device(), "[conv2d] bias is on {} but input on {}", bias.device(),
-                 input.device());
+    check_same_device(op, {{"input", input}, {"bias", bias}});
     TANDEM_CHECK(bias.dim() == 1 && bias.size(0) == g.O, "[conv2d] bias must have shape [{}] (out_channels of weight {}), got {}",
                  g.O, weight.shape(), bias.shape());
   }
@@ -389,8 +383,7 @@ std::array<Tensor, 3> conv2d_backward_kernel(const Tensor& grad, const Tensor& i
   TANDEM_CHECK(grad.defined() && grad.shape() == out_shape && grad.dtype() == input.dtype(),
                "[{}] gradient {} {} does not match the output {} {}", op, grad.defined() ? grad.dtype() : input.dtype(),
                grad.defined() ? grad.shape() : Shape{}, input.dtype(), out_shape);
-  TANDEM_CHECK(grad.device() == input.device(), "[{}] gradient is on {} but input on {}", op, grad.device(),
-               input.device());
+  check_same_device(op, {{"grad", grad}, {"input", input}});
   if (input.is_cpu() && is_half_precision(input.dtype())) {
     auto r = conv2d_backward_kernel(to_f32(grad, op), to_f32(input, op), to_f32(weight, op), args, need_input,
                                     need_weight, need_bias);
@@ -451,7 +444,7 @@ std::array<Tensor, 3> conv2d_backward_kernel(const Tensor& grad, const Tensor& i
 // ---- pooling ----
 
 Window2d pool2d_window(const Tensor& input, const Pool2dArgs& a, const char* op) {
-  check_floating_input(input, op);
+  check_floating(input, op);
   check_4d(input, op);
   const Size2 stride = a.stride.value_or(a.kernel);
   check_positive(a.kernel, "kernel_size", op);
@@ -614,7 +607,7 @@ Tensor max_pool2d_backward_kernel(const Tensor& grad, const Tensor& indices, con
                                   const Pool2dArgs& args) {
   const char* op = "max_pool2d_backward";
   const Window2d w = pool2d_window(input, args, op);
-  require_same_device(op, {&grad, &indices, &input});
+  check_same_device(op, {{"grad", grad}, {"indices", indices}, {"input", input}});
   const Shape out_shape{input.size(0), input.size(1), w.OH, w.OW};
   TANDEM_CHECK(grad.shape() == out_shape && grad.dtype() == input.dtype() && indices.shape() == out_shape &&
                    indices.dtype() == i64,
@@ -694,7 +687,7 @@ Tensor avg_pool2d_backward_kernel(const Tensor& grad, const Tensor& input, const
   const char* op = "avg_pool2d_backward";
   check_avg(avg, op);
   const Window2d w = pool2d_window(input, args, op);
-  require_same_device(op, {&grad, &input});
+  check_same_device(op, {{"grad", grad}, {"input", input}});
   const Shape out_shape{input.size(0), input.size(1), w.OH, w.OW};
   TANDEM_CHECK(grad.shape() == out_shape && grad.dtype() == input.dtype(),
                "[{}] gradient {} {} does not match the output {} {}", op, grad.dtype(), grad.shape(), input.dtype(),
@@ -732,7 +725,7 @@ Tensor avg_pool2d_backward_kernel(const Tensor& grad, const Tensor& input, const
 
 namespace {
 Window2d adaptive_window(const Tensor& input, Size2 output_size, const char* op) {
-  check_floating_input(input, op);
+  check_floating(input, op);
   check_4d(input, op);
   check_positive(output_size, "output_size", op);
   TANDEM_CHECK(input.size(1) > 0 && input.size(2) > 0 && input.size(3) > 0,
@@ -784,7 +777,7 @@ Tensor adaptive_avg_pool2d_backward_kernel(const Tensor& grad, const Tensor& inp
   TANDEM_CHECK(grad.defined() && grad.dim() == 4, "[{}] expected a 4-D gradient, got {}", op,
                grad.defined() ? grad.shape() : Shape{});
   const Window2d w = adaptive_window(input, Size2(grad.size(2), grad.size(3)), op);
-  require_same_device(op, {&grad, &input});
+  check_same_device(op, {{"grad", grad}, {"input", input}});
   TANDEM_CHECK(grad.size(0) == input.size(0) && grad.size(1) == input.size(1) && grad.dtype() == input.dtype(),
                "[{}] gradient {} {} does not match input {} {}", op, grad.dtype(), grad.shape(), input.dtype(),
                input.shape());

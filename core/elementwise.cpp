@@ -60,15 +60,6 @@ const char* op_name(Unary op) {
   return "?";
 }
 
-void fail_devices(const char* op, std::initializer_list<NamedTensor> ts) {
-  std::string list;
-  for (const NamedTensor& n : ts) {
-    if (!list.empty()) list += ", ";
-    list += fmt::format("{} on {}", n.name, n.t.device());
-  }
-  fail("[{}] tensors are on different devices: {}", op, list);
-}
-
 // ---------------------------------------------------------------- argument checks
 
 Shape broadcast_or_same(const Tensor& a, const Tensor& b, const char* op) {

@@ -11,10 +11,10 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
-#include <initializer_list>
 #include <optional>
 #include <type_traits>
 
+#include "core/checks.h"
 #include "core/kernel_tables.h"
 #include "core/macros.h"
 #include "core/tensor.h"
@@ -375,20 +375,6 @@ struct ElementwiseDeviceKernels {
   // out = where(cond, g, 0) (take_true) or where(cond, 0, g).
   virtual void where_grad(const Tensor& out, const Tensor& cond, const Tensor& g, bool take_true) = 0;
 };
-
-// Throws "[op] tensors are on different devices: a on cuda:0, b on cpu" unless all the named
-// tensors are on one device (each must be defined).
-struct NamedTensor {
-  const char* name;
-  const Tensor& t;
-};
-[[noreturn]] void fail_devices(const char* op, std::initializer_list<NamedTensor> ts);
-inline void check_same_device(const char* op, std::initializer_list<NamedTensor> ts) {
-  const Device d = ts.begin()->t.device();
-  for (const NamedTensor& n : ts)
-    if (!(n.t.device() == d)) [[unlikely]]
-      fail_devices(op, ts);
-}
 
 // Out of place. Operands broadcast; integer `div` gives f32; comparisons and logic give bool.
 // All tensors of an op are on one device, except that (as in PyTorch) a 0-dim CPU tensor may

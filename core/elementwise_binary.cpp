@@ -209,7 +209,7 @@ void binary_(Binary op, const Tensor& self, const Scalar& other, const char* nam
 
 void copy_divided(const Tensor& self, const Tensor& src_in, double divisor, const char* name) {
   TANDEM_CHECK(self.defined() && src_in.defined(), "[{}] undefined tensor", name);
-  TANDEM_CHECK(is_floating(self.dtype()), "[{}] the destination must be floating point, got {}", name, self.dtype());
+  check_floating(self, name, "destination");
   TANDEM_CHECK(self.shape() == src_in.shape(), "[{}] shapes differ: destination {}, source {}", name, self.shape(),
                src_in.shape());
   check_writable(self, name);

@@ -180,7 +180,7 @@ struct Ternary {
 };
 Ternary prepare_ternary(const Tensor& self, const Tensor& a, const Tensor& b, const char* name) {
   check_same_device(name, {{"self", self}, {"tensor1", a}, {"tensor2", b}});
-  TANDEM_CHECK(is_floating(self.dtype()), "[{}] self must be floating, got {}", name, self.dtype());
+  check_floating(self, name, "self");
   check_cast(result_type(self, a, b), self.dtype(), name);
   check_broadcasts_to(a, self, "tensor1", name);
   check_broadcasts_to(b, self, "tensor2", name);
@@ -217,7 +217,7 @@ void addcdiv_(const Tensor& self, const Tensor& a, const Tensor& b, const Scalar
 
 void lerp_(const Tensor& self, const Tensor& end_in, const Scalar& weight) {
   check_same_device("lerp_", {{"self", self}, {"end", end_in}});
-  TANDEM_CHECK(is_floating(self.dtype()), "[lerp_] self must be floating, got {}", self.dtype());
+  check_floating(self, "lerp_", "self");
   TANDEM_CHECK(end_in.dtype() == self.dtype(), "[lerp_] expected end to have dtype {} like self, got {}",
                self.dtype(), end_in.dtype());
   check_broadcasts_to(end_in, self, "end", "lerp_");

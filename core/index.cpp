@@ -17,25 +17,6 @@ void check_defined(const Tensor& t, const char* op, const char* what) {
   TANDEM_CHECK(t.defined(), "[{}] {} is an undefined tensor", op, what);
 }
 
-struct Named {
-  const char* name;
-  const Tensor& t;
-};
-
-// The one device all of an op's tensors are on; throws "[op] tensors are on different devices:
-// input on cuda:0, index on cpu" otherwise.
-Device one_device(const char* op, std::initializer_list<Named> ts) {
-  const Device dev = ts.begin()->t.device();
-  bool same = true;
-  for (const Named& n : ts) same = same && n.t.device() == dev;
-  if (!same) [[unlikely]] {
-    std::string list;
-    for (const Named& n : ts) list += fmt::format("{}{} on {}", list.empty() ? "" : ", ", n.name, n.t.device());
-    fail("[{}] tensors are on different devices: {}", op, list);
-  }
-  return dev;
-}
-
 // The kernels for a non-CPU device (throws "built without CUDA" when it has no backend).
 IndexDeviceKernels& kernels_for(Device dev, const char* op) { return device_kernels<IndexDeviceKernels>(dev, op); }
 
@@ -254,7 +235,7 @@ Tensor zeros_of(const Shape& shape, Dtype dtype, Device device, const char* op) 
 
 void copy_into(const Tensor& dst, const Tensor& src, const char* op) {
   TANDEM_CHECK(dst.shape() == src.shape(), "[{}] internal: copy from {} into {}", op, src.shape(), dst.shape());
-  const Device dev = one_device(op, {{"destination", dst}, {"source", src}});
+  const Device dev = check_same_device(op, {{"destination", dst}, {"source", src}});
   if (dst.numel() == 0) return;
   if (!dev.is_cpu()) [[unlikely]] {
     detail::copy(dst, src, op);
@@ -300,7 +281,7 @@ Tensor embedding(const Tensor& weight, const Tensor& indices) {
   TANDEM_CHECK(weight.dim() == 2, "[embedding] weight must be 2-D [num_embeddings, embedding_dim], got {}",
                weight.shape());
   check_index_dtype(indices, op, "indices");
-  const Device dev = one_device(op, {{"weight", weight}, {"indices", indices}});
+  const Device dev = check_same_device(op, {{"weight", weight}, {"indices", indices}});
   const int64_t rows = weight.size(0), cols = weight.size(1);
   if (!dev.is_cpu()) [[unlikely]] {
     Shape out_shape = indices.shape();
@@ -328,7 +309,7 @@ Tensor embedding_backward(const Tensor& grad, const Tensor& indices, int64_t num
   const char* op = "embedding_backward";
   const int64_t cols = grad.size(-1);
   if (!grad.is_cpu()) [[unlikely]] {
-    one_device(op, {{"grad", grad}, {"indices", indices}});
+    check_same_device(op, {{"grad", grad}, {"indices", indices}});
     const int64_t n = indices.numel();
     const Tensor g = cast_copy(grad, grad.dtype(), op);
     Tensor out = zeros_of(Shape{num_rows, cols}, grad.dtype(), grad.device(), op);
@@ -350,7 +331,7 @@ Tensor index_select(const Tensor& a, int64_t dim, const Tensor& index) {
   check_defined(index, op, "index");
   check_index_dtype(index, op, "index");
   TANDEM_CHECK(index.dim() <= 1, "[index_select] index must be 0-D or 1-D, got shape {}", index.shape());
-  const Device dev = one_device(op, {{"input", a}, {"index", index}});
+  const Device dev = check_same_device(op, {{"input", a}, {"index", index}});
   dim = wrap_dim(dim, a.dim(), op);
   if (!dev.is_cpu()) [[unlikely]] {
     if (a.dim() == 0)
@@ -381,7 +362,7 @@ Tensor index_select(const Tensor& a, int64_t dim, const Tensor& index) {
 Tensor index_add_zeros(const Shape& shape, int64_t dim, const Tensor& index, const Tensor& src) {
   const char* op = "index_select_backward";
   if (!src.is_cpu()) [[unlikely]] {
-    one_device(op, {{"grad", src}, {"index", index}});
+    check_same_device(op, {{"grad", src}, {"index", index}});
     Tensor out = zeros_of(shape, src.dtype(), src.device(), op);
     kernels_for(src.device(), op).index_add(as_1d(out), dim, as_1d(index), as_1d(cast_copy(src, src.dtype(), op)));
     return out;
@@ -399,7 +380,7 @@ Tensor gather(const Tensor& a, int64_t dim, const Tensor& index) {
   check_defined(a, op, "input");
   check_defined(index, op, "index");
   check_index_dtype(index, op, "index");
-  const Device dev = one_device(op, {{"input", a}, {"index", index}});
+  const Device dev = check_same_device(op, {{"input", a}, {"index", index}});
   TANDEM_CHECK(index.dim() == a.dim(), "[gather] index must have as many dims as the input: index is {}, input is {}",
                index.shape(), a.shape());
   dim = wrap_dim(dim, a.dim(), op);
@@ -420,7 +401,7 @@ Tensor scatter_add(const Tensor& a, int64_t dim, const Tensor& index, const Tens
   check_defined(index, op, "index");
   check_defined(src, op, "src");
   check_index_dtype(index, op, "index");
-  const Device dev = one_device(op, {{"input", a}, {"index", index}, {"src", src}});
+  const Device dev = check_same_device(op, {{"input", a}, {"index", index}, {"src", src}});
   TANDEM_CHECK(src.dtype() == a.dtype(), "[scatter_add] src must have the input's dtype: input is {}, src is {}",
                a.dtype(), src.dtype());
   TANDEM_CHECK(index.dim() == a.dim() && src.dim() == a.dim(),
@@ -448,7 +429,7 @@ Tensor gather_padded(const Tensor& grad, int64_t dim, const Tensor& index, const
   const char* op = "scatter_add_backward";
   Tensor out = zeros_of(src_shape, grad.dtype(), grad.device(), op);
   if (!grad.is_cpu()) [[unlikely]] {
-    one_device(op, {{"grad", grad}, {"index", index}});
+    check_same_device(op, {{"grad", grad}, {"index", index}});
     kernels_for(grad.device(), op)
         .gather(as_1d(make_view(out, index.shape(), out.strides(), 0)), as_1d(grad), dim, as_1d(index), nullptr);
     return out;
@@ -465,7 +446,7 @@ Tensor masked_fill(const Tensor& a, const Tensor& mask, const Scalar& value) {
   check_defined(mask, op, "mask");
   TANDEM_CHECK(mask.dtype() == boolean, "[masked_fill] mask must be bool, got {} (shape {})", mask.dtype(),
                mask.shape());
-  const Device dev = one_device(op, {{"input", a}, {"mask", mask}});
+  const Device dev = check_same_device(op, {{"input", a}, {"mask", mask}});
   bool fits = mask.dim() <= a.dim();
   for (int64_t i = 0; fits && i < mask.dim(); ++i) {
     const int64_t m = mask.size(mask.dim() - 1 - i), s = a.size(a.dim() - 1 - i);
@@ -498,13 +479,11 @@ Tensor cat(const TensorList& tensors, int64_t dim, const char* op) {
   TANDEM_CHECK(!tensors.empty(), "[{}] expected a non-empty list of tensors", op);
   for (size_t i = 0; i < tensors.size(); ++i) TANDEM_CHECK(tensors[i].defined(), "[{}] tensor {} is undefined", op, i);
   Dtype dtype = tensors[0].dtype();
-  const Device device = tensors[0].device();
+  const Device device = check_same_device(op, tensors);
   int64_t ref = -1;  // the first tensor that is not skipped sets the geometry
   for (size_t i = 0; i < tensors.size(); ++i) {
     const Tensor& t = tensors[i];
     dtype = promote_types(dtype, t.dtype());
-    TANDEM_CHECK(t.device() == device, "[{}] tensors must be on one device: tensor 0 is on {}, tensor {} is on {}", op,
-                 device, i, t.device());
     TANDEM_CHECK(t.dim() > 0, "[{}] zero-dimensional tensor (at index {}) cannot be concatenated", op, i);
     if (ref < 0 && !cat_skips(t)) ref = static_cast<int64_t>(i);
   }

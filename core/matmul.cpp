@@ -7,6 +7,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "core/checks.h"
 #include "core/kernel_tables.h"
 #include "core/elementwise.h"
 #include "core/iter.h"
@@ -146,8 +147,7 @@ struct MatmulGeometry {
 
 void check_pair(const Tensor& a, const Tensor& b, const char* op) {
   TANDEM_CHECK(a.defined() && b.defined(), "[{}] got an undefined tensor", op);
-  TANDEM_CHECK(a.device() == b.device(), "[{}] tensors are on different devices: a on {}, b on {}", op, a.device(),
-               b.device());
+  check_same_device(op, {{"a", a}, {"b", b}});
   TANDEM_CHECK(a.dtype() == b.dtype(), "[{}] dtypes differ: a is {}, b is {} (convert one with .to())", op, a.dtype(),
                b.dtype());
   TANDEM_CHECK(a.dtype() != boolean, "[{}] bool tensors are not supported (shapes {} and {})", op, a.shape(),
@@ -389,8 +389,7 @@ Tensor linear_kernel(const Tensor& x_in, const Tensor& weight, const Tensor& bia
   if (bias.defined()) {
     TANDEM_CHECK(bias.dtype() == x_in.dtype(), "[linear] bias has dtype {} but input has {}", bias.dtype(),
                  x_in.dtype());
-    TANDEM_CHECK(bias.device() == x_in.device(), "[linear] bias is on {} but input on {}", bias.device(),
-                 x_in.device());
+    check_same_device(op, {{"input", x_in}, {"bias", bias}});
     TANDEM_CHECK(bias.dim() == 1 && bias.size(0) == out_f, "[linear] bias must have shape [{}], got {}", out_f,
                  bias.shape());
   }
@@ -428,7 +427,7 @@ Tensor addmm_kernel(const Tensor& bias, const Tensor& a, const Tensor& b) {
   TANDEM_CHECK(b.dim() == 2, "[addmm] b must be 2-D, got shape {}", b.shape());
   TANDEM_CHECK(a.size(1) == b.size(0), "[addmm] inner dimensions differ: a is {}, b is {}", a.shape(), b.shape());
   TANDEM_CHECK(bias.dtype() == a.dtype(), "[addmm] bias has dtype {} but a and b have {}", bias.dtype(), a.dtype());
-  TANDEM_CHECK(bias.device() == a.device(), "[addmm] bias is on {} but a and b on {}", bias.device(), a.device());
+  check_same_device(op, {{"bias", bias}, {"a", a}, {"b", b}});
   Shape out_shape{a.size(0), b.size(1)};
   TANDEM_CHECK(bias.dim() <= 2 && broadcast_shapes(bias.shape(), out_shape, op) == out_shape,
                "[addmm] bias of shape {} cannot be broadcast to the result shape {}", bias.shape(), out_shape);
@@ -457,8 +456,7 @@ std::array<Tensor, 2> matmul_backward(const Tensor& grad, const Tensor& a, const
   TANDEM_CHECK(grad.shape() == geo.out_shape, "[{}] gradient has shape {}, expected {}", op, grad.shape(),
                geo.out_shape);
   TANDEM_CHECK(grad.dtype() == a.dtype(), "[{}] gradient has dtype {}, expected {}", op, grad.dtype(), a.dtype());
-  TANDEM_CHECK(grad.device() == a.device(), "[{}] tensors are on different devices: gradient on {}, a and b on {}", op,
-               grad.device(), a.device());
+  check_same_device(op, {{"gradient", grad}, {"a", a}, {"b", b}});
   // The gradient as [batch..., M, N], with the same 1-D promotion as the forward.
   const size_t nb = geo.batch.size();
   MatOperand g{grad.data_ptr(), Strides(std::vector<int64_t>(grad.strides().begin(), grad.strides().begin() + nb)),
@@ -488,9 +486,7 @@ std::array<Tensor, 3> linear_backward(const Tensor& grad, const Tensor& x_in, co
                                       bool need_w, bool need_b) {
   const char* op = "linear_backward";
   TANDEM_CHECK(grad.defined(), "[{}] got an undefined gradient", op);
-  TANDEM_CHECK(grad.device() == weight.device() && x_in.device() == weight.device(),
-               "[{}] tensors are on different devices: gradient on {}, input on {}, weight on {}", op, grad.device(),
-               x_in.device(), weight.device());
+  check_same_device(op, {{"gradient", grad}, {"input", x_in}, {"weight", weight}});
   const int64_t in = weight.size(1), out_f = weight.size(0);
   int64_t gs0;
   const Tensor g = folded_rows(grad, gs0, op);

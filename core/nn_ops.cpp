@@ -4,6 +4,7 @@
 #include <limits>
 #include <vector>
 
+#include "core/checks.h"
 #include "core/kernel_tables.h"
 #include "core/iter.h"
 #include "core/reduce.h"
@@ -33,10 +34,6 @@ using A = acc_t<T>;
 
 NnDeviceKernels& device_table(const Tensor& t, const char* op) { return device_kernels<NnDeviceKernels>(t.device(), op); }
 
-void require_floating_input(const Tensor& t, const char* op) {
-  TANDEM_CHECK(is_floating(t.dtype()), "[{}] needs a floating tensor, got {} (shape {})", op, t.dtype(), t.shape());
-}
-
 }  // namespace
 
 Tensor softmax_kernel(const Tensor& a_in, int64_t dim, bool log, const char* op) {
@@ -47,14 +44,14 @@ Tensor softmax_kernel(const Tensor& a_in, int64_t dim, bool log, const char* op)
   const SliceGeometry sg = slice_geometry(a.shape(), d);
   const int64_t n = sg.n, inner = sg.inner;
   if (!a.is_cpu()) {
-    require_floating_input(a, op);
+    check_floating(a, op);
     if (a.numel() > 0) device_table(a, op).softmax(a, y, sg.outer, n, inner, log);
     return y;
   }
   // Nothing to compute, and the scratch below is sized by a dim, which an empty tensor may have
   // huge ([0, 2^62]): return before allocating it.
   if (a.numel() == 0) {
-    require_floating_input(a, op);
+    check_floating(a, op);
     return y;
   }
   TANDEM_DISPATCH_FLOATING(a.dtype(), op, [&] {
@@ -112,7 +109,7 @@ Tensor softmax_kernel(const Tensor& a_in, int64_t dim, bool log, const char* op)
 }
 
 Tensor softmax_backward_kernel(const Tensor& g_in, const Tensor& y_in, int64_t dim, bool log, const char* op) {
-  require_same_device(op, {&g_in, &y_in});
+  check_same_device(op, {{"grad", g_in}, {"output", y_in}});
   const int64_t d = wrap_dim(dim, y_in.dim(), op);
   Tensor g = materialize(g_in, op);
   Tensor y = materialize(y_in, op);
@@ -120,14 +117,14 @@ Tensor softmax_backward_kernel(const Tensor& g_in, const Tensor& y_in, int64_t d
   const SliceGeometry sg = slice_geometry(y.shape(), d);
   const int64_t n = sg.n, inner = sg.inner;
   if (!y.is_cpu()) {
-    require_floating_input(y, op);
+    check_floating(y, op, "output");
     TANDEM_CHECK(g.dtype() == y.dtype() && g.shape() == y.shape(), "[{}] gradient {} {} does not match output {} {}",
                  op, g.dtype(), g.shape(), y.dtype(), y.shape());
     if (y.numel() > 0) device_table(y, op).softmax_backward(g, y, gx, sg.outer, n, inner, log);
     return gx;
   }
   if (y.numel() == 0) {  // as in the forward: no scratch sized by a dim of an empty tensor
-    require_floating_input(y, op);
+    check_floating(y, op, "output");
     return gx;
   }
   TANDEM_DISPATCH_FLOATING(y.dtype(), op, [&] {
@@ -160,9 +157,7 @@ Tensor softmax_backward_kernel(const Tensor& g_in, const Tensor& y_in, int64_t d
 LayerNormForward layer_norm_kernel(const Tensor& x_in, const Shape& ns, const Tensor& weight_in,
                                    const Tensor& bias_in, double eps) {
   const char* op = "layer_norm";
-  TANDEM_CHECK(x_in.defined(), "[layer_norm] got an undefined input");
-  TANDEM_CHECK(is_floating(x_in.dtype()), "[layer_norm] needs a floating input, got {} (shape {})", x_in.dtype(),
-               x_in.shape());
+  check_floating(x_in, op);
   TANDEM_CHECK(!ns.empty(), "[layer_norm] normalized_shape must have at least one dim (input {})", x_in.shape());
   const int64_t k = static_cast<int64_t>(ns.size());
   bool match = x_in.dim() >= k;
@@ -176,8 +171,7 @@ LayerNormForward layer_norm_kernel(const Tensor& x_in, const Shape& ns, const Te
                  p->shape());
     TANDEM_CHECK(p->dtype() == x_in.dtype(), "[layer_norm] {} has dtype {} but input has {}", what, p->dtype(),
                  x_in.dtype());
-    TANDEM_CHECK(p->device() == x_in.device(), "[layer_norm] {} is on {} but input on {}", what, p->device(),
-                 x_in.device());
+    check_same_device(op, {{"input", x_in}, {what, *p}});
   }
   Tensor x = materialize(x_in, op);
   Tensor w = weight_in.defined() ? materialize(weight_in, op) : Tensor();
@@ -229,7 +223,7 @@ std::array<Tensor, 3> layer_norm_backward_kernel(const Tensor& g_in, const Tenso
                                                  const Tensor& rstd, const Tensor& weight_in, const Shape& ns, bool need_x,
                                                  bool need_w, bool need_b) {
   const char* op = "layer_norm_backward";
-  require_same_device(op, {&g_in, &x_in, &mean, &rstd, &weight_in});
+  check_same_device(op, {{"grad", g_in}, {"input", x_in}, {"mean", mean}, {"rstd", rstd}, {"weight", weight_in}});
   Tensor g = materialize(g_in, op);
   Tensor x = materialize(x_in, op);
   Tensor w = weight_in.defined() ? materialize(weight_in, op) : Tensor();
@@ -302,14 +296,14 @@ std::array<Tensor, 3> layer_norm_backward_kernel(const Tensor& g_in, const Tenso
 
 std::pair<Tensor, Tensor> dropout_kernel(const Tensor& x, const Tensor& uniform, double p) {
   const char* op = "dropout";
-  require_same_device(op, {&x, &uniform});
+  check_same_device(op, {{"input", x}, {"uniform", uniform}});
   TANDEM_CHECK(uniform.dtype() == f32 && uniform.shape() == x.shape(),
                "[dropout] internal: uniform samples must be f32 of shape {}, got {} {}", x.shape(), uniform.dtype(),
                uniform.shape());
   Tensor out = make_empty(x.shape(), x.dtype(), x.device(), op);
   Tensor mask = make_empty(x.shape(), x.dtype(), x.device(), op);
   if (!x.is_cpu()) {
-    require_floating_input(x, op);
+    check_floating(x, op);
     device_table(x, op).dropout(materialize(x, op), materialize(uniform, op), p, out, mask);
     return {out, mask};
   }
@@ -333,10 +327,10 @@ std::pair<Tensor, Tensor> dropout_kernel(const Tensor& x, const Tensor& uniform,
 
 Tensor dropout_backward_kernel(const Tensor& g, const Tensor& mask) {
   const char* op = "dropout_backward";
-  require_same_device(op, {&g, &mask});
+  check_same_device(op, {{"grad", g}, {"mask", mask}});
   Tensor out = make_empty(mask.shape(), mask.dtype(), mask.device(), op);
   if (!mask.is_cpu()) {
-    require_floating_input(mask, op);
+    check_floating(mask, op, "mask");
     TANDEM_CHECK(g.dtype() == mask.dtype(), "[{}] gradient dtype {} does not match {}", op, g.dtype(), mask.dtype());
     Tensor gb = g.shape() == mask.shape() ? g : detail::expand(g, mask.shape());  // core's: records nothing
     device_table(mask, op).dropout_backward(materialize(gb, op), materialize(mask, op), out);
@@ -359,13 +353,13 @@ Tensor dropout_backward_kernel(const Tensor& g, const Tensor& mask) {
 CrossEntropyRows cross_entropy_rows_kernel(const Tensor& logits_in, const Tensor& target_in, const Tensor& weight_in,
                                            int64_t ignore_index, double label_smoothing) {
   const char* op = "cross_entropy";
-  require_same_device(op, {&logits_in, &target_in, &weight_in});
+  check_same_device(op, {{"logits", logits_in}, {"target", target_in}, {"weight", weight_in}});
   TANDEM_CHECK(!logits_in.is_cpu(), "[{}] internal: the fused kernel is for device tensors", op);
   TANDEM_CHECK(logits_in.dim() == 2 && target_in.dim() == 1 && target_in.size(0) == logits_in.size(0) &&
                    target_in.dtype() == i64,
                "[{}] internal: fused rows need logits [M, C] and i64 target [M], got {} and {} {}", op,
                logits_in.shape(), target_in.dtype(), target_in.shape());
-  require_floating_input(logits_in, op);
+  check_floating(logits_in, op, "logits");
   const int64_t rows = logits_in.size(0), classes = logits_in.size(1);
   if (weight_in.defined())
     TANDEM_CHECK(weight_in.dtype() == logits_in.dtype() && weight_in.shape() == Shape{classes},
@@ -387,7 +381,7 @@ Tensor cross_entropy_rows_backward_kernel(const Tensor& g, const Tensor& logits,
                                           const Tensor& weight, const Tensor& lse, int64_t ignore_index,
                                           double label_smoothing) {
   const char* op = "cross_entropy_backward";
-  require_same_device(op, {&g, &logits, &target, &weight, &lse});
+  check_same_device(op, {{"grad", g}, {"logits", logits}, {"target", target}, {"weight", weight}, {"lse", lse}});
   TANDEM_CHECK(!logits.is_cpu(), "[{}] internal: the fused kernel is for device tensors", op);
   TANDEM_CHECK(g.dtype() == logits.dtype() && g.numel() == logits.size(0),
                "[{}] gradient {} {} does not match the {} rows of logits {}", op, g.dtype(), g.shape(), logits.size(0),

@@ -6,6 +6,7 @@
 #include <memory>
 #include <type_traits>
 
+#include "core/checks.h"
 #include "core/kernel_tables.h"
 #include "core/elementwise.h"
 #include "core/iter.h"
@@ -223,11 +224,6 @@ bool is_nan(T v) {
   }
 }
 
-void require_floating(const Tensor& a, const char* op) {
-  TANDEM_CHECK(is_floating(a.dtype()), "[{}] needs a floating tensor, got {} (shape {}); convert it first, e.g. .to(f32)",
-               op, a.dtype(), a.shape());
-}
-
 void require_nonempty(const Tensor& a, const ReducePlan& pl, const char* op) {
   TANDEM_CHECK(pl.count > 0 || pl.out_numel == 0,
                "[{}] cannot reduce over an empty set of elements (input shape {}); the result has no identity", op,
@@ -258,19 +254,6 @@ ReducePlan plan_full_reduction(const Tensor& a, const char* op) {
 }
 
 ReducePlan replan(const Tensor& t, const ReducePlan& like) { return plan_from_mask(t, like.reduced, like.keepdim); }
-
-void require_same_device(const char* op, std::initializer_list<const Tensor*> ts) {
-  const Tensor* first = nullptr;
-  for (const Tensor* t : ts) {
-    if (!t->defined()) continue;
-    if (first == nullptr) {
-      first = t;
-    } else if (t->device() != first->device()) [[unlikely]] {
-      fail("[{}] tensors are on different devices: {} and {} (shapes {} and {})", op, first->device(), t->device(),
-           first->shape(), t->shape());
-    }
-  }
-}
 
 Tensor materialize(const Tensor& t, const char* op) {
   if (t.is_contiguous()) return t;
@@ -344,9 +327,7 @@ Tensor sum_kernel(const Tensor& a, const ReducePlan& pl) {
 
 Tensor mean_kernel(const Tensor& a, const ReducePlan& pl) {
   TANDEM_CHECK(a.defined(), "[mean] got an undefined tensor");
-  TANDEM_CHECK(is_floating(a.dtype()),
-               "[mean] needs a floating tensor, got {} (shape {}); convert it first, e.g. .to(f32)", a.dtype(),
-               a.shape());
+  check_floating(a, "mean");
   Tensor out = make_empty(pl.out_shape, a.dtype(), a.device(), "mean");
   if (!a.is_cpu()) {
     device_table(a, "mean").reduce(ReduceOp::mean, a, pl, out, 0);
@@ -480,7 +461,7 @@ std::pair<Tensor, Tensor> extreme_with_index_kernel(const Tensor& a, const Reduc
 Tensor var_kernel(const Tensor& a, const ReducePlan& pl, int64_t correction, bool take_sqrt) {
   const char* op = take_sqrt ? "std" : "var";
   TANDEM_CHECK(a.defined(), "[{}] got an undefined tensor", op);
-  require_floating(a, op);
+  check_floating(a, op);
   Tensor out = make_empty(pl.out_shape, a.dtype(), a.device(), op);
   if (!a.is_cpu()) {
     device_table(a, op).reduce(take_sqrt ? ReduceOp::std : ReduceOp::var, a, pl, out, correction);
@@ -503,7 +484,7 @@ Tensor var_kernel(const Tensor& a, const ReducePlan& pl, int64_t correction, boo
 
 Tensor logsumexp_kernel(const Tensor& a, const ReducePlan& pl) {
   TANDEM_CHECK(a.defined(), "[logsumexp] got an undefined tensor");
-  require_floating(a, "logsumexp");
+  check_floating(a, "logsumexp");
   Tensor out = make_empty(pl.out_shape, a.dtype(), a.device(), "logsumexp");
   if (!a.is_cpu()) {
     device_table(a, "logsumexp").reduce(ReduceOp::logsumexp, a, pl, out, 0);
@@ -537,7 +518,7 @@ Tensor logsumexp_kernel(const Tensor& a, const ReducePlan& pl) {
 
 Tensor norm_kernel(const Tensor& a, const ReducePlan& pl) {
   TANDEM_CHECK(a.defined(), "[norm] got an undefined tensor");
-  require_floating(a, "norm");
+  check_floating(a, "norm");
   Tensor out = make_empty(pl.out_shape, a.dtype(), a.device(), "norm");
   if (!a.is_cpu()) {
     device_table(a, "norm").reduce(ReduceOp::norm, a, pl, out, 0);
@@ -565,7 +546,7 @@ Tensor expand_grad(const Tensor& g, const ReducePlan& pl, const Shape& in_shape,
   Tensor gv = keepdim_view(g, pl);
   Tensor out = make_empty(in_shape, g.dtype(), g.device(), "sum_backward");
   if (!g.is_cpu()) {
-    TANDEM_CHECK(is_floating(g.dtype()), "[sum_backward] needs a floating gradient, got {}", g.dtype());
+    check_floating(g, "sum_backward", "grad");
     device_table(g, "sum_backward").pointwise_grad(ReduceGradOp::scale, out, gv, Tensor(), Tensor(), scale);
     return out;
   }
@@ -584,12 +565,12 @@ Tensor expand_grad(const Tensor& g, const ReducePlan& pl, const Shape& in_shape,
 }
 
 Tensor extreme_grad(const Tensor& g, const Tensor& a, const Tensor& result, const ReducePlan& pl) {
-  require_same_device("amax_backward", {&g, &a, &result});
+  check_same_device("amax_backward", {{"grad", g}, {"input", a}, {"result", result}});
   Tensor rv = keepdim_view(result, pl);
   Tensor gv = keepdim_view(g, pl);
   Tensor mask = make_empty(a.shape(), a.dtype(), a.device(), "amax_backward");
   if (!a.is_cpu()) {
-    TANDEM_CHECK(is_floating(a.dtype()), "[amax_backward] needs a floating input, got {}", a.dtype());
+    check_floating(a, "amax_backward");
     ReduceDeviceKernels& k = device_table(a, "amax_backward");
     k.pointwise_grad(ReduceGradOp::extreme_mask, mask, a, rv, Tensor(), 0);
     ReducePlan mp = replan(mask, pl);
@@ -624,14 +605,14 @@ Tensor extreme_grad(const Tensor& g, const Tensor& a, const Tensor& result, cons
 }
 
 Tensor index_grad(const Tensor& g, const Tensor& indices, const ReducePlan& pl, const Shape& in_shape, int64_t dim) {
-  require_same_device("max_backward", {&g, &indices});
+  check_same_device("max_backward", {{"grad", g}, {"indices", indices}});
   Tensor out = make_empty(in_shape, g.dtype(), g.device(), "max_backward");
   Tensor gv = keepdim_view(g, pl);
   Tensor iv = keepdim_view(indices, pl);
   Tensor ov = make_view(out, pl.keep_shape, out.strides(), 0);
   const int64_t dim_stride = in_shape.empty() ? 0 : out.strides()[dim];
   if (!g.is_cpu()) {
-    TANDEM_CHECK(is_floating(g.dtype()), "[max_backward] needs a floating gradient, got {}", g.dtype());
+    check_floating(g, "max_backward", "grad");
     device_table(g, "max_backward").index_grad(out, ov, gv, iv, dim_stride);
     return out;
   }
@@ -654,12 +635,12 @@ Tensor index_grad(const Tensor& g, const Tensor& indices, const ReducePlan& pl, 
 Tensor var_grad(const Tensor& g, const Tensor& a, const Tensor& result, const ReducePlan& pl, int64_t correction,
                 bool is_std) {
   const char* op = is_std ? "std_backward" : "var_backward";
-  require_same_device(op, {&g, &a, &result});
+  check_same_device(op, {{"grad", g}, {"input", a}, {"result", result}});
   Tensor mean = make_empty(pl.out_shape, a.dtype(), a.device(), op);
   Tensor factor = make_empty(pl.out_shape, a.dtype(), a.device(), op);
   Tensor out = make_empty(a.shape(), a.dtype(), a.device(), op);
   if (!a.is_cpu()) {
-    require_floating(a, op);
+    check_floating(a, op);
     ReduceDeviceKernels& k = device_table(a, op);
     k.reduce(ReduceOp::mean, a, pl, mean, 0);
     const double denom = pl.var_denominator(correction);
@@ -709,12 +690,12 @@ namespace {
 template <class F>
 Tensor pointwise_grad(const Tensor& g, const Tensor& a, const Tensor& result, const ReducePlan& pl, const char* op,
                       ReduceGradOp device_op, F f) {
-  require_same_device(op, {&g, &a, &result});
+  check_same_device(op, {{"grad", g}, {"input", a}, {"result", result}});
   Tensor rv = keepdim_view(result, pl);
   Tensor gv = keepdim_view(g, pl);
   Tensor out = make_empty(a.shape(), a.dtype(), a.device(), op);
   if (!a.is_cpu()) {
-    require_floating(a, op);
+    check_floating(a, op);
     device_table(a, op).pointwise_grad(device_op, out, a, rv, gv, 0);
     return out;
   }

@@ -11,7 +11,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <initializer_list>
 #include <vector>
 
 #include "core/tensor.h"
@@ -62,8 +61,6 @@ ReducePlan plan_full_reduction(const Tensor& a, const char* op);
 // The same reduction (dims, keepdim) planned for another tensor of the same shape.
 ReducePlan replan(const Tensor& t, const ReducePlan& like);
 
-// Throws "[op] tensors are on different devices: cuda:0 and cpu" unless all defined ones share a device.
-void require_same_device(const char* op, std::initializer_list<const Tensor*> ts);
 // A contiguous copy (the tensor itself when already contiguous), on the tensor's device.
 Tensor materialize(const Tensor& t, const char* op);
 // A copy converted to `dtype` (contiguous).

@@ -1,11 +1,25 @@
 #include "core/tensor.h"
 
+#include <algorithm>
 #include <sstream>
 
 #include "core/elementwise.h"
 #include "core/iter.h"
 
 namespace tandem {
+
+void TensorImpl::rebind(const TensorImpl& data, bool bump_version) {
+  const uint64_t old_version = storage ? storage->version() : 0;
+  storage = data.storage;
+  offset = data.offset;
+  shape = data.shape;
+  strides = data.strides;
+  numel = data.numel;
+  dtype = data.dtype;
+  contiguous = data.contiguous;
+  is_view = false;
+  if (bump_version) storage->set_version(std::max(old_version, storage->version()) + 1);
+}
 
 void TensorImpl::refresh_contiguity() {
   numel = numel_of(shape);

@@ -56,6 +56,14 @@ struct TensorImpl {
 
   Device device() const { return storage->device(); }
   void refresh_contiguity();
+  // Makes this tensor hold `data`'s elements (storage, offset, shape, strides, dtype) as a tensor
+  // of its own, not a view; every handle to this impl follows. The version rule:
+  // `bump_version` for a change of the values (Module::to: tensors saved for a backward that has
+  // not run yet alias the old data and must notice; the new storage continues past the old count,
+  // so the two never compare equal by accident); without it for a switch between copies of the
+  // same values (mixed precision's parameter moving between its master and its low-precision
+  // shadow), whose saved tensors stay valid.
+  void rebind(const TensorImpl& data, bool bump_version);
 };
 
 struct TensorOptions {

@@ -26,22 +26,10 @@ std::string join_list(const std::vector<std::string>& names) {
 
 // Replaces the data behind `slot`'s TensorImpl by `fresh` (a tensor nobody else references),
 // keeping the impl and its autograd metadata, so every handle to the parameter stays valid.
+// New values for a module's tensor: a version bump, so that tensors saved for a pending backward
+// notice (TensorImpl::rebind).
 void replace_data(const Tensor& slot, const Tensor& fresh) {
-  TensorImpl* dst = slot.impl();
-  const TensorImpl* src = fresh.impl();
-  uint64_t old_version = dst->storage->version();
-  dst->storage = src->storage;
-  dst->offset = src->offset;
-  dst->shape = src->shape;
-  dst->strides = src->strides;
-  dst->numel = src->numel;
-  dst->dtype = src->dtype;
-  dst->contiguous = src->contiguous;
-  dst->is_view = false;
-  // Tensors saved for a backward that has not run yet alias the old data; a version bump lets
-  // their unpack notice that the tensor changed underneath them (the new storage continues the
-  // old count, so the two can never compare equal by accident).
-  dst->storage->set_version(std::max(old_version, dst->storage->version()) + 1);
+  slot.impl()->rebind(*fresh.impl(), /*bump_version=*/true);
 }
 
 }  // namespace

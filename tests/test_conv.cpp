@@ -316,7 +316,7 @@ TEST_CASE("conv2d errors name the op and the shapes", "[conv]") {
   REQUIRE_THROWS_WITH(conv2d(x, zeros({4, 3, 3})), Contains("[conv2d] expected weight [out_channels, in_channels / "
                                                             "groups, kh, kw], got [4, 3, 3]"));
   REQUIRE_THROWS_WITH(conv2d(zeros({2, 3, 8, 8}, i64), zeros({4, 3, 3, 3}, i64)),
-                      Contains("[conv2d] needs a floating input, got i64"));
+                      Contains("[conv2d] input must be floating, got i64"));
 }
 
 // ---- pooling ----
@@ -539,7 +539,7 @@ TEST_CASE("pooling errors name the op and the shapes", "[conv][pool]") {
   REQUIRE_THROWS_WITH(avg_pool2d(x, 3, 1, -1), Contains("[avg_pool2d] padding must be non-negative, got [-1, -1]"));
   REQUIRE_THROWS_WITH(avg_pool2d(x, {2, 7}), Contains("[avg_pool2d] input [1, 2, 5, 5] is too small"));
   REQUIRE_THROWS_WITH(avg_pool2d(x, 2, 2, 0, false, true, 0), Contains("[avg_pool2d] divisor_override must be non-zero"));
-  REQUIRE_THROWS_WITH(avg_pool2d(zeros({1, 2, 5, 5}, i32), 2), Contains("[avg_pool2d] needs a floating input, got i32"));
+  REQUIRE_THROWS_WITH(avg_pool2d(zeros({1, 2, 5, 5}, i32), 2), Contains("[avg_pool2d] input must be floating, got i32"));
   REQUIRE_THROWS_WITH(adaptive_avg_pool2d(x, {0, 2}),
                       Contains("[adaptive_avg_pool2d] output_size must be positive, got [0, 2]"));
   REQUIRE_THROWS_WITH(adaptive_avg_pool2d(zeros({1, 2, 0, 5}), 2),

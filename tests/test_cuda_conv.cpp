@@ -129,9 +129,10 @@ TEST_CASE("cuda conv modules train like the CPU ones", "[cuda][conv][nn]") {
 TEST_CASE("cuda conv2d and pooling reject tensors on different devices", "[cuda][conv]") {
   TANDEM_REQUIRE_CUDA_OR_SKIP();
   Tensor x = random({1, 3, 8, 8}, f32).to(kGPU);
-  REQUIRE_THROWS_WITH(conv2d(x, random({4, 3, 3, 3}, f32)), Contains("[conv2d] weight is on cpu but input on cuda:0"));
+  REQUIRE_THROWS_WITH(conv2d(x, random({4, 3, 3, 3}, f32)),
+                      Contains("[conv2d] tensors are on different devices: input on cuda:0, weight on cpu"));
   REQUIRE_THROWS_WITH(conv2d(x, random({4, 3, 3, 3}, f32).to(kGPU), random({4}, f32)),
-                      Contains("[conv2d] bias is on cpu but input on cuda:0"));
+                      Contains("[conv2d] tensors are on different devices: input on cuda:0, bias on cpu"));
   auto [y, idx] = max_pool2d_with_indices(x, 2);
   REQUIRE_THROWS_WITH(detail::max_pool2d_backward_kernel(y.to(kCPU), idx, x, detail::Pool2dArgs{2}),
                       Contains("different devices"));

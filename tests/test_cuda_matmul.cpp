@@ -309,8 +309,10 @@ TEST_CASE("cuda matmul: mixed devices are an error", "[cuda][matmul]") {
                                                  Contains("cuda:0") && Contains("cpu"));
   REQUIRE_THROWS_WITH(mm(a, b.to(kGPU)), Contains("[mm] tensors are on different devices"));
   REQUIRE_THROWS_WITH(linear(a.to(kGPU), randn({5, 4}), Tensor()), Contains("different devices"));
-  REQUIRE_THROWS_WITH(linear(a.to(kGPU), randn({5, 4}).to(kGPU), randn({5})), Contains("[linear] bias is on cpu"));
-  REQUIRE_THROWS_WITH(addmm(randn({5}), a.to(kGPU), b.to(kGPU)), Contains("[addmm] bias is on cpu"));
+  REQUIRE_THROWS_WITH(linear(a.to(kGPU), randn({5, 4}).to(kGPU), randn({5})),
+                      Contains("[linear] tensors are on different devices: input on cuda:0, bias on cpu"));
+  REQUIRE_THROWS_WITH(addmm(randn({5}), a.to(kGPU), b.to(kGPU)),
+                      Contains("[addmm] tensors are on different devices: bias on cpu, a on cuda:0, b on cuda:0"));
   REQUIRE_THROWS_WITH(matmul(a.to(kGPU), randn({5, 5}).to(kGPU)), Contains("[matmul] inner dimensions differ"));
 }
 

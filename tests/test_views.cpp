@@ -262,3 +262,31 @@ TEST_CASE("slice gradients land in the right places", "[views]") {
   z.expand({2, 3}).backward(from_vector<double>({1, 2, 3, 10, 20, 30}, {2, 3}));
   REQUIRE(z.grad().to_vector<double>() == std::vector<double>{11, 22, 33});
 }
+
+// TensorImpl::rebind, the one way a tensor takes other data (Module::to and dtype casts bump the
+// version, mixed precision's master/shadow switch does not).
+TEST_CASE("TensorImpl::rebind: geometry follows the data, the version rule as asked", "[views]") {
+  Tensor base = arange(0, 12, 1, f32).reshape({3, 4});
+  Tensor slot = base.transpose(0, 1);  // a view with strides of its own
+  REQUIRE(slot.impl()->is_view);
+  Tensor data = arange(0, 6, 1, f64).reshape({2, 3});
+  data.impl()->storage->bump_version();
+  data.impl()->storage->bump_version();
+  const uint64_t old_version = slot.impl()->storage->version();
+  const uint64_t data_version = data.impl()->storage->version();
+  Tensor alias = slot;  // another handle to the same impl follows
+  slot.impl()->rebind(*data.impl(), /*bump_version=*/false);
+  REQUIRE(alias.shape() == Shape{2, 3});
+  REQUIRE(alias.dtype() == f64);
+  REQUIRE(alias.is_contiguous());
+  REQUIRE(!alias.impl()->is_view);
+  REQUIRE(alias.impl()->storage == data.impl()->storage);
+  REQUIRE(data.impl()->storage->version() == data_version);  // a switch between copies: unchanged
+  REQUIRE(alias.select(0, 1).select(0, 2).item<double>() == 5);
+
+  Tensor fresh = arange(0, 4, 1, f32);
+  slot.impl()->rebind(*fresh.impl(), /*bump_version=*/true);
+  REQUIRE(slot.shape() == Shape{4});
+  // New values: the version moves past both the old storage's count and the new one's.
+  REQUIRE(fresh.impl()->storage->version() > std::max(old_version, data_version));
+}

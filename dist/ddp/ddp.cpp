@@ -53,6 +53,18 @@ std::vector<ParamSig> decode_signature(const int64_t* sig) {
 
 }  // namespace
 
+// Which parameters the buckets manage, which the delayed reduction, which no one (frozen or
+// ignored), and what every rank must agree on.
+struct DistributedDataParallel::Partition {
+  std::vector<Reducer::Param> managed;           // bucketed, registration order
+  std::vector<DelayedAllreduce::Param> delayed;  // delay_all_reduce_named_params
+  Tensor hook_param;                             // param_to_hook_all_reduce
+  std::vector<std::pair<std::string, Tensor>> signature;  // every parameter not ignored
+};
+
+// The steps, in order: argument errors first (before any collective, so that every rank fails the
+// same way at once), then the one sync of construction, then the machinery: the mixed-precision
+// shadows, the delayed reduction, the bucket reducer.
 DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> module, ProcessGroupPtr group,
                                                  DdpOptions options)
     : module_(std::move(module)), group_(std::move(group)), options_(std::move(options)) {
@@ -64,146 +76,161 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
   if (options_.bucket_cap_mb) {
     TANDEM_CHECK(*options_.bucket_cap_mb > 0, "[ddp] bucket_cap_mb must be positive, got {}", *options_.bucket_cap_mb);
   }
+  Partition parts = partition_parameters();
+  const std::optional<Dtype> reduce_dtype = check_mixed_precision(parts);
+  {
+    TANDEM_TRACE_SCOPE("ddp construction sync", "ddp");
+    verify_same_model_across_ranks(parts.signature);
+    broadcast_states(options_.broadcast_buffers);
+  }
+  if (options_.mixed_precision) make_shadows(parts);
+  if (!parts.delayed.empty()) set_up_delayed(parts, reduce_dtype);
+  if (parts.managed.empty()) {  // every parameter is delayed: no buckets at all
+    delayed_->on_adopt(adoption_steps());
+    return;
+  }
+  set_up_reducer(parts, reduce_dtype);
+}
+
+DistributedDataParallel::Partition DistributedDataParallel::partition_parameters() {
   const auto params = module_->named_parameters();
   const auto buffers = module_->named_buffers();
   for (const std::string& name : options_.ignored_parameters) {
     TANDEM_CHECK(params.contains(name) || buffers.contains(name),
                  "[ddp] ignored name '{}' is neither a parameter nor a buffer of the module", name);
   }
-  std::vector<Reducer::Param> managed;
-  std::vector<std::pair<std::string, Tensor>> sig_params;
+  Partition parts;
   for (const auto& [name, t] : params) {
     if (ignored(name)) continue;
-    sig_params.emplace_back(name, t);
+    parts.signature.emplace_back(name, t);
     if (!t.requires_grad()) continue;
-    managed.push_back({name, t});
+    parts.managed.push_back({name, t});
     names_.push_back(name);
   }
-  TANDEM_CHECK(!managed.empty(),
+  TANDEM_CHECK(!parts.managed.empty(),
                "[ddp] DDP is not needed when a module has no parameter that requires a gradient ({} has none that is "
                "not ignored)",
                module_->type_name());
-  // Argument errors before any collective, so that every rank fails the same way at once.
   const auto& delayed_names = options_.delay_all_reduce_named_params;
   TANDEM_CHECK(delayed_names.empty() == options_.param_to_hook_all_reduce.empty(),
                "[ddp] delay_all_reduce_named_params and param_to_hook_all_reduce go together: got {} delayed "
                "parameters and hook parameter '{}'",
                delayed_names.size(), options_.param_to_hook_all_reduce);
-  std::vector<DelayedAllreduce::Param> delayed;
   for (const std::string& name : delayed_names) {
-    auto it = std::find_if(managed.begin(), managed.end(), [&](const Reducer::Param& p) { return p.name == name; });
-    TANDEM_CHECK(it != managed.end(),
+    auto it = std::find_if(parts.managed.begin(), parts.managed.end(),
+                           [&](const Reducer::Param& p) { return p.name == name; });
+    TANDEM_CHECK(it != parts.managed.end(),
                  "[ddp] delay_all_reduce_named_params names '{}', which is not a parameter DDP manages (one that "
                  "requires a gradient and is not ignored)",
                  name);
-    delayed.push_back({it->name, it->tensor});
-    managed.erase(it);
+    parts.delayed.push_back({it->name, it->tensor});
+    parts.managed.erase(it);
   }
-  Tensor hook_param;
   if (!options_.param_to_hook_all_reduce.empty()) {
     const Tensor* found = params.find(options_.param_to_hook_all_reduce);
     TANDEM_CHECK(found && found->requires_grad() && !ignored(options_.param_to_hook_all_reduce),
                  "[ddp] param_to_hook_all_reduce '{}' is not a parameter of the module that requires a gradient and "
                  "is not ignored",
                  options_.param_to_hook_all_reduce);
-    hook_param = *found;
+    parts.hook_param = *found;
   }
-  std::optional<Dtype> reduce_dtype;
-  if (options_.mixed_precision) {
-    const MixedPrecision& mp = *options_.mixed_precision;
-    auto low = [](std::optional<Dtype> d) { return d && (*d == f16 || *d == bf16); };
-    TANDEM_CHECK(low(mp.param_dtype), "[ddp] mixed_precision.param_dtype must be f16 or bf16, got {}",
-                 mp.param_dtype ? fmt::format("{}", *mp.param_dtype) : std::string("none"));
-    TANDEM_CHECK(!mp.reduce_dtype || low(mp.reduce_dtype) || *mp.reduce_dtype == f32,
-                 "[ddp] mixed_precision.reduce_dtype must be f16, bf16 or f32, got {}", *mp.reduce_dtype);
-    TANDEM_CHECK(!mp.buffer_dtype || is_floating(*mp.buffer_dtype),
-                 "[ddp] mixed_precision.buffer_dtype must be a floating dtype, got {}", *mp.buffer_dtype);
-    reduce_dtype = mp.reduce_dtype.value_or(*mp.param_dtype);
-    for (const auto& d : delayed)
-      TANDEM_CHECK(d.tensor.dtype() == f32 || d.tensor.dtype() == f64,
-                   "[ddp] mixed_precision keeps f32 (or f64) masters, but parameter '{}' is {}", d.name,
-                   d.tensor.dtype());
-    for (const auto& m : managed) {
-      TANDEM_CHECK(m.tensor.dtype() == f32 || m.tensor.dtype() == f64,
-                   "[ddp] mixed_precision keeps f32 (or f64) masters, but parameter '{}' is {}", m.name,
-                   m.tensor.dtype());
-      TANDEM_CHECK(!options_.gradient_as_bucket_view || *reduce_dtype == m.tensor.dtype(),
-                   "[ddp] gradient_as_bucket_view needs buckets in the masters' dtype ({}), but mixed_precision "
-                   "reduces in {}: set reduce_dtype to {} or turn gradient_as_bucket_view off",
-                   m.tensor.dtype(), *reduce_dtype, m.tensor.dtype());
-    }
+  return parts;
+}
+
+std::optional<Dtype> DistributedDataParallel::check_mixed_precision(const Partition& parts) const {
+  if (!options_.mixed_precision) return std::nullopt;
+  const MixedPrecision& mp = *options_.mixed_precision;
+  auto low = [](std::optional<Dtype> d) { return d && (*d == f16 || *d == bf16); };
+  TANDEM_CHECK(low(mp.param_dtype), "[ddp] mixed_precision.param_dtype must be f16 or bf16, got {}",
+               mp.param_dtype ? fmt::format("{}", *mp.param_dtype) : std::string("none"));
+  TANDEM_CHECK(!mp.reduce_dtype || low(mp.reduce_dtype) || *mp.reduce_dtype == f32,
+               "[ddp] mixed_precision.reduce_dtype must be f16, bf16 or f32, got {}", *mp.reduce_dtype);
+  TANDEM_CHECK(!mp.buffer_dtype || is_floating(*mp.buffer_dtype),
+               "[ddp] mixed_precision.buffer_dtype must be a floating dtype, got {}", *mp.buffer_dtype);
+  const Dtype reduce_dtype = mp.reduce_dtype.value_or(*mp.param_dtype);
+  for (const auto& d : parts.delayed)
+    TANDEM_CHECK(d.tensor.dtype() == f32 || d.tensor.dtype() == f64,
+                 "[ddp] mixed_precision keeps f32 (or f64) masters, but parameter '{}' is {}", d.name, d.tensor.dtype());
+  for (const auto& m : parts.managed) {
+    TANDEM_CHECK(m.tensor.dtype() == f32 || m.tensor.dtype() == f64,
+                 "[ddp] mixed_precision keeps f32 (or f64) masters, but parameter '{}' is {}", m.name, m.tensor.dtype());
+    TANDEM_CHECK(!options_.gradient_as_bucket_view || reduce_dtype == m.tensor.dtype(),
+                 "[ddp] gradient_as_bucket_view needs buckets in the masters' dtype ({}), but mixed_precision "
+                 "reduces in {}: set reduce_dtype to {} or turn gradient_as_bucket_view off",
+                 m.tensor.dtype(), reduce_dtype, m.tensor.dtype());
   }
-  {
-    TANDEM_TRACE_SCOPE("ddp construction sync", "ddp");
-    verify_same_model_across_ranks(sig_params);
-    broadcast_states(options_.broadcast_buffers);
+  return reduce_dtype;
+}
+
+// Optimizer in backward: DDP steps each managed parameter after its reduction (the local hook no
+// longer does), and applying one after this point is an error.
+std::shared_ptr<optim::InBackwardStep> DistributedDataParallel::take_over(const Tensor& p) {
+  optim::claim_gradient(p, "DistributedDataParallel");
+  claims_.params.push_back(p);
+  auto step = optim::take_over_in_backward_step(p, "DistributedDataParallel");
+  optimizer_in_backward_ = optimizer_in_backward_ || step != nullptr;
+  return step;
+}
+
+// Mixed precision: one shadow per parameter, bucketed ones first (index i is the reducer's
+// parameter i), then the delayed ones, then the frozen ones (cast and restored, no gradient).
+void DistributedDataParallel::make_shadows(const Partition& parts) {
+  const MixedPrecision& mp = *options_.mixed_precision;
+  TensorList shadowed;
+  for (const auto& m : parts.managed) shadowed.push_back(m.tensor);
+  for (const auto& d : parts.delayed) shadowed.push_back(d.tensor);
+  for (const auto& [name, t] : parts.signature)
+    if (!t.requires_grad() && is_floating(t.dtype())) shadowed.push_back(t);
+  std::unordered_map<const TensorImpl*, size_t> entry_of;
+  for (size_t i = 0; i < shadowed.size(); ++i) entry_of.emplace(shadowed[i].impl(), i);
+  shadows_ = std::make_unique<ParamShadows>(std::move(shadowed), *mp.param_dtype, options_.gradient_as_bucket_view);
+  overlap_casts_with_forward(entry_of);
+  if (mp.buffer_dtype)
+    for (const Tensor& b : synced_buffers())
+      if (is_floating(b.dtype())) cast_in_place(b, *mp.buffer_dtype);
+}
+
+// How a reduction reads and writes gradients under mixed precision, its parameter i being shadow
+// `first + i`.
+GradientTransforms DistributedDataParallel::shadow_transforms(size_t first) const {
+  ParamShadows* s = shadows_.get();
+  return GradientTransforms{
+      [s, first](size_t i, const Tensor& g) { return s->gradient_to_reduce(first + i, g); },
+      [s, first](size_t i, const Tensor& reduced) { s->set_reduced(first + i, reduced); },
+      [s, first](size_t i, const Tensor& reduced) { s->finish_param(first + i, reduced); }};
+}
+
+void DistributedDataParallel::set_up_delayed(Partition& parts, std::optional<Dtype> reduce_dtype) {
+  std::vector<std::shared_ptr<optim::InBackwardStep>> steps;
+  for (const auto& d : parts.delayed) steps.push_back(take_over(d.tensor));
+  std::vector<int> all(static_cast<size_t>(group_->size()));
+  std::iota(all.begin(), all.end(), 0);
+  DelayedAllreduceOptions dopt;
+  dopt.find_unused_parameters = options_.find_unused_parameters;
+  dopt.static_graph = options_.static_graph;
+  dopt.reduce_dtype = reduce_dtype;
+  if (shadows_) dopt.transforms = shadow_transforms(parts.managed.size());  // after the bucketed ones
+  dopt.own_watch = parts.managed.empty();  // no bucket reducer to follow
+  delayed_ = std::make_unique<DelayedAllreduce>(std::move(parts.delayed), parts.hook_param,
+                                                options_.param_to_hook_all_reduce, group_->new_group(all),
+                                                std::move(dopt));
+  delayed_->set_in_backward_steps(std::move(steps));
+  if (shadows_) {
+    // The masters come back only after the delayed reduction has handed its results over.
+    shadows_->finish_after([d = delayed_.get()] { return d->finalize_pending(); });
   }
-  // Optimizer in backward: DDP steps each managed parameter after its reduction (the local hook
-  // no longer does), and applying one after this point is an error.
-  auto take_over = [this](const Tensor& p) {
-    optim::claim_gradient(p, "DistributedDataParallel");
-    claims_.params.push_back(p);
-    auto step = optim::take_over_in_backward_step(p, "DistributedDataParallel");
-    optimizer_in_backward_ = optimizer_in_backward_ || step != nullptr;
-    return step;
-  };
-  // Mixed precision: one shadow per parameter, bucketed ones first (index i is the reducer's
-  // parameter i), then the delayed ones, then the frozen ones (cast and restored, no gradient).
-  const size_t bucketed_count = managed.size();
-  if (options_.mixed_precision) {
-    const MixedPrecision& mp = *options_.mixed_precision;
-    TensorList shadowed;
-    for (const auto& m : managed) shadowed.push_back(m.tensor);
-    for (const auto& d : delayed) shadowed.push_back(d.tensor);
-    for (const auto& [name, t] : sig_params)
-      if (!t.requires_grad() && is_floating(t.dtype())) shadowed.push_back(t);
-    std::unordered_map<const TensorImpl*, size_t> entry_of;
-    for (size_t i = 0; i < shadowed.size(); ++i) entry_of.emplace(shadowed[i].impl(), i);
-    shadows_ = std::make_unique<ParamShadows>(std::move(shadowed), *mp.param_dtype,
-                                              options_.gradient_as_bucket_view);
-    overlap_casts_with_forward(entry_of);
-    if (mp.buffer_dtype)
-      for (const Tensor& b : synced_buffers())
-        if (is_floating(b.dtype())) cast_in_place(b, *mp.buffer_dtype);
-  }
-  // How a reduction reads and writes gradients under mixed precision, its parameter i being
-  // shadow `first + i`.
-  auto shadow_transforms = [s = shadows_.get()](size_t first) {
-    return GradientTransforms{
-        [s, first](size_t i, const Tensor& g) { return s->gradient_to_reduce(first + i, g); },
-        [s, first](size_t i, const Tensor& reduced) { s->set_reduced(first + i, reduced); },
-        [s, first](size_t i, const Tensor& reduced) { s->finish_param(first + i, reduced); }};
-  };
-  if (!delayed.empty()) {
-    std::vector<std::shared_ptr<optim::InBackwardStep>> steps;
-    for (const auto& d : delayed) steps.push_back(take_over(d.tensor));
-    std::vector<int> all(static_cast<size_t>(group_->size()));
-    std::iota(all.begin(), all.end(), 0);
-    DelayedAllreduceOptions dopt;
-    dopt.find_unused_parameters = options_.find_unused_parameters;
-    dopt.static_graph = options_.static_graph;
-    dopt.reduce_dtype = reduce_dtype;
-    if (shadows_) dopt.transforms = shadow_transforms(bucketed_count);
-    dopt.own_watch = managed.empty();  // no bucket reducer to follow
-    delayed_ = std::make_unique<DelayedAllreduce>(std::move(delayed), hook_param, options_.param_to_hook_all_reduce,
-                                                  group_->new_group(all), std::move(dopt));
-    delayed_->set_in_backward_steps(std::move(steps));
-    if (shadows_) {
-      // The masters come back only after the delayed reduction has handed its results over.
-      shadows_->finish_after([d = delayed_.get()] { return d->finalize_pending(); });
-    }
-  }
-  // When DDP's backward is adopted: the delayed reduction joins it, and under mixed precision the
-  // way back to the masters is queued even if this rank's backward fires no parameter's hook.
-  auto on_adopt = [this] {
+}
+
+// When DDP's backward is adopted: the delayed reduction joins it, and under mixed precision the
+// way back to the masters is queued even if this rank's backward fires no parameter's hook.
+std::function<void()> DistributedDataParallel::adoption_steps() {
+  return [this] {
     if (delayed_ && reducer_) delayed_->join_current_backward();
     if (shadows_) shadows_->queue_finish();
   };
-  if (managed.empty()) {  // every parameter is delayed: no buckets at all
-    delayed_->on_adopt(on_adopt);
-    return;
-  }
+}
 
+void DistributedDataParallel::set_up_reducer(Partition& parts, std::optional<Dtype> reduce_dtype) {
   ReducerOptions ro;
   ro.find_unused_parameters = options_.find_unused_parameters;
   ro.gradient_as_bucket_view = options_.gradient_as_bucket_view;
@@ -213,13 +240,13 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
     ro.bucket_bytes = std::max<size_t>(ro.bucket_bytes, 1);
     ro.first_bucket_bytes = ro.bucket_bytes;
   }
-  std::vector<std::shared_ptr<optim::InBackwardStep>> steps;
-  for (const auto& m : managed) steps.push_back(take_over(m.tensor));
   ro.reduce_dtype = reduce_dtype;
-  reducer_ = std::make_unique<Reducer>(std::move(managed), group_, ro);
+  std::vector<std::shared_ptr<optim::InBackwardStep>> steps;
+  for (const auto& m : parts.managed) steps.push_back(take_over(m.tensor));
+  reducer_ = std::make_unique<Reducer>(std::move(parts.managed), group_, ro);
   if (optimizer_in_backward_) reducer_->set_in_backward_steps(std::move(steps));
   if (shadows_) reducer_->set_gradient_transforms(shadow_transforms(0));
-  reducer_->on_adopt(on_adopt);
+  reducer_->on_adopt(adoption_steps());
 }
 
 DistributedDataParallel::~DistributedDataParallel() {

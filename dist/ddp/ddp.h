@@ -184,6 +184,16 @@ class DistributedDataParallel {
   std::vector<Tensor> synced_buffers() const;
   bool ignored(const std::string& name) const;
   void overlap_casts_with_forward(const std::unordered_map<const TensorImpl*, size_t>& entry_of);
+  // The constructor's named steps (ddp.cpp), in the order it runs them.
+  struct Partition;
+  Partition partition_parameters();
+  std::optional<Dtype> check_mixed_precision(const Partition& parts) const;
+  void make_shadows(const Partition& parts);
+  void set_up_delayed(Partition& parts, std::optional<Dtype> reduce_dtype);
+  void set_up_reducer(Partition& parts, std::optional<Dtype> reduce_dtype);
+  std::shared_ptr<optim::InBackwardStep> take_over(const Tensor& param);
+  GradientTransforms shadow_transforms(size_t first) const;
+  std::function<void()> adoption_steps();
 
   std::shared_ptr<nn::Module> module_;
   ProcessGroupPtr group_;

@@ -11,14 +11,10 @@ namespace {
 
 // Points t's impl, which every handle to it shares, at data's storage, strides and dtype (same
 // shape); autograd metadata stays with the impl.
+// The parameter switches between copies of the same values (master, shadow): no version bump, so
+// what a forward saved from the shadow stays valid for its backward (TensorImpl::rebind).
 void point_at(const Tensor& t, const Tensor& data) {
-  TensorImpl* p = t.impl();
-  const TensorImpl* d = data.impl();
-  p->storage = d->storage;
-  p->offset = d->offset;
-  p->strides = d->strides;
-  p->dtype = d->dtype;
-  p->refresh_contiguity();
+  t.impl()->rebind(*data.impl(), /*bump_version=*/false);
 }
 
 SideStreamFactory& side_stream_factory() {
