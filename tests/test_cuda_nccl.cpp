@@ -18,6 +18,7 @@
 #include "cuda_test_util.h"
 #include "dist/nccl/nccl.h"
 #include "dist_cases.h"
+#include "forwarding_group.h"
 #include "mpi_case.h"
 #include "tandem.h"
 
@@ -30,19 +31,9 @@ namespace {
 // Runs dist_cases' checks (written for CPU tensors) on CUDA tensors: each tensor is copied to
 // `device`, the collective runs on `inner` with the device copies, and a continuation copies the
 // results back into the CPU tensors, which are the Work's result as the cases expect.
-class OnDevice final : public ProcessGroup {
+class OnDevice final : public ForwardingGroup {
  public:
-  OnDevice(ProcessGroupPtr inner, Device device) : inner_(std::move(inner)), device_(device) {}
-
-  int rank() const override { return inner_->rank(); }
-  int size() const override { return inner_->size(); }
-  std::string_view backend() const override { return inner_->backend(); }
-  std::string name() const override { return inner_->name(); }
-  void set_timeout(Milliseconds t) override { inner_->set_timeout(t); }
-  Milliseconds timeout() const override { return inner_->timeout(); }
-  void set_debug_checks(bool on) override { inner_->set_debug_checks(on); }
-  bool debug_checks() const override { return inner_->debug_checks(); }
-  bool is_broken() const override { return inner_->is_broken(); }
+  OnDevice(ProcessGroupPtr inner, Device device) : ForwardingGroup(std::move(inner)), device_(device) {}
 
   WorkPtr allreduce(const Tensor& t, ReduceOp op) override {
     Tensor d = dev(t);
@@ -106,7 +97,6 @@ class OnDevice final : public ProcessGroup {
     });
   }
 
-  ProcessGroupPtr inner_;
   Device device_;
 };
 

@@ -7,6 +7,7 @@
 #include "ddp_cases.h"
 #include "ddp_hardening_cases.h"
 #include "ddp_modes_cases.h"
+#include "forwarding_group.h"
 
 using namespace tandem;
 using namespace tandem::dist;
@@ -25,9 +26,9 @@ namespace {
 // Forwards to a real group and counts what DDP and the comm hooks ask of its step stream
 // (ProcessGroup::run_on_step_stream / join_step_stream; on the nccl backend that stream is what
 // keeps device work off NCCL's stream and off the watchdog thread's).
-class StepStreamSpy final : public ProcessGroup {
+class StepStreamSpy final : public ForwardingGroup {
  public:
-  explicit StepStreamSpy(ProcessGroupPtr inner) : inner_(std::move(inner)) {}
+  explicit StepStreamSpy(ProcessGroupPtr inner) : ForwardingGroup(std::move(inner)) {}
   std::atomic<int> steps{0}, joins{0}, kept{0};
 
   void run_on_step_stream(const std::function<TensorList()>& fn) override {
@@ -35,39 +36,6 @@ class StepStreamSpy final : public ProcessGroup {
     kept += static_cast<int>(fn().size());
   }
   void join_step_stream() override { ++joins; }
-
-  int rank() const override { return inner_->rank(); }
-  int size() const override { return inner_->size(); }
-  std::string_view backend() const override { return inner_->backend(); }
-  std::string name() const override { return inner_->name(); }
-  void set_timeout(Milliseconds t) override { inner_->set_timeout(t); }
-  Milliseconds timeout() const override { return inner_->timeout(); }
-  void set_debug_checks(bool on) override { inner_->set_debug_checks(on); }
-  bool debug_checks() const override { return inner_->debug_checks(); }
-  bool is_broken() const override { return inner_->is_broken(); }
-  Device control_device(Device d) const override { return inner_->control_device(d); }
-  bool supports_blocking_issue(Device d) const override { return inner_->supports_blocking_issue(d); }
-  WorkPtr allreduce(const Tensor& t, ReduceOp op) override { return inner_->allreduce(t, op); }
-  WorkPtr allreduce_coalesced(const TensorList& ts, ReduceOp op) override { return inner_->allreduce_coalesced(ts, op); }
-  WorkPtr broadcast(const Tensor& t, int root) override { return inner_->broadcast(t, root); }
-  WorkPtr allgather(const TensorList& outs, const Tensor& in) override { return inner_->allgather(outs, in); }
-  WorkPtr allgather_into(const Tensor& out, const Tensor& in) override { return inner_->allgather_into(out, in); }
-  WorkPtr reduce_scatter(const Tensor& out, const TensorList& ins, ReduceOp op) override {
-    return inner_->reduce_scatter(out, ins, op);
-  }
-  WorkPtr reduce_scatter_tensor(const Tensor& out, const Tensor& in, ReduceOp op) override {
-    return inner_->reduce_scatter_tensor(out, in, op);
-  }
-  WorkPtr all_to_all(const Tensor& out, const Tensor& in, const AllToAllSplits& s) override {
-    return inner_->all_to_all(out, in, s);
-  }
-  WorkPtr barrier() override { return inner_->barrier(); }
-  WorkPtr send(const Tensor& t, int dst, int tag) override { return inner_->send(t, dst, tag); }
-  WorkPtr recv(const Tensor& t, int src, int tag) override { return inner_->recv(t, src, tag); }
-  ProcessGroupPtr new_group(const std::vector<int>& ranks) override { return inner_->new_group(ranks); }
-
- private:
-  ProcessGroupPtr inner_;
 };
 }  // namespace
 
