@@ -12,7 +12,9 @@ namespace tandem {
 // kernels, the raw (autograd-free) views and copies, the RNG internals and the device kernel
 // tables; autograd/, nn/ and cuda/ call it, users call tandem::. One namespace for every op family
 // rather than one each, as `detail` is what C++ libraries (fmt, Boost, MLX) call "internal", and
-// a reader then never has to learn which family spells itself ew::, raw:: or rng::. The families'
+// a reader then never has to learn which family spells itself ew::, raw:: or rng::. (A backend's
+// own translation unit may keep a private namespace for its kernels, as cuda/elementwise.cu's
+// ew_impl: not API, and never seen by core.) The families'
 // names do not collide: each table carries its family in its name (ElementwiseDeviceKernels,
 // ReduceDeviceKernels, ...).
 //
