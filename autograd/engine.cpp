@@ -30,6 +30,23 @@ bool GraphTask::reaches(const Node* node) const {
   return std::binary_search(nodes_sorted_.begin(), nodes_sorted_.end(), node);
 }
 
+bool GraphTask::reaches(const GraphAnchor& anchor) const {
+  auto node = anchor.node_.lock();
+  return node && reaches(node.get());
+}
+
+GraphAnchor output_anchor(const Tensor& t) {
+  GraphAnchor a;
+  if (auto* m = t.defined() ? meta(t) : nullptr; m && m->grad_fn) a.node_ = m->grad_fn;
+  return a;
+}
+
+GraphAnchor leaf_anchor(const Tensor& leaf) {
+  GraphAnchor a;
+  if (auto* m = leaf.defined() ? meta(leaf) : nullptr) a.node_ = m->grad_accumulator;
+  return a;
+}
+
 bool GraphTask::reaches(const Tensor& leaf) const {
   auto* m = meta(leaf);
   if (!m) return false;

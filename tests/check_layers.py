@@ -3,6 +3,7 @@
 
     core <- autograd <- nn <- data, dist      (data and dist are siblings: neither includes the other)
     dist (communication) <- dist/ddp          (only the umbrella dist/dist.h includes both)
+    of autograd, dist includes only backward_seam.h and the public ops.h, grad_mode.h, hooks.h
     cuda <- core only                         (the CUDA backend; dist/nccl/ is built with it)
 
 and nothing in the library includes tools/ or tests/. Third-party backends stay in their folder:
@@ -30,6 +31,8 @@ ALLOWED = {
     "cuda": {"core", "cuda"},
 }
 LIBRARY = ("core", "autograd", "nn", "data", "dist", "cuda")
+# What dist may include of autograd (STYLE take 6): the public API and the one seam header.
+AUTOGRAD_FOR_DIST = {"autograd/backward_seam.h", "autograd/ops.h", "autograd/grad_mode.h", "autograd/hooks.h"}
 PROJECT_ROOTS = set(LIBRARY) | {"tools", "tests"}
 
 # System headers that belong to one backend: header regex -> folders (prefixes) allowed to include it.
@@ -92,7 +95,10 @@ def check(root):
                             elif "/" in target and first in PROJECT_ROOTS:
                                 # A folder with its own row (dist/ddp, dist/nccl) is a layer of its own.
                                 dest = folder_of(target) or first
-                                if dest != here and dest not in ALLOWED[here] and not (rel == "dist/dist.h" and dest.startswith("dist")):
+                                if here.startswith("dist") and dest == "autograd" and target not in AUTOGRAD_FOR_DIST:
+                                    problems.append(f"{where}: dist includes {target}: of autograd, dist uses only "
+                                                    f"{', '.join(sorted(AUTOGRAD_FOR_DIST))} (the seam and the public API)")
+                                elif dest != here and dest not in ALLOWED[here] and not (rel == "dist/dist.h" and dest.startswith("dist")):
                                     problems.append(f"{where}: {here}/ includes {target}, against the layer order "
                                                     f"({here}/ may include {', '.join(sorted(ALLOWED[here]))})")
                         else:
@@ -117,12 +123,13 @@ def self_test():
         "autograd/e.cpp": '#include <mpi.h>\n',                        # backend header outside its home
         "core/half.h": '#include <cuda_fp16.h>\n',                     # not under nvcc
         "dist/work.cpp": '#include "dist/ddp/reducer.h"\n',           # communication layer up into DDP
+        "dist/ddp/j.cpp": '#include "autograd/node.h"\n',             # autograd's internals past the seam
     }
     clean = {
         "core/half.h": '#if defined(__CUDACC__)\n#include <cuda_fp16.h>\n#endif\n',
         "dist/nccl/g.cpp": '#include "cuda/runtime.h"\n#include <nccl.h>\n#include "dist/work.h"\n',
         "data/h.cpp": '#include "nn/module.h"\n#include "data/idx.h"\n',
-        "dist/ddp/i.cpp": '#include "dist/process_group.h"\n#include "dist/ddp/reducer.h"\n',
+        "dist/ddp/i.cpp": '#include "dist/process_group.h"\n#include "dist/ddp/reducer.h"\n#include "autograd/backward_seam.h"\n',
         "dist/dist.h": '#include "dist/ddp/ddp.h"\n#include "dist/init.h"\n',
     }
     with tempfile.TemporaryDirectory() as bad, tempfile.TemporaryDirectory() as good:

@@ -175,6 +175,33 @@ TEST_CASE("backward-start observers know which leaves are reached", "[autograd]"
   autograd::remove_backward_start_observer(id);
 }
 
+// Anchors (backward_seam.h): what DDP's BackwardWatch holds of a forward's outputs. A starting
+// backward reaches an output's anchor when it runs through that output; anchors expire with the
+// graph and hold none of it alive.
+TEST_CASE("graph anchors: a backward reaches the outputs it runs through, anchors expire with the graph",
+          "[autograd]") {
+  Tensor a = leaf({1, 2}, {2});
+  Tensor y1 = a * 2, y2 = a * 3;
+  autograd::GraphAnchor out1 = autograd::output_anchor(y1), out2 = autograd::output_anchor(y2);
+  REQUIRE(!out1.expired());
+  REQUIRE(autograd::output_anchor(a).expired());        // a leaf has no producing op
+  REQUIRE(autograd::output_anchor(Tensor()).expired());  // nor has an undefined tensor
+  bool reached1 = false, reached2 = true, reached_leaf = false;
+  uint64_t id = autograd::add_backward_start_observer([&](const autograd::GraphTask& t) {
+    reached1 = t.reaches(out1);
+    reached2 = t.reaches(out2);
+    reached_leaf = t.reaches(autograd::leaf_anchor(a));
+  });
+  y1.sum().backward();
+  autograd::remove_backward_start_observer(id);
+  REQUIRE(reached1);
+  REQUIRE_FALSE(reached2);  // y2 was not part of this loss
+  REQUIRE(reached_leaf);    // the accumulator exists once the backward starts
+  y1 = Tensor();
+  REQUIRE(out1.expired());  // nothing holds y1's node any more
+  REQUIRE(!out2.expired());
+}
+
 TEST_CASE("retain_grad keeps a non-leaf gradient", "[autograd]") {
   Tensor x = leaf({1, 2}, {2});
   Tensor y = x * 2;

@@ -19,15 +19,12 @@ void BackwardWatch::stop() {
 }
 
 void BackwardWatch::arm(const TensorList& outputs) {
-  std::vector<std::weak_ptr<autograd::Node>> nodes;
-  for (const Tensor& t : outputs) {
-    if (!t.defined()) continue;
-    if (auto* m = autograd::meta(t); m && m->grad_fn) nodes.push_back(m->grad_fn);
-  }
+  std::vector<autograd::GraphAnchor> nodes;
+  for (const Tensor& t : outputs)
+    if (autograd::GraphAnchor a = autograd::output_anchor(t); !a.expired()) nodes.push_back(std::move(a));
   if (nodes.empty()) {
     // No output DDP can see: the parameters' gradient accumulators stand in for it.
-    for (const Tensor& p : fallback_)
-      if (auto* m = autograd::meta(p)) nodes.push_back(m->grad_accumulator);
+    for (const Tensor& p : fallback_) nodes.push_back(autograd::leaf_anchor(p));
   }
   std::lock_guard<std::mutex> lock(mutex_);
   armed_ = true;
@@ -55,10 +52,7 @@ void BackwardWatch::on_backward_start(const autograd::GraphTask& task) {
     std::lock_guard<std::mutex> lock(mutex_);
     if (!armed_) return;
     for (const auto& outs : pending_forwards_) {
-      reached += std::any_of(outs.begin(), outs.end(), [&](const auto& w) {
-        auto node = w.lock();
-        return node && task.reaches(node.get());
-      });
+      reached += std::any_of(outs.begin(), outs.end(), [&](const auto& a) { return task.reaches(a); });
     }
     if (reached == 0) return;  // not the backward of a synchronised forward
     armed_ = false;

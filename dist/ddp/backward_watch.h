@@ -12,8 +12,7 @@
 #include <mutex>
 #include <vector>
 
-#include "autograd/engine.h"
-#include "autograd/node.h"
+#include "autograd/backward_seam.h"
 #include "core/tensor.h"
 
 namespace tandem::dist {
@@ -47,7 +46,7 @@ class BackwardWatch {
   bool stopped_ = false;
   std::mutex mutex_;  // the observer runs on whichever thread starts a backward
   bool armed_ = false;
-  std::vector<std::vector<std::weak_ptr<autograd::Node>>> pending_forwards_;  // output nodes per forward
+  std::vector<std::vector<autograd::GraphAnchor>> pending_forwards_;  // output nodes per forward
 };
 
 }  // namespace tandem::dist

@@ -6,7 +6,7 @@
 #include <map>
 #include <tuple>
 
-#include "autograd/engine.h"
+#include "autograd/backward_seam.h"
 #include "autograd/grad_mode.h"
 #include "autograd/ops.h"
 

@@ -1,6 +1,6 @@
 #include "dist/ddp/mixed_precision.h"
 
-#include "autograd/engine.h"
+#include "autograd/backward_seam.h"
 #include "autograd/grad_mode.h"
 #include "autograd/ops.h"
 #include "core/backend.h"

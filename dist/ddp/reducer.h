@@ -30,7 +30,7 @@
 #include <string>
 #include <vector>
 
-#include "autograd/engine.h"
+#include "autograd/backward_seam.h"
 #include "autograd/hooks.h"
 #include "dist/ddp/backward_watch.h"
 #include "dist/ddp/comm_hooks.h"
