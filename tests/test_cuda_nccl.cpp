@@ -136,6 +136,13 @@ ProcessGroupPtr nccl_world() {
 
 int group_device() { return cuda::current_device(); }  // make_nccl_world made it current
 
+// A nccl group of its own, for a case that ends with it broken (the world group stays usable);
+// the world group is made first, so that the device is current.
+ProcessGroupPtr group_that_will_break() {
+  nccl_world();
+  return make_nccl_world();
+}
+
 // Blocks the host until the watchdog has completed `w` (at most 60 s) and returns its error, "" on
 // success. Work::wait on a CUDA collective need not block (it may only order the caller's stream
 // after it), but a continuation's Work completes on the host, with `w`'s error when `w` failed.
@@ -254,9 +261,8 @@ TEST_CASE("nccl: argument errors", "[cuda]") {
 TEST_CASE("nccl: a collective past its timeout aborts the communicator and breaks the group", "[cuda]") {
   TANDEM_REQUIRE_CUDA_OR_SKIP();
   if (!nccl_cases_can_run()) return;
-  nccl_world();  // makes the device current
+  ProcessGroupPtr g = group_that_will_break();
   const int dev = group_device();
-  ProcessGroupPtr g = make_nccl_world();  // a group of its own: this one ends broken
   Tensor t = on(make({64}, f32, [](int64_t) { return 1; }), dev);
   // #0 works. It runs under the group's default timeout (its first call also connects the
   // communicator, which can take long) and has finished before the timeout is shortened, which
@@ -408,9 +414,8 @@ TEST_CASE("nccl: work on the step stream stays off the comm stream and is joined
 TEST_CASE("nccl: a group broken under threads that launch on it fails them all, cleanly and in time", "[cuda]") {
   TANDEM_REQUIRE_CUDA_OR_SKIP();
   if (!nccl_cases_can_run()) return;
-  nccl_world();  // makes the device current
+  ProcessGroupPtr g = group_that_will_break();
   const int dev = group_device();
-  ProcessGroupPtr g = make_nccl_world();  // a group of its own: this one ends broken
   Tensor t = on(make({64}, f32, [](int64_t) { return 1; }), dev);
   g->allreduce(t)->wait();  // #0 connects, under the default timeout
   g->set_timeout(std::chrono::milliseconds(300));
