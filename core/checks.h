@@ -24,15 +24,21 @@ struct NamedTensor {
 // let a 0-dim CPU tensor join another device's tensors, as in PyTorch: they copy it over first
 // (move_cpu_scalars, core/elementwise.h) and then check here.
 inline Device check_same_device(const char* op, std::initializer_list<NamedTensor> ts) {
-  const Tensor* first = nullptr;
+  // On every elementwise op's path: the first defined tensor's device is read once.
+  bool seen = false;
+  Device d = kCPU;
   for (const NamedTensor& n : ts) {
-    if (!n.t.defined()) continue;
-    if (first == nullptr)
-      first = &n.t;
-    else if (!(n.t.device() == first->device())) [[unlikely]]
+    if (!n.t.defined()) [[unlikely]]
+      continue;
+    const Device here = n.t.device();
+    if (!seen) {
+      seen = true;
+      d = here;
+    } else if (!(here == d)) [[unlikely]] {
       fail_devices(op, ts);
+    }
   }
-  return first != nullptr ? first->device() : kCPU;
+  return d;
 }
 
 // The same for a list (cat, stack): "[cat] tensors are on different devices: tensor 0 on cuda:0,
