@@ -2,6 +2,7 @@
 // Integer index tensors and bool masks are saved for backward but never differentiated.
 #include "autograd/node.h"
 #include "autograd/ops.h"
+#include "core/copy.h"
 #include "core/index.h"
 #include "core/views.h"
 

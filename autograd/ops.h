@@ -5,7 +5,8 @@
 #include <optional>
 #include <vector>
 
-#include "core/conv.h"
+#include "core/conv.h"  // Size2
+#include "core/pool.h"  // not needed here: pooling's kernels stay reachable from tandem.h, as conv2d's are
 #include "core/tensor.h"
 
 namespace tandem {
@@ -178,7 +179,7 @@ Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& 
                   const Tensor& bias = Tensor(), double eps = 1e-5);
 Tensor dropout(const Tensor& x, double p, bool training);
 
-// ---- convolution and pooling (core/conv.cpp, autograd/conv_grad.cpp) ----
+// ---- convolution and pooling (core/conv.cpp, core/pool.cpp, autograd/conv_grad.cpp) ----
 // Inputs are [N, C, H, W], or [C, H, W] for one unbatched sample (the result is then unbatched).
 // A Size2 is one value for both spatial dims or {h, w}. Semantics and output sizes are PyTorch's.
 // weight [out_channels, in_channels / groups, kh, kw], bias [out_channels] or undefined.

@@ -1,21 +1,18 @@
-// Convolution and pooling over [N, C, H, W] tensors (conv2d, max/avg pooling, adaptive average
-// pooling): argument checks, output geometry, forward kernels and the raw backward kernels their
-// autograd rules use (autograd/conv_grad.cpp).
+// Convolution over [N, C, H, W] tensors (conv2d): argument checks, output geometry, the forward
+// kernel and the raw backward kernel its autograd rule uses (autograd/conv_grad.cpp). Pooling is
+// core/pool.h, which shares Size2, Window2d and the input checks declared here.
 //
 // conv2d is im2col + GEMM on every device: a chunk of samples is unfolded into column matrices
 // [C kh kw, OH OW] (a 1x1 convolution with stride 1 and no padding reads the input as its own
 // column matrix), and core/matmul.h's batched_gemm multiplies them by the weight, one GEMM per
 // sample and group (OpenBLAS on the CPU, cuBLAS on CUDA). Backward: grad_input = col2im(W^T g),
 // grad_weight = sum over the batch of g col^T, grad_bias = the sum of g over N, OH, OW.
-// f16/bf16 go through f32 where the GEMM does (see core/matmul.h); pooling accumulates in acc_t.
+// f16/bf16 go through f32 where the GEMM does (see core/matmul.h).
 #pragma once
 
 #include <array>
 #include <cstdint>
-#include <optional>
-#include <utility>
 
-#include "core/macros.h"
 #include "core/tensor.h"
 
 namespace tandem {
@@ -47,6 +44,11 @@ struct Window2d {
   int64_t kh = 1, kw = 1, sh = 1, sw = 1, ph = 0, pw = 0, dh = 1, dw = 1;
 };
 
+// The input checks conv2d and pooling (core/pool.cpp) share, one message each: "[op] expected
+// input [N, C, H, W] (or [C, H, W]), got [...]" and "[op] <what> must be positive, got [h, w]".
+void check_4d(const Tensor& t, const char* op);
+void check_positive(Size2 s, const char* what, const char* op);
+
 struct Conv2dArgs {
   Size2 stride = 1, padding = 0, dilation = 1;
   int64_t groups = 1;
@@ -73,63 +75,14 @@ std::array<Tensor, 3> conv2d_backward_kernel(const Tensor& g, const Tensor& inpu
                                              const Conv2dArgs& args, bool need_input, bool need_weight,
                                              bool need_bias);
 
-struct Pool2dArgs {
-  Size2 kernel = 1;
-  std::optional<Size2> stride;  // nullopt: the kernel size
-  Size2 padding = 0, dilation = 1;
-  bool ceil_mode = false;
-};
-
-// The window of a max/avg pool over input [N, C, H, W], with PyTorch's checks and output size
-// (ceil_mode: the last window must start inside the input or its left padding).
-Window2d pool2d_window(const Tensor& input, const Pool2dArgs& args, const char* op);
-
-// Values and i64 indices (h * W + w within each plane) of the window maxima: the first maximum
-// in the window's row-major order, a NaN wins (PyTorch's rule).
-std::pair<Tensor, Tensor> max_pool2d_kernel(const Tensor& input, const Pool2dArgs& args);
-// g placed at the saved indices (summed where windows overlap), zero elsewhere.
-Tensor max_pool2d_backward_kernel(const Tensor& g, const Tensor& indices, const Tensor& input,
-                                  const Pool2dArgs& args);
-
-struct AvgPoolOptions {
-  bool count_include_pad = true;
-  std::optional<int64_t> divisor_override;
-};
-Tensor avg_pool2d_kernel(const Tensor& input, const Pool2dArgs& args, const AvgPoolOptions& avg);
-Tensor avg_pool2d_backward_kernel(const Tensor& g, const Tensor& input, const Pool2dArgs& args,
-                                  const AvgPoolOptions& avg);
-
-// Output cell o of n covers input [start(o), end(o)) of in: PyTorch's floor(o in / n) and
-// ceil((o + 1) in / n).
-TANDEM_HOST_DEVICE inline int64_t adaptive_start(int64_t o, int64_t n, int64_t in) {
-  return (o / n) * in + ((o % n) * in) / n;
-}
-TANDEM_HOST_DEVICE inline int64_t adaptive_end(int64_t o, int64_t n, int64_t in) { return 1 + ((o + 1) * in - 1) / n; }
-Tensor adaptive_avg_pool2d_kernel(const Tensor& input, Size2 output_size);
-Tensor adaptive_avg_pool2d_backward_kernel(const Tensor& g, const Tensor& input);
-
 // Device kernels (CUDA: cuda/conv.cu). Core validates, makes every input contiguous and
-// allocates the outputs; the GEMMs of conv2d go through MatmulDeviceKernels. Planes are the
-// N * C images of an [N, C, H, W] tensor; `w` gives their geometry.
+// allocates the outputs; the GEMMs of conv2d go through MatmulDeviceKernels.
 struct ConvDeviceKernels {
   virtual ~ConvDeviceKernels() = default;
   // col [n, C kh kw, OH OW] from x [n, C, H, W]: zero where the window is in the padding.
   virtual void im2col(const Tensor& x, const Tensor& col, int64_t n, int64_t C, const Window2d& w) = 0;
   // x [n, C, H, W] (overwritten) = the sum of the col entries that im2col would copy from each element.
   virtual void col2im(const Tensor& col, const Tensor& x, int64_t n, int64_t C, const Window2d& w) = 0;
-  virtual void max_pool2d(const Tensor& x, const Tensor& out, const Tensor& indices, int64_t planes,
-                          const Window2d& w) = 0;
-  // gx overwritten.
-  virtual void max_pool2d_backward(const Tensor& g, const Tensor& indices, const Tensor& gx, int64_t planes,
-                                   const Window2d& w) = 0;
-  virtual void avg_pool2d(const Tensor& x, const Tensor& out, int64_t planes, const Window2d& w,
-                          const AvgPoolOptions& avg) = 0;
-  virtual void avg_pool2d_backward(const Tensor& g, const Tensor& gx, int64_t planes, const Window2d& w,
-                                   const AvgPoolOptions& avg) = 0;
-  // Only w.H, w.W, w.OH, w.OW are meaningful.
-  virtual void adaptive_avg_pool2d(const Tensor& x, const Tensor& out, int64_t planes, const Window2d& w) = 0;
-  virtual void adaptive_avg_pool2d_backward(const Tensor& g, const Tensor& gx, int64_t planes,
-                                            const Window2d& w) = 0;
 };
 
 }  // namespace tandem::detail

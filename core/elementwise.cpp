@@ -1,15 +1,13 @@
 // The CPU side of core/elementwise.h shared by every elementwise op: op names, the device and
-// in-place argument checks, casts and copies (also across devices), fill and where. Binary ops
-// are in elementwise_binary.cpp, unary math and the in-place ternaries in elementwise_unary.cpp,
-// the raw backward kernels in elementwise_backward.cpp (as cuda/ splits them), and the loops
-// they all run in core/elementwise_loops.h.
+// in-place argument checks, fill and where. Binary ops are in elementwise_binary.cpp, unary math
+// and the in-place ternaries in elementwise_unary.cpp, the raw backward kernels in
+// elementwise_backward.cpp (as cuda/ splits them), and the loops they all run in
+// core/elementwise_loops.h. Casts and copies (copy_ included) are core/copy.cpp.
 #include "core/elementwise.h"
 
 #include <algorithm>
-#include <cstring>
 #include <string>
 
-#include "core/backend.h"
 #include "core/elementwise_loops.h"
 #include "core/iter.h"
 
@@ -94,82 +92,7 @@ void check_cast(Dtype result, Dtype self, const char* name) {
                self);
 }
 
-// ---------------------------------------------------------------- casts and copies
-
-Tensor cast(const Tensor& a, Dtype dtype, const char* op) {
-  if (a.dtype() == dtype) return a;
-  Tensor out = make_empty(a.shape(), dtype, a.device(), op);
-  copy(out, a, op);
-  return out;
-}
-
-void copy(const Tensor& self, const Tensor& src_in, const char* name) {
-  TANDEM_CHECK(self.defined() && src_in.defined(), "[{}] undefined tensor", name);
-  check_broadcasts_to(src_in, self, "source", name);
-  check_writable(self, name);
-  if (!(self.device() == src_in.device())) [[unlikely]] {
-    // Across devices: the bytes move in src's dtype and shape, then convert on self's device.
-    copy(self, to_device(src_in, self.device()), name);
-    return;
-  }
-  Tensor src = unaliased(self, src_in, name);
-  if (!self.is_cpu()) [[unlikely]] {
-    if (self.numel() > 0) elementwise_table(self, name).copy(self, src);
-    return;
-  }
-  TANDEM_DISPATCH_ALL(src.dtype(), name, [&] {
-    using S = scalar_t;
-    TANDEM_DISPATCH_ALL(self.dtype(), name, [&] {
-      using D = scalar_t;
-      map<D, S>(self, {&src}, Identity{});
-    });
-  });
-}
-
-void copy_same_dtype(const Tensor& dst, const Tensor& src, const char* op) {
-  TANDEM_CHECK(dst.dtype() == src.dtype(), "[{}] copy between dtypes {} and {} (expected one dtype)", op, dst.dtype(),
-               src.dtype());
-  if (!(dst.is_cpu() && src.is_cpu())) [[unlikely]] {
-    check_same_device(op, {{"dst", dst}, {"src", src}});
-    if (dst.numel() > 0) elementwise_table(dst, op).copy(dst, src);
-    return;
-  }
-  if (dst.numel() == 0) return;
-  if (dst.is_contiguous() && src.is_contiguous() && dst.shape() == src.shape()) {
-    std::memmove(dst.data_ptr(), src.data_ptr(), dst.nbytes());
-    return;
-  }
-  TANDEM_DISPATCH_ALL(dst.dtype(), op, [&] {
-    for_each_run<2>(dst.shape(), {&dst, &src}, [&](const StridedRun<2>& r) {
-      char* d = r.ptr[0];
-      const char* s = r.ptr[1];
-      if (r.stride[0] == sizeof(scalar_t) && r.stride[1] == sizeof(scalar_t)) {
-        std::memcpy(d, s, r.n * sizeof(scalar_t));
-        return;
-      }
-      for (int64_t i = 0; i < r.n; ++i, d += r.stride[0], s += r.stride[1])
-        *reinterpret_cast<scalar_t*>(d) = *reinterpret_cast<const scalar_t*>(s);
-    });
-  });
-}
-
-Tensor contiguous_copy(const Tensor& a, const char* op) {
-  Tensor out = make_empty(a.shape(), a.dtype(), a.device(), op);
-  copy_same_dtype(out, a, op);
-  return out;
-}
-
-Tensor to_device(const Tensor& a, Device device) {
-  if (a.device() == device) return a;
-  Backend& dst_backend = backend_for(device, "to");
-  Backend& src_backend = backend_for(a.device(), "to");
-  // The backends copy raw bytes, so a strided source is made contiguous on its own device.
-  Tensor src = a.is_contiguous() ? a : contiguous_copy(a, "to");
-  Tensor out = make_empty(a.shape(), a.dtype(), device, "to");
-  Backend& b = device.is_cpu() ? src_backend : dst_backend;  // the device-side backend does the copy
-  b.copy_bytes(out.data_ptr(), device, src.data_ptr(), a.device(), src.nbytes());
-  return out;
-}
+// ---------------------------------------------------------------- fill
 
 void fill(const Tensor& self, const Scalar& value, const char* name) {
   TANDEM_CHECK(self.defined(), "[{}] undefined tensor", name);

@@ -1,5 +1,5 @@
 // Elementwise ops: the per-element math (functors the CPU kernels and a CUDA backend share) and
-// the forward and raw backward kernels, defined in core/elementwise.cpp (copies, fill, where),
+// the forward and raw backward kernels, defined in core/elementwise.cpp (fill, where),
 // elementwise_binary.cpp, elementwise_unary.cpp and elementwise_backward.cpp over the loops of
 // core/elementwise_loops.h; PyTorch's result-type rules are in core/dtype.h. No autograd here:
 // autograd/elementwise_grad.cpp wires these into the public ops of autograd/ops.h.
@@ -15,6 +15,9 @@
 #include <type_traits>
 
 #include "core/checks.h"
+// The casts and copies (copy_, cast, to_device, ...) live there; the ops here use them, and so
+// does move_cpu_scalars below. Their device kernel is this family's table's `copy`.
+#include "core/copy.h"
 #include "core/kernel_tables.h"
 #include "core/macros.h"
 #include "core/tensor.h"
@@ -363,6 +366,7 @@ struct ElementwiseDeviceKernels {
   virtual void clamp(const Tensor& out, const Tensor& a, std::optional<double> lo, std::optional<double> hi) = 0;
   virtual void where(const Tensor& out, const Tensor& cond, const Tensor& a, const Tensor& b) = 0;
   // dst = src converted to dst's dtype (any pair), src broadcast to dst's shape; no overlap.
+  // Every copy reaches it through strided_copy (core/copy.h).
   virtual void copy(const Tensor& dst, const Tensor& src) = 0;
   virtual void fill(const Tensor& self, const Scalar& value) = 0;
   virtual void pointwise3(Pointwise3 op, const Tensor& self, const Tensor& a, const Tensor& b, const Scalar& alpha) = 0;
@@ -387,20 +391,11 @@ Tensor unary(Unary op, const Tensor& a);
 Tensor pow_scalar(const Tensor& a, const Scalar& exponent);
 Tensor clamp(const Tensor& a, std::optional<double> lo, std::optional<double> hi, const char* op = "clamp");
 Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b);
-// `a` itself when it already has `dtype`, else a contiguous converted copy.
-Tensor cast(const Tensor& a, Dtype dtype, const char* op = "to");
-// A fresh contiguous copy of `a` (same dtype and device).
-Tensor contiguous_copy(const Tensor& a, const char* op = "contiguous");
-// dst[...] = src[...] elementwise for tensors of one dtype; src broadcasts to dst's shape.
-void copy_same_dtype(const Tensor& dst, const Tensor& src, const char* op);
-// A copy of `a` on `device` (a itself when already there), through the backends' copy_bytes.
-Tensor to_device(const Tensor& a, Device device);
 
 // In place (validation of dtypes and shapes included; no autograd check, no version bump).
 void binary_(Binary op, const Tensor& self, const Tensor& other, const Scalar& alpha, const char* name);
 void binary_(Binary op, const Tensor& self, const Scalar& other, const char* name);
 void fill(const Tensor& self, const Scalar& value, const char* name = "fill_");
-void copy(const Tensor& self, const Tensor& src, const char* name = "copy_");
 // self = src / divisor in one pass (src cast to self's floating dtype first if it differs): how
 // DDP's reducer folds the division by the world size into the copy into a bucket.
 void copy_divided(const Tensor& self, const Tensor& src, double divisor, const char* name = "copy_divided");

@@ -2,8 +2,8 @@
 
 #include <cstring>
 #include <numeric>
-#include <type_traits>
 
+#include "core/copy.h"
 #include "core/kernel_tables.h"
 #include "core/elementwise.h"
 #include "core/iter.h"
@@ -34,31 +34,9 @@ void check_index_dtype(const Tensor& index, const char* op, const char* what) {
                what, index.dtype(), index.shape());
 }
 
-// Conversion through the accumulation types, so the 2-byte floats go via float.
-template <class D, class S>
-inline D convert(S s) {
-  if constexpr (std::is_same_v<D, S>) {
-    return s;
-  } else {
-    return static_cast<D>(static_cast<acc_t<D>>(static_cast<acc_t<S>>(s)));
-  }
-}
-
 template <class T>
 inline T from_scalar(const Scalar& s) {
   return static_cast<T>(static_cast<acc_t<T>>(s.value));
-}
-
-template <class T>
-void copy_run(const StridedRun<2>& r) {
-  char* d = r.ptr[0];
-  const char* s = r.ptr[1];
-  if (r.stride[0] == static_cast<int64_t>(sizeof(T)) && r.stride[1] == static_cast<int64_t>(sizeof(T))) {
-    std::memcpy(d, s, static_cast<size_t>(r.n) * sizeof(T));
-    return;
-  }
-  for (int64_t i = 0; i < r.n; ++i, d += r.stride[0], s += r.stride[1])
-    *reinterpret_cast<T*>(d) = *reinterpret_cast<const T*>(s);
 }
 
 template <class T>
@@ -104,7 +82,7 @@ void select_slices(const Tensor& out, const Tensor& a, int64_t dim, const std::v
   TANDEM_DISPATCH_ALL(a.dtype(), op, [&] {
     for (size_t k = 0; k < idx.size(); ++k) {
       strided_loop<2>(shape, {os, as}, {ob + static_cast<int64_t>(k) * ostep, ab + idx[k] * astep}, {isz, isz},
-                      [](const StridedRun<2>& r) { copy_run<scalar_t>(r); });
+                      [](const StridedRun<2>& r) { copy_strided_run<scalar_t>(r); });
     }
   });
 }
@@ -230,45 +208,6 @@ Tensor zeros_of(const Shape& shape, Dtype dtype, Device device, const char* op) 
   }
   // All-zero bytes are zero (or false) in every dtype, the 2-byte floats included.
   if (out.numel() > 0) std::memset(out.data_ptr(), 0, out.nbytes());
-  return out;
-}
-
-void copy_into(const Tensor& dst, const Tensor& src, const char* op) {
-  TANDEM_CHECK(dst.shape() == src.shape(), "[{}] internal: copy from {} into {}", op, src.shape(), dst.shape());
-  const Device dev = check_same_device(op, {{"destination", dst}, {"source", src}});
-  if (dst.numel() == 0) return;
-  if (!dev.is_cpu()) [[unlikely]] {
-    detail::copy(dst, src, op);
-    return;
-  }
-  if (dst.dtype() == src.dtype()) {
-    if (dst.is_contiguous() && src.is_contiguous()) {
-      std::memcpy(dst.data_ptr(), src.data_ptr(), dst.nbytes());
-      return;
-    }
-    TANDEM_DISPATCH_ALL(dst.dtype(), op, [&] {
-      for_each_run<2>(dst.shape(), {&dst, &src}, [](const StridedRun<2>& r) { copy_run<scalar_t>(r); });
-    });
-    return;
-  }
-  TANDEM_DISPATCH_ALL(dst.dtype(), op, [&] {
-    using dst_t = scalar_t;
-    TANDEM_DISPATCH_ALL(src.dtype(), op, [&] {
-      using src_t = scalar_t;
-      for_each_run<2>(dst.shape(), {&dst, &src}, [](const StridedRun<2>& r) {
-        char* d = r.ptr[0];
-        const char* s = r.ptr[1];
-        for (int64_t i = 0; i < r.n; ++i, d += r.stride[0], s += r.stride[1])
-          *reinterpret_cast<dst_t*>(d) = convert<dst_t>(*reinterpret_cast<const src_t*>(s));
-      });
-    });
-  });
-}
-
-Tensor cast_copy(const Tensor& src, Dtype dtype, const char* op, bool force) {
-  if (!force && src.dtype() == dtype && src.is_contiguous()) return src;
-  Tensor out = make_empty(src.shape(), dtype, src.device(), op);
-  copy_into(out, src, op);
   return out;
 }
 

@@ -14,10 +14,6 @@ namespace tandem::detail {
 
 // A zero-filled contiguous tensor.
 Tensor zeros_of(const Shape& shape, Dtype dtype, Device device, const char* op);
-// Copies src into dst elementwise (same shape), casting between any two dtypes.
-void copy_into(const Tensor& dst, const Tensor& src, const char* op);
-// A contiguous copy of src in `dtype` (src itself when it already is one and `force` is false).
-Tensor cast_copy(const Tensor& src, Dtype dtype, const char* op, bool force = false);
 
 // ---- ops ----
 // weight [V, D], integer indices of any shape -> [..., D].

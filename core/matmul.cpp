@@ -8,9 +8,8 @@
 #include <vector>
 
 #include "core/checks.h"
+#include "core/copy.h"
 #include "core/kernel_tables.h"
-#include "core/elementwise.h"
-#include "core/iter.h"
 #include "core/reduce.h"
 #include "core/threads.h"
 
@@ -432,17 +431,7 @@ Tensor addmm_kernel(const Tensor& bias, const Tensor& a, const Tensor& b) {
   TANDEM_CHECK(bias.dim() <= 2 && broadcast_shapes(bias.shape(), out_shape, op) == out_shape,
                "[addmm] bias of shape {} cannot be broadcast to the result shape {}", bias.shape(), out_shape);
   Tensor out = make_empty(out_shape, a.dtype(), a.device(), op);
-  if (!out.is_cpu()) {
-    detail::copy(out, bias, op);
-  } else {
-    TANDEM_DISPATCH_NUMERIC(a.dtype(), op, [&] {
-      using T = scalar_t;
-      for_each_run<2>(out_shape, {&out, &bias}, [](const StridedRun<2>& r) {
-        for (int64_t i = 0; i < r.n; ++i)
-          *reinterpret_cast<T*>(r.ptr[0] + i * r.stride[0]) = *reinterpret_cast<const T*>(r.ptr[1] + i * r.stride[1]);
-      });
-    });
-  }
+  strided_copy(out, bias, op);  // bias broadcast; the GEMM adds a b to it (beta = 1)
   MatOperand A{a.data_ptr(), {}, a.stride(0), a.stride(1)};
   MatOperand B{b.data_ptr(), {}, b.stride(0), b.stride(1)};
   batched_gemm(a.device(), a.dtype(), {}, a.size(0), b.size(1), a.size(1), A, B, out.data_ptr(), {}, out.numel(), true,

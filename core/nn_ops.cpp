@@ -5,9 +5,10 @@
 #include <vector>
 
 #include "core/checks.h"
+#include "core/copy.h"
 #include "core/kernel_tables.h"
 #include "core/iter.h"
-#include "core/reduce.h"
+#include "core/reduce.h"  // pairwise_sum
 #include "core/views.h"
 
 namespace tandem::detail {

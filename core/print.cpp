@@ -6,7 +6,7 @@
 #include <cmath>
 
 #include "core/iter.h"
-#include "core/elementwise.h"
+#include "core/copy.h"  // to_device
 
 namespace tandem {
 

@@ -7,8 +7,8 @@
 #include <type_traits>
 
 #include "core/checks.h"
+#include "core/copy.h"
 #include "core/kernel_tables.h"
-#include "core/elementwise.h"
 #include "core/iter.h"
 
 namespace tandem::detail {
@@ -254,52 +254,6 @@ ReducePlan plan_full_reduction(const Tensor& a, const char* op) {
 }
 
 ReducePlan replan(const Tensor& t, const ReducePlan& like) { return plan_from_mask(t, like.reduced, like.keepdim); }
-
-Tensor materialize(const Tensor& t, const char* op) {
-  if (t.is_contiguous()) return t;
-  Tensor out = make_empty(t.shape(), t.dtype(), t.device(), op);
-  if (!t.is_cpu()) {
-    detail::copy(out, t, op);  // the device's strided copy
-    return out;
-  }
-  TANDEM_DISPATCH_ALL(t.dtype(), op, [&] {
-    for_each_run<2>(t.shape(), {&out, &t}, [](const StridedRun<2>& r) {
-      char* d = r.ptr[0];
-      const char* s = r.ptr[1];
-      for (int64_t i = 0; i < r.n; ++i, d += r.stride[0], s += r.stride[1])
-        *reinterpret_cast<scalar_t*>(d) = *reinterpret_cast<const scalar_t*>(s);
-    });
-  });
-  return out;
-}
-
-Tensor convert(const Tensor& t, Dtype dtype, const char* op) {
-  if (t.dtype() == dtype) return materialize(t, op);
-  Tensor out = make_empty(t.shape(), dtype, t.device(), op);
-  if (!t.is_cpu()) {
-    detail::copy(out, t, op);  // the device's converting copy
-    return out;
-  }
-  TANDEM_DISPATCH_ALL(t.dtype(), op, [&] {
-    using S = scalar_t;
-    TANDEM_DISPATCH_ALL(dtype, op, [&] {
-      using D = scalar_t;
-      for_each_run<2>(t.shape(), {&out, &t}, [](const StridedRun<2>& r) {
-        char* d = r.ptr[0];
-        const char* s = r.ptr[1];
-        for (int64_t i = 0; i < r.n; ++i, d += r.stride[0], s += r.stride[1]) {
-          auto v = static_cast<acc_t<S>>(*reinterpret_cast<const S*>(s));
-          if constexpr (std::is_same_v<D, Half> || std::is_same_v<D, BFloat16>) {
-            *reinterpret_cast<D*>(d) = D(static_cast<float>(v));
-          } else {
-            *reinterpret_cast<D*>(d) = static_cast<D>(v);
-          }
-        }
-      });
-    });
-  });
-  return out;
-}
 
 Tensor keepdim_view(const Tensor& r, const ReducePlan& pl) {
   const size_t nd = pl.keep_shape.size();

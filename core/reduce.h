@@ -61,10 +61,6 @@ ReducePlan plan_full_reduction(const Tensor& a, const char* op);
 // The same reduction (dims, keepdim) planned for another tensor of the same shape.
 ReducePlan replan(const Tensor& t, const ReducePlan& like);
 
-// A contiguous copy (the tensor itself when already contiguous), on the tensor's device.
-Tensor materialize(const Tensor& t, const char* op);
-// A copy converted to `dtype` (contiguous).
-Tensor convert(const Tensor& t, Dtype dtype, const char* op);
 // `r` (the result of a reduction planned by `plan`) viewed with the input's rank: reduced dims
 // become size-1 dims, so for_each_run over the input shape broadcasts it.
 Tensor keepdim_view(const Tensor& r, const ReducePlan& plan);

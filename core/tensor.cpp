@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <sstream>
 
-#include "core/elementwise.h"
+#include "core/copy.h"  // to_device
 #include "core/iter.h"
 
 namespace tandem {

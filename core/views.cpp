@@ -1,6 +1,6 @@
 #include "core/views.h"
 
-#include "core/elementwise.h"  // contiguous_copy, when reshape cannot view
+#include "core/copy.h"  // contiguous_copy, when reshape cannot view
 
 namespace tandem::detail {
 

@@ -18,7 +18,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "core/elementwise.h"
+#include "core/copy.h"  // contiguous_copy, to_device
 #include "cuda/check.h"
 #include "cuda/runtime.h"
 

@@ -15,6 +15,7 @@ void install_index_kernels();        // cuda/index.cu
 void install_random_kernels();       // cuda/random.cu
 void install_creation_kernels();     // cuda/creation.cu
 void install_conv_kernels();         // cuda/conv.cu
+void install_pool_kernels();         // cuda/pool.cu
 
 void install() {
   install_backend();
@@ -27,6 +28,7 @@ void install() {
   install_random_kernels();
   install_creation_kernels();
   install_conv_kernels();
+  install_pool_kernels();
 }
 
 }  // namespace tandem::cuda

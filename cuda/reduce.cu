@@ -11,6 +11,7 @@
 #include <limits>
 #include <type_traits>
 
+#include "core/copy.h"
 #include "core/kernel_tables.h"
 #include "core/iter.h"
 #include "core/reduce.h"

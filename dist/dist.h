@@ -1,11 +1,12 @@
-// The dist layer's umbrella header: process groups and their backends, dist::init, DDP and what
-// it is built from.
+// The dist layer's umbrella header: process groups and their backends, dist::init, DDP with its
+// options, comm hooks and statistics. DDP's machinery (dist/ddp/detail/) is internal.
 #pragma once
 
 #include "dist/ddp/comm_hooks.h"
 #include "dist/ddp/ddp.h"
+#include "dist/ddp/mixed_precision.h"
+#include "dist/ddp/reducer_stats.h"
 #include "dist/init.h"
 #include "dist/mpi/mpi.h"
 #include "dist/process_group.h"
-#include "dist/ddp/reducer.h"
 #include "dist/threads/threads.h"

@@ -11,6 +11,9 @@
 #include "autograd/grad_mode.h"
 #include "autograd/ops.h"
 #include "core/trace.h"
+#include "dist/ddp/detail/delayed_allreduce.h"
+#include "dist/ddp/detail/param_shadows.h"
+#include "dist/ddp/detail/reducer.h"
 #include "dist/init.h"
 
 namespace tandem::dist {

@@ -15,7 +15,7 @@
 //
 // Construction checks that every rank holds the same parameters (count, shapes, dtypes) and
 // broadcasts rank 0's parameters (and buffers, with broadcast_buffers) to all ranks. Gradients
-// are reduced during backward in buckets (see dist/ddp/reducer.h); no_sync() skips that for
+// are reduced during backward in buckets (see dist/ddp/detail/reducer.h); no_sync() skips that for
 // gradient accumulation.
 #pragma once
 
@@ -30,12 +30,19 @@
 
 #include "core/trace.h"
 #include "dist/ddp/comm_hooks.h"
-#include "dist/ddp/delayed_allreduce.h"
 #include "dist/ddp/mixed_precision.h"
-#include "dist/ddp/reducer.h"
+#include "dist/ddp/reducer_stats.h"
+#include "dist/process_group.h"
 #include "nn/module.h"
+#include "nn/optim_in_backward.h"
 
 namespace tandem::dist {
+
+// DDP's machinery (dist/ddp/detail/): not part of the installed API.
+class Reducer;
+class DelayedAllreduce;
+class ParamShadows;
+struct GradientTransforms;
 
 struct DdpOptions {
   // Bucket size cap in MiB. Unset: 25 MiB, and the first bucket (the first reduced) 1 MiB so
@@ -164,7 +171,8 @@ class DistributedDataParallel {
   DdpStats stats() const;
   // The reducer's event log of the current (or last) iteration; empty when every parameter is delayed.
   const std::vector<ReducerEvent>& reducer_events() const;
-  // The delayed-allreduce parameters' reduction, or nullptr without them.
+  // The delayed-allreduce parameters' reduction, or nullptr without them (its type is internal,
+  // dist/ddp/detail/delayed_allreduce.h; stats().delayed_allreduces counts its launches).
   const DelayedAllreduce* delayed_allreduce() const { return delayed_.get(); }
   // The parameters DDP manages, by name, in registration order.
   const std::vector<std::string>& parameter_names() const { return names_; }

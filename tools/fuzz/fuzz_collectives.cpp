@@ -14,7 +14,7 @@
 // timeout by a wide margin (a hang: a watchdog aborts). Where all ranks made the same call and it
 // succeeded, its results are checked against values computed here: wrong data is a finding too.
 // Every rank issues the same number of collectives, so a correct group never waits for the
-// timeout; the one time path (a rank that never arrives) is left to tests/test_dist.cpp, since
+// timeout; the one time path (a rank that never arrives) is left to tests/dist/test_dist.cpp, since
 // each such input would cost the whole timeout.
 //
 // tools/fuzz/make_seeds.py writes seeds in this encoding; FUZZ_TRACE=1 in the environment prints

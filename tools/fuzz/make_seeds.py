@@ -10,7 +10,7 @@ ops, collectives: small programs in the byte encodings that fuzz_ops.cpp and fuz
 read (each helper below mirrors one op's reads; a reader past the end yields zeros).
 
 crash-*: minimal inputs reproducing what the fuzzers found, each named by the regression test
-that covers it (tests/test_*.cpp, tagged [fuzz]); they run with the other seeds every time.
+that covers it (tests/<area>/test_*.cpp, tagged [fuzz]); they run with the other seeds every time.
 
 Run it again only to change the seeds; the bytes are committed.
 """

@@ -1,0 +1,75 @@
+#!/usr/bin/python3
+"""PyTorch peer for tools/bench/bench_cpu: the same work, one thread, median of several runs.
+
+Prints one JSON object {row: value} on stdout. Run by bench_cpu itself when PyTorch is present.
+"""
+import json
+import statistics
+import sys
+import time
+
+import torch
+
+runs = 5  # samples per row; the command line's first argument (bench_train imports the rows)
+
+
+def median_time(fn, iters, warmup):
+    for _ in range(warmup):
+        fn()
+    samples = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            fn()
+        samples.append((time.perf_counter() - t0) / iters)
+    return statistics.median(samples)
+
+
+def mlp_step():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(784, 512), torch.nn.ReLU(),
+        torch.nn.Linear(512, 512), torch.nn.ReLU(),
+        torch.nn.Linear(512, 10))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    x = torch.randn(64, 784)
+    y = torch.randint(0, 10, (64,))
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+    return median_time(step, 20, 5) * 1e3  # ms
+
+
+def tiny_op():
+    n = 1000
+    x = torch.ones(1, requires_grad=True)
+    c = torch.ones(1)
+
+    def chain():
+        y = x
+        for _ in range(n):
+            y = y + c
+        y.backward()
+    return median_time(chain, 5, 2) / n * 1e6  # us per op
+
+
+def conv2d_fwd_bwd():
+    torch.manual_seed(0)
+    conv = torch.nn.Conv2d(32, 64, 3, padding=1)
+    x = torch.randn(64, 32, 28, 28, requires_grad=True)
+
+    def step():
+        conv.zero_grad(set_to_none=True)
+        x.grad = None
+        conv(x).sum().backward()
+    return median_time(step, 3, 2) * 1e3  # ms
+
+
+if __name__ == "__main__":
+    torch.set_num_threads(1)
+    runs = int(sys.argv[1]) if len(sys.argv) > 1 else runs
+    out = {"mlp_step": mlp_step(), "tiny_op": tiny_op(), "conv2d_fwd_bwd": conv2d_fwd_bwd()}
+    print(json.dumps(out))

@@ -1,0 +1,298 @@
+// bench_train: the main job's figures beside PyTorch's, on the same work: train's CNN
+// (tools/train/models.h) with the same initial weights, the same data order and the same
+// optimizer; one intra-op thread per process.
+//
+//   bench_train [--json] [--runs N] [--acc-runs N] [--no-peer] [--quick] [--data-root DIR]
+//
+// Run it plainly (not under mpirun): it launches its own workers (`bench_train --worker epoch`,
+// under `mpirun -np 2` for the DDP row), the PyTorch peer (tools/bench/bench_train_peer.py with
+// /usr/bin/python3; gloo processes for the DDP rows) and, for the accuracy, the main job itself
+// (`mpirun -np 2 train` with its defaults). Ours and the peer's runs alternate (ours, peer, ours,
+// peer, ...), so a shared machine's drift falls on both alike; a row shows the medians, and its
+// note the ranges and the number of runs. Rows:
+//   conv2d_fwd_bwd        bench_cpu's row (tools/train/models.h's ConvBench): a 64x32x28x28 input
+//                         through a 3x3 conv to 64 channels, forward and backward, ms
+//   fmnist_cnn_epoch      one epoch of the main job's CNN in one process (batch 64, SGD with momentum
+//                         at the main job's lr): the training loop's wall time, without evaluation
+//                         or loading the data set
+//   fmnist_cnn_epoch_np2  the same epoch under mpirun -np 2 with DDP (each rank half of the data)
+//                         vs PyTorch DDP over gloo in 2 processes
+//   fmnist_cnn_acc        the main job's test accuracy minus the peer's after the same recipe
+//                         (epochs, schedule, weights, data order), in points
+//   loader_wait           the np2 epoch's time spent waiting for the loader, share of the epoch
+// The PyTorch side takes its batches as rows of the images held in memory, as our loader does.
+// --quick: one run of each timed row and no accuracy row.
+#include "cli.h"
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <memory>
+#include <nlohmann/json.hpp>
+
+#include "bench_common.h"
+#include "tandem.h"
+#include "train/models.h"
+
+using namespace tandem;
+namespace fs = std::filesystem;
+
+namespace {
+
+// A worker's or the peer's JSON result; failures are told on stderr (bench_common.h).
+std::optional<nlohmann::json> run_json(const std::string& cmd) { return bench::run_json(cmd, "bench_train"); }
+
+// ---- the worker: one epoch of train's loop, timed (under mpirun for 2 ranks) ----
+
+nlohmann::json epoch_worker(const std::string& data_root) {
+  set_num_threads(1);
+  dist::ProcessGroupPtr g = dist::init();
+  auto train_set = std::make_shared<data::FashionMNIST>(data::Split::train, data::FashionMnistOptions{.root = data_root});
+  manual_seed(train_init_seed(0));
+  auto model = make_fmnist_cnn();
+  optim::SGD opt(model->parameters(), {.lr = kFmnistCnnRecipe.lr, .momentum = kSgdMomentum});
+  dist::DistributedDataParallel ddp(model, g);
+  data::DataLoader loader(train_set, {.batch_size = kFmnistBatch,
+                                      .seed = train_loader_seed(0),
+                                      .num_replicas = g->size(),
+                                      .rank = g->rank()});
+  loader.set_epoch(0);
+  g->barrier()->wait();
+  const double t0 = bench::now_s();
+  double wait_s = 0, asked = t0;
+  Tensor loss;
+  int64_t steps = 0;
+  for (auto it = loader.begin(); it != loader.end(); ++it, ++steps) {
+    wait_s += bench::now_s() - asked;
+    opt.zero_grad(true);
+    loss = nn::cross_entropy(ddp((*it)[0].unsqueeze(1)), (*it)[1]);
+    loss.backward();
+    opt.step();
+    asked = bench::now_s();
+  }
+  const double epoch_s = bench::now_s() - t0;
+  // What the epoch reached, as a check that both sides trained alike (not timed).
+  Tensor l = loss.detach().to(f64).reshape({1});
+  g->allreduce(l, dist::ReduceOp::avg)->wait();
+  double accuracy = NAN;
+  if (g->rank() == 0) {
+    NoGradGuard no_grad;
+    model->eval();
+    data::FashionMNIST test(data::Split::test, {.root = data_root});
+    double correct = 0;
+    for (int64_t i = 0; i < test.size(); i += 1000) {
+      const int64_t n = std::min<int64_t>(1000, test.size() - i);
+      Tensor logits = (*model)(test.images().narrow(0, i, n).unsqueeze(1));
+      correct += sum(eq(argmax(logits, 1), test.labels().narrow(0, i, n)).to(f64)).item<double>();
+    }
+    accuracy = correct / static_cast<double>(test.size());
+  }
+  return {{"epoch_s", epoch_s}, {"wait_s", wait_s}, {"steps", steps}, {"loss", l.item<double>()},
+          {"accuracy", accuracy}};
+}
+
+// ---- the peer's setup: train's initial weights and every rank's data order per epoch ----
+
+void write_setup(const std::string& path, int64_t epochs_np2, int64_t dataset_size) {
+  nn::TensorDict all;
+  manual_seed(train_init_seed(0));
+  for (const auto& [name, t] : make_fmnist_cnn()->state_dict()) all.insert("model." + name, t);
+  for (int world : {1, 2}) {
+    for (int rank = 0; rank < world; ++rank) {
+      data::DistributedSampler sampler(dataset_size, world, rank, {.seed = train_loader_seed(0)});
+      for (int64_t e = 0; e < (world == 1 ? 1 : epochs_np2); ++e) {
+        sampler.set_epoch(e);
+        all.insert(fmt::format("order.{}.{}.{}", world, rank, e), from_vector(sampler.indices()));
+      }
+    }
+  }
+  nn::save_safetensors(path, all);
+}
+
+// The main job's output: its "final:" line's accuracy (%) and seconds; nullopt if there is none.
+std::optional<std::pair<double, double>> run_main_job(const std::string& cmd) {
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return std::nullopt;
+  std::string out;
+  std::array<char, 4096> buf;
+  while (size_t k = fread(buf.data(), 1, buf.size(), p)) out.append(buf.data(), k);
+  pclose(p);  // status 1 when the target is missed: the accuracy is what is measured here
+  const size_t at = out.rfind("final: ");
+  double train_loss = 0, test_loss = 0, accuracy = 0, target = 0, seconds = 0;
+  if (at == std::string::npos ||
+      std::sscanf(out.c_str() + at, "final: train loss %lf, test loss %lf, test accuracy %lf%% (target %lf%%) in %lfs",
+                  &train_loss, &test_loss, &accuracy, &target, &seconds) != 5) {
+    fmt::print(stderr, "bench_train: no final line from '{}':\n{}\n", cmd, out);
+    return std::nullopt;
+  }
+  return std::make_pair(accuracy, seconds);
+}
+
+// One row's runs, ours and the peer's alternating. Each round's ratio compares figures taken
+// moments apart: on a shared machine whose load drifts it is steadier than the medians' ratio.
+struct Paired {
+  bench::Samples ours, peer, ratio;
+  void round(std::optional<double> o, std::optional<double> p) {
+    if (o) ours.add(*o);
+    if (p) peer.add(*p);
+    if (o && p) ratio.add(*o / *p);
+  }
+  std::optional<double> peer_median() const { return peer.empty() ? std::nullopt : std::optional(peer.median()); }
+  // "3 runs: ours M [lo-hi] s, peer M [lo-hi] s, per run ours / peer R [lo-hi]"
+  std::string note(const std::string& unit) const {
+    std::string s = fmt::format("{} run{}: ours {} {}", ours.values.size(), ours.values.size() == 1 ? "" : "s",
+                                ours.str(), unit);
+    if (!peer.empty()) s += fmt::format(", peer {} {}", peer.str(), unit);
+    if (ratio.values.size() > 1) s += fmt::format(", per run ours / peer {}", ratio.str(3));
+    return s;
+  }
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"Tandem's training figures beside PyTorch's on the main job", "bench_train"};
+  bool json = false, no_peer = false, quick = false;
+  int runs = 3, acc_runs = 1;
+  std::string data_root = data::FashionMnistOptions{}.root, worker_task;
+  app.add_flag("--json", json, "one JSON object per row");
+  app.add_option("--runs", runs, "runs of each timed row, ours and the peer's alternating (the median is reported)")
+      ->check(CLI::Range(1, 1000));
+  app.add_option("--acc-runs", acc_runs, "runs of the main job (and of the peer's) for fmnist_cnn_acc")
+      ->check(CLI::Range(0, 100));
+  app.add_flag("--no-peer", no_peer, "do not run the PyTorch peer");
+  app.add_flag("--quick", quick, "one run of each timed row, no accuracy row");
+  app.add_option("--data-root", data_root, "folder of the Fashion-MNIST IDX files");
+  app.add_option("--worker", worker_task, "internal: run one measurement (under mpirun for 2 ranks)");
+  TANDEM_TOOL_PARSE(app, argc, argv);
+
+  try {
+    if (worker_task == "epoch") {
+      nlohmann::json out = epoch_worker(data_root);
+      if (dist::world_info().rank == 0) fmt::print("{}\n", out.dump());
+      return 0;
+    }
+    TANDEM_CHECK(worker_task.empty(), "[bench_train] unknown worker '{}'", worker_task);
+    TANDEM_CHECK(data::FashionMNIST::available(data::Split::train, data_root) &&
+                     data::FashionMNIST::available(data::Split::test, data_root),
+                 "[bench_train] no Fashion-MNIST in '{}' (Debian's dataset-fashion-mnist; tools/ci/deps.sh)", data_root);
+    if (quick) {
+      runs = 1;
+      acc_runs = 0;
+    }
+    set_num_threads(1);
+    const std::string self = bench::self_exe("bench_train");
+    const std::string train = (fs::path(self).parent_path() / "train").string();
+    char tmp_template[] = "/tmp/bench_train.XXXXXX";
+    TANDEM_CHECK(mkdtemp(tmp_template) != nullptr, "[bench_train] cannot make a temporary folder");
+    const fs::path tmp(tmp_template);
+    const std::string setup = (tmp / "setup.safetensors").string();
+    write_setup(setup, kFmnistCnnRecipe.epochs, 60000);
+    const std::string py = "/usr/bin/python3";
+    const std::string peer_script = fmt::format("{}/bench_train_peer.py", TANDEM_BENCH_DIR);
+    // The peer's run of train's CNN: `epochs` > 1 is the main job's recipe, 1 the timed epoch (a
+    // constant lr, as the worker's).
+    auto peer_train = [&](int world, int64_t epochs, const char* schedule, bool eval) {
+      return run_json(fmt::format("{} {} train {} --world {} --epochs {} --lr {} --schedule {} --warmup {} --batch {} "
+                                  "--momentum {} --mean {} --std {} --data-root {}{} 2>&1",
+                                  py, peer_script, setup, world, epochs, kFmnistCnnRecipe.lr, schedule,
+                                  epochs > 1 ? kFmnistCnnRecipe.warmup_steps : 0, kFmnistBatch,
+                                  kSgdMomentum, data::FashionMNIST::kMean, data::FashionMNIST::kStd, data_root,
+                                  eval ? "" : " --no-eval"));
+    };
+    bool peer_ok = !no_peer && std::system(fmt::format("{} -c 'import torch' 2>/dev/null", py).c_str()) == 0;
+    if (!no_peer && !peer_ok) fmt::print(stderr, "note: PyTorch peer not available ({} with torch)\n", py);
+    std::string torch_version;
+    std::vector<bench::Row> rows;
+
+    // conv2d_fwd_bwd: a sample is the mean of 3 calls, as bench_cpu's; the peer's after its warm-up.
+    {
+      ConvBench conv;
+      for (int i = 0; i < 2; ++i) conv.step();
+      Paired row;
+      for (int r = 0; r < runs; ++r) {
+        const double t0 = bench::now_s();
+        for (int i = 0; i < 3; ++i) conv.step();
+        const double ours = (bench::now_s() - t0) / 3 * 1e3;
+        std::optional<double> peer;
+        if (peer_ok)
+          if (auto j = run_json(fmt::format("{} {} conv 2>&1", py, peer_script))) {
+            peer = (*j)["conv2d_fwd_bwd_ms"].get<double>();
+            torch_version = (*j)["version"].get<std::string>();
+          }
+        row.round(ours, peer);
+      }
+      rows.push_back({"conv2d_fwd_bwd", row.ours.median(), row.peer_median(), "ms", "ratio <= 1.0",
+                      "64x32x28x28, 3x3 to 64, pad 1; " + row.note("ms")});
+    }
+
+    // The epochs: ours alone, the peer alone, ours at 2 ranks, the peer at 2 ranks; again.
+    {
+      Paired alone, np2;
+      bench::Samples wait1, wait2;
+      std::string acc1, acc2;  // the first round's test accuracies, ours and the peer's (evaluated then only)
+      auto ours_epoch = [&](const std::string& launch, bench::Samples& wait, std::string& acc,
+                            int r) -> std::optional<double> {
+        auto j = run_json(fmt::format("{}{} --worker epoch --data-root {} 2>&1", launch, self, data_root));
+        if (!j) return std::nullopt;
+        wait.add(100 * (*j)["wait_s"].get<double>() / (*j)["epoch_s"].get<double>());
+        if (r == 0) acc = fmt::format("after it: ours {:.2f}%", 100 * (*j)["accuracy"].get<double>());
+        return (*j)["epoch_s"].get<double>();
+      };
+      auto peer_epoch = [&](int world, std::string& acc, int r) -> std::optional<double> {
+        if (!peer_ok) return std::nullopt;
+        auto j = peer_train(world, 1, "constant", r == 0);
+        if (!j) return std::nullopt;
+        if (r == 0) acc += fmt::format(", peer {:.2f}%", 100 * (*j)["accuracy"].get<double>());
+        return (*j)["epoch_s"].get<double>();
+      };
+      for (int r = 0; r < runs; ++r) {
+        const std::optional<double> o1 = ours_epoch("", wait1, acc1, r);
+        alone.round(o1, peer_epoch(1, acc1, r));
+        const std::optional<double> o2 = ours_epoch(bench::mpirun_prefix(2) + " ", wait2, acc2, r);
+        np2.round(o2, peer_epoch(2, acc2, r));
+      }
+      rows.push_back({"fmnist_cnn_epoch", alone.ours.median(), alone.peer_median(), "s", "ratio <= 0.8",
+                      fmt::format("1 process; {}; {}", alone.note("s"), acc1)});
+      rows.push_back({"fmnist_cnn_epoch_np2", np2.ours.median(), np2.peer_median(), "s", "ratio <= 0.5",
+                      fmt::format("DDP vs PyTorch DDP gloo; {}; {}", np2.note("s"), acc2)});
+      rows.push_back({"loader_wait", wait2.median(), std::nullopt, "%", "<= 1%",
+                      fmt::format("np2 epoch, {} runs: {} %; 1 process: {} %", wait2.values.size(), wait2.str(3),
+                                  wait1.str(3))});
+    }
+
+    // The main job (train's defaults under mpirun -np 2) and the peer after the same recipe.
+    if (acc_runs > 0) {
+      Paired accuracy;
+      bench::Samples ours_s, peer_s;
+      for (int r = 0; r < acc_runs; ++r) {
+        std::optional<double> ours, peer;
+        if (auto a = run_main_job(fmt::format("{} {} --progress lines --data-root {} 2>&1", bench::mpirun_prefix(2),
+                                              train, data_root))) {
+          ours = a->first;
+          ours_s.add(a->second);
+        }
+        if (peer_ok)
+          if (auto j = peer_train(2, kFmnistCnnRecipe.epochs, kFmnistCnnRecipe.lr_schedule, true)) {
+            peer = 100 * (*j)["accuracy"].get<double>();
+            peer_s.add((*j)["train_s"].get<double>());
+          }
+        accuracy.round(ours, peer);
+      }
+      const double diff = accuracy.ours.median() - accuracy.peer_median().value_or(NAN);
+      // The main job's time includes its evaluation after every epoch; the peer's is training only.
+      rows.push_back({"fmnist_cnn_acc", diff, std::nullopt, "points", ">= -0.5",
+                      fmt::format("{} epochs, lr {} {}, np2: {}; time ours {} s (with its evaluations), peer {} s",
+                                  kFmnistCnnRecipe.epochs, kFmnistCnnRecipe.lr, kFmnistCnnRecipe.lr_schedule,
+                                  accuracy.note("%"), ours_s.str(3), peer_s.str(3))});
+    }
+    fs::remove_all(tmp);
+    if (!torch_version.empty() && !json) fmt::print("PyTorch {}; one intra-op thread per process\n", torch_version);
+    bench::print_rows(rows, json);
+    return 0;
+  } catch (const Error& e) {
+    fmt::print(stderr, "bench_train: {}\n", e.what());
+    return 2;
+  }
+}
