@@ -1,10 +1,10 @@
-// The public convolution and pooling ops of autograd/ops.h: forward through core/conv.h and
-// core/pool.h, backward rules here. A 3-D input [C, H, W] is one unbatched sample: the op runs on
+// The public convolution and pooling ops of autograd/ops.h: forward through core/detail/conv.h and
+// core/detail/pool.h, backward rules here. A 3-D input [C, H, W] is one unbatched sample: the op runs on
 // it as a batch of one and returns an unbatched result, as in PyTorch.
 #include "autograd/node.h"
 #include "autograd/ops.h"
-#include "core/conv.h"
-#include "core/pool.h"
+#include "core/detail/conv.h"
+#include "core/detail/pool.h"
 
 namespace tandem {
 

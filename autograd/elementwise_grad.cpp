@@ -1,10 +1,10 @@
-// The public elementwise ops of autograd/ops.h: forward through core/elementwise.h, backward
+// The public elementwise ops of autograd/ops.h: forward through core/detail/elementwise.h, backward
 // rules here. Binary rules reduce broadcast gradients with sum_to and cast them back to each
 // input's dtype (promotion can make the output wider than an input).
 #include "autograd/node.h"
 #include "autograd/ops.h"
-#include "core/checks.h"
-#include "core/elementwise.h"
+#include "core/detail/checks.h"
+#include "core/detail/elementwise.h"
 
 namespace tandem {
 

@@ -1,10 +1,10 @@
-// The differentiable indexing and joining ops: forward in core/index.cpp, backward rules here.
+// The differentiable indexing and joining ops: forward in core/detail/index.cpp, backward rules here.
 // Integer index tensors and bool masks are saved for backward but never differentiated.
 #include "autograd/node.h"
 #include "autograd/ops.h"
-#include "core/copy.h"
-#include "core/index.h"
-#include "core/views.h"
+#include "core/detail/copy.h"
+#include "core/detail/index.h"
+#include "core/detail/views.h"
 
 namespace tandem {
 

@@ -1,9 +1,9 @@
-// The public matrix products of autograd/ops.h: forward through core/matmul.h; every backward
+// The public matrix products of autograd/ops.h: forward through core/detail/matmul.h; every backward
 // is GEMMs on strided operands (no transposes materialised) plus, for biases, one reduction.
 #include "autograd/node.h"
 #include "autograd/ops.h"
-#include "core/matmul.h"
-#include "core/reduce.h"
+#include "core/detail/matmul.h"
+#include "core/detail/reduce.h"
 
 namespace tandem {
 

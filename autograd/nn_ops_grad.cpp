@@ -1,8 +1,8 @@
-// The public NN functional ops of autograd/ops.h: forward through core/nn_ops.h, backward rules here.
+// The public NN functional ops of autograd/ops.h: forward through core/detail/nn_ops.h, backward rules here.
 #include "autograd/node.h"
 #include "autograd/ops.h"
-#include "core/checks.h"
-#include "core/nn_ops.h"
+#include "core/detail/checks.h"
+#include "core/detail/nn_ops.h"
 
 namespace tandem {
 

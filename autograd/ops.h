@@ -5,13 +5,11 @@
 #include <optional>
 #include <vector>
 
-#include "core/conv.h"  // Size2
-#include "core/pool.h"  // not needed here: pooling's kernels stay reachable from tandem.h, as conv2d's are
 #include "core/tensor.h"
 
 namespace tandem {
 
-// ---- creation (core/creation.cpp, core/random.cpp) ----
+// ---- creation (core/detail/creation.cpp, core/random.cpp) ----
 Tensor empty(const Shape& shape, TensorOptions opts = {});
 Tensor zeros(const Shape& shape, TensorOptions opts = {});
 Tensor ones(const Shape& shape, TensorOptions opts = {});
@@ -43,7 +41,7 @@ Tensor rand(const Shape& shape, TensorOptions opts = {});
 Tensor randn(const Shape& shape, TensorOptions opts = {});
 Tensor randint(int64_t low, int64_t high, const Shape& shape, TensorOptions opts = i64);
 
-// ---- elementwise (core/elementwise.cpp, autograd/elementwise_grad.cpp) ----
+// ---- elementwise (core/detail/elementwise.cpp, autograd/elementwise_grad.cpp) ----
 Tensor add(const Tensor& a, const Tensor& b, const Scalar& alpha = 1);
 Tensor sub(const Tensor& a, const Tensor& b, const Scalar& alpha = 1);
 Tensor mul(const Tensor& a, const Tensor& b);
@@ -126,7 +124,7 @@ const Tensor& addcmul_(const Tensor& self, const Tensor& a, const Tensor& b, con
 const Tensor& addcdiv_(const Tensor& self, const Tensor& a, const Tensor& b, const Scalar& alpha = 1);
 const Tensor& lerp_(const Tensor& self, const Tensor& end, const Scalar& weight);
 
-// ---- views and shape (core/views.cpp, autograd/views_grad.cpp) ----
+// ---- views and shape (core/detail/views.cpp, autograd/views_grad.cpp) ----
 Tensor view(const Tensor& a, const Shape& shape);  // one -1 allowed; needs compatible strides
 Tensor reshape(const Tensor& a, const Shape& shape);  // view when possible, else a copy
 Tensor permute(const Tensor& a, const Shape& dims);
@@ -142,7 +140,7 @@ Tensor flatten(const Tensor& a, int64_t start_dim = 0, int64_t end_dim = -1);
 Tensor contiguous(const Tensor& a);
 Tensor clone(const Tensor& a);
 
-// ---- reductions (core/reduce.cpp, autograd/reduce_grad.cpp) ----
+// ---- reductions (core/detail/reduce.cpp, autograd/reduce_grad.cpp) ----
 Tensor sum(const Tensor& a);
 Tensor sum(const Tensor& a, const Shape& dims, bool keepdim = false);
 Tensor mean(const Tensor& a);
@@ -165,21 +163,21 @@ Tensor std(const Tensor& a);
 Tensor logsumexp(const Tensor& a, const Shape& dims, bool keepdim = false);
 Tensor norm(const Tensor& a);  // 2-norm of all elements
 
-// ---- linear algebra (core/matmul.cpp, autograd/matmul_grad.cpp) ----
+// ---- linear algebra (core/detail/matmul.cpp, autograd/matmul_grad.cpp) ----
 Tensor matmul(const Tensor& a, const Tensor& b);  // 1-D, 2-D and batched with broadcasting
 Tensor mm(const Tensor& a, const Tensor& b);
 Tensor bmm(const Tensor& a, const Tensor& b);
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor());  // x W^T + b
 Tensor addmm(const Tensor& bias, const Tensor& a, const Tensor& b);  // bias + a b
 
-// ---- nn functional (core/nn_ops.cpp, autograd/nn_ops_grad.cpp) ----
+// ---- nn functional (core/detail/nn_ops.cpp, autograd/nn_ops_grad.cpp) ----
 Tensor softmax(const Tensor& a, int64_t dim);
 Tensor log_softmax(const Tensor& a, int64_t dim);
 Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight = Tensor(),
                   const Tensor& bias = Tensor(), double eps = 1e-5);
 Tensor dropout(const Tensor& x, double p, bool training);
 
-// ---- convolution and pooling (core/conv.cpp, core/pool.cpp, autograd/conv_grad.cpp) ----
+// ---- convolution and pooling (core/detail/conv.cpp, core/detail/pool.cpp, autograd/conv_grad.cpp) ----
 // Inputs are [N, C, H, W], or [C, H, W] for one unbatched sample (the result is then unbatched).
 // A Size2 is one value for both spatial dims or {h, w}. Semantics and output sizes are PyTorch's.
 // weight [out_channels, in_channels / groups, kh, kw], bias [out_channels] or undefined.
@@ -199,7 +197,7 @@ Tensor avg_pool2d(const Tensor& input, Size2 kernel_size, std::optional<Size2> s
 // Output cell (i, j) averages input rows [floor(i H / OH), ceil((i + 1) H / OH)) and likewise columns.
 Tensor adaptive_avg_pool2d(const Tensor& input, Size2 output_size);
 
-// ---- indexing and joining (core/index.cpp, autograd/index_grad.cpp) ----
+// ---- indexing and joining (core/detail/index.cpp, autograd/index_grad.cpp) ----
 Tensor embedding(const Tensor& weight, const Tensor& indices);
 Tensor index_select(const Tensor& a, int64_t dim, const Tensor& index);
 Tensor gather(const Tensor& a, int64_t dim, const Tensor& index);

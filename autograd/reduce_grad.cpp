@@ -1,7 +1,7 @@
-// The public reductions of autograd/ops.h: forward through core/reduce.h, backward rules here.
+// The public reductions of autograd/ops.h: forward through core/detail/reduce.h, backward rules here.
 #include "autograd/node.h"
 #include "autograd/ops.h"
-#include "core/reduce.h"
+#include "core/detail/reduce.h"
 
 namespace tandem {
 

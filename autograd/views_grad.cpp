@@ -1,10 +1,10 @@
-// The public view ops and their backward rules. Forward geometry lives in core/views.cpp; every
+// The public view ops and their backward rules. Forward geometry lives in core/detail/views.cpp; every
 // view shares its input's storage (and version counter) and records how to route the gradient
 // back to the input's shape. contiguous/clone copy (identity gradient), as does to(Device).
 #include "autograd/node.h"
 #include "autograd/ops.h"
-#include "core/elementwise.h"
-#include "core/views.h"
+#include "core/detail/elementwise.h"
+#include "core/detail/views.h"
 
 namespace tandem {
 

@@ -1,7 +1,7 @@
 // The backend registry: the CPU backend built in, the CUDA backend library loaded on first use.
 #include "core/backend.h"
-#include "core/kernel_tables.h"
-#include "core/sanitizers.h"
+#include "core/detail/kernel_tables.h"
+#include "core/detail/sanitizers.h"
 
 #include <algorithm>
 #include <cstdlib>

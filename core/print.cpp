@@ -5,8 +5,8 @@
 #include <atomic>
 #include <cmath>
 
-#include "core/iter.h"
-#include "core/copy.h"  // to_device
+#include "core/detail/iter.h"
+#include "core/detail/copy.h"  // to_device
 
 namespace tandem {
 

@@ -4,8 +4,8 @@
 
 #include <limits>
 
-#include "core/kernel_tables.h"
-#include "core/iter.h"
+#include "core/detail/kernel_tables.h"
+#include "core/detail/iter.h"
 
 namespace tandem {
 

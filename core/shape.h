@@ -150,3 +150,23 @@ template <> struct fmt::formatter<tandem::SmallDims> : fmt::formatter<std::strin
     return fmt::formatter<std::string>::format(tandem::shape_str(s), ctx);
   }
 };
+
+namespace tandem {
+
+// Two sizes of a 2-D window or output, height then width. One value stands for both, as with
+// PyTorch's int-or-tuple arguments: conv2d(x, w, b, /*stride=*/2) or conv2d(x, w, b, {2, 1}).
+struct Size2 {
+  int64_t h = 0, w = 0;
+  constexpr Size2(int64_t v) : h(v), w(v) {}  // NOLINT: implicit, as PyTorch's ExpandingArray
+  constexpr Size2(int64_t h, int64_t w) : h(h), w(w) {}
+  bool operator==(const Size2&) const = default;
+};
+
+}  // namespace tandem
+
+template <>
+struct fmt::formatter<tandem::Size2> : fmt::formatter<std::string_view> {
+  auto format(const tandem::Size2& s, format_context& ctx) const {
+    return fmt::format_to(ctx.out(), "[{}, {}]", s.h, s.w);
+  }
+};

@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <sstream>
 
-#include "core/copy.h"  // to_device
-#include "core/iter.h"
+#include "core/detail/copy.h"  // to_device
+#include "core/detail/iter.h"
 
 namespace tandem {
 

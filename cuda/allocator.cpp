@@ -18,8 +18,8 @@
 #include <unordered_map>
 #include <vector>
 
-#include "core/copy.h"  // contiguous_copy, to_device
-#include "cuda/check.h"
+#include "core/detail/copy.h"  // contiguous_copy, to_device
+#include "cuda/detail/check.h"
 #include "cuda/runtime.h"
 
 namespace tandem::cuda {

@@ -10,8 +10,8 @@
 
 #include "core/backend.h"
 #include "cuda/allocator.h"
-#include "cuda/check.h"
-#include "cuda/device_error.h"
+#include "cuda/detail/check.h"
+#include "cuda/detail/device_error.h"
 #include "cuda/runtime.h"
 
 namespace tandem::cuda {

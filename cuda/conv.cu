@@ -1,12 +1,12 @@
-// CUDA kernels of core/conv.h: im2col and col2im for conv2d, whose GEMMs core runs through
+// CUDA kernels of core/detail/conv.h: im2col and col2im for conv2d, whose GEMMs core runs through
 // MatmulDeviceKernels, i.e. cuBLAS. Pooling's kernels are cuda/pool.cu.
 //
 // im2col takes one thread per column entry. col2im gathers: one thread per input element sums the
 // column entries im2col copied from it, so no atomics are needed, the result is deterministic and
 // the sums accumulate in acc_t (f32 for f16/bf16), as on the CPU.
-#include "core/kernel_tables.h"
-#include "core/conv.h"
-#include "cuda/window.cuh"
+#include "core/detail/kernel_tables.h"
+#include "core/detail/conv.h"
+#include "cuda/detail/window.cuh"
 
 namespace tandem::cuda {
 

@@ -1,9 +1,9 @@
-// CUDA kernels of the factory functions (core/creation.h): arange, linspace and eye, each element
+// CUDA kernels of the factory functions (core/detail/creation.h): arange, linspace and eye, each element
 // computed by the CPU loop's formula in the same order of operations (unfused multiply and add),
 // so both devices give the same bits. zeros/ones/full go through the elementwise fill.
-#include "core/kernel_tables.h"
-#include "core/creation.h"
-#include "cuda/launch.h"
+#include "core/detail/kernel_tables.h"
+#include "core/detail/creation.h"
+#include "cuda/detail/launch.h"
 
 namespace tandem::cuda {
 

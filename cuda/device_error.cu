@@ -1,12 +1,12 @@
-// Deferred device errors (cuda/device_error.h) and the count of host syncs (cuda/runtime.h).
-#include "cuda/device_error.h"
+// Deferred device errors (cuda/detail/device_error.h) and the count of host syncs (cuda/runtime.h).
+#include "cuda/detail/device_error.h"
 
 #include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <mutex>
 
-#include "cuda/check.h"
+#include "cuda/detail/check.h"
 #include "cuda/runtime.h"
 
 namespace tandem::cuda {

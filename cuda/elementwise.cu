@@ -1,12 +1,12 @@
-// The CUDA kernel table of the elementwise ops (detail::ElementwiseDeviceKernels, core/elementwise.h), and the
+// The CUDA kernel table of the elementwise ops (detail::ElementwiseDeviceKernels, core/detail/elementwise.h), and the
 // copy/cast, fill and where kernels. Binary ops live in elementwise_binary.cu, unary math in
 // elementwise_unary.cu and the backward kernels in elementwise_grad.cu, so the four compile in
 // parallel.
-#include "cuda/elementwise.cuh"
+#include "cuda/detail/elementwise.cuh"
 
 #include <cstring>
 
-#include "core/kernel_tables.h"
+#include "core/detail/kernel_tables.h"
 
 namespace tandem::cuda {
 

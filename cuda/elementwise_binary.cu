@@ -1,6 +1,6 @@
 // CUDA binary ops: arithmetic, comparisons and logic, tensor-tensor and tensor-scalar (the scalar
 // is an immediate operand of the same kernels), out of place and in place (out = self).
-#include "cuda/elementwise.cuh"
+#include "cuda/detail/elementwise.cuh"
 
 namespace tandem::cuda::ew_impl {
 

@@ -1,6 +1,6 @@
-// CUDA raw backward kernels of core/elementwise.h (unary_grad, clamp_grad, pow grads, div_grad_other,
+// CUDA raw backward kernels of core/detail/elementwise.h (unary_grad, clamp_grad, pow grads, div_grad_other,
 // extreme_grad, where_grad): floating dtypes only, g's dtype throughout.
-#include "cuda/elementwise.cuh"
+#include "cuda/detail/elementwise.cuh"
 
 namespace tandem::cuda::ew_impl {
 

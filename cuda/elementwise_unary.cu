@@ -1,6 +1,6 @@
 // CUDA unary math, pow with a scalar exponent, clamp and the optimizer-style in-place ternaries
 // (addcmul_, addcdiv_, lerp_).
-#include "cuda/elementwise.cuh"
+#include "cuda/detail/elementwise.cuh"
 
 namespace tandem::cuda::ew_impl {
 

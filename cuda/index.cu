@@ -1,4 +1,4 @@
-// CUDA kernels of the index family (core/index.h): index_select (and embedding), gather,
+// CUDA kernels of the index family (core/detail/index.h): index_select (and embedding), gather,
 // masked_fill, the range check of check_index_range (nll_loss's targets), and the deterministic
 // scatter-adds behind scatter_add, index_select's backward and embedding's backward.
 //
@@ -8,25 +8,25 @@
 // deterministic run to run and, for f32/f64, bit-identical to the CPU's in-order sums.
 //
 // Index bounds: kernels skip an out-of-range index (no stray memory access) and, when asked to
-// check, record it in the device's deferred error (cuda/device_error.h), which the host raises at
+// check, record it in the device's deferred error (cuda/detail/device_error.h), which the host raises at
 // its next synchronisation: no op here syncs the host. The forward ops check; the backward
 // kernels reuse indices their forward checked.
 #include <cub/device/device_radix_sort.cuh>
 
 #include <cstring>
 
-#include "core/kernel_tables.h"
-#include "core/index.h"
-#include "core/iter.h"
-#include "cuda/device_error.h"
-#include "cuda/launch.h"
-#include "cuda/strided.cuh"
+#include "core/detail/kernel_tables.h"
+#include "core/detail/index.h"
+#include "core/detail/iter.h"
+#include "cuda/detail/device_error.h"
+#include "cuda/detail/launch.h"
+#include "cuda/detail/strided.cuh"
 
 namespace tandem::cuda {
 
 namespace {
 
-using detail::dispatch_index;  // core/index.h: the index dtype of a kernel
+using detail::dispatch_index;  // core/detail/index.h: the index dtype of a kernel
 using namespace geom;
 
 // ---------------------------------------------------------------- index_select

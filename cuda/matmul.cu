@@ -1,4 +1,4 @@
-// Matrix products on CUDA: core/matmul.cpp's batched GEMM through cuBLAS.
+// Matrix products on CUDA: core/detail/matmul.cpp's batched GEMM through cuBLAS.
 //
 // Core hands over a batch of row-major products C[i] = A[i] B[i] with arbitrary strides. cuBLAS is
 // column-major, so each call computes C^T = B^T A^T: a row-major matrix with unit column stride
@@ -17,11 +17,11 @@
 #include <mutex>
 #include <vector>
 
-#include "core/kernel_tables.h"
-#include "core/matmul.h"
+#include "core/detail/kernel_tables.h"
+#include "core/detail/matmul.h"
 #include "core/tensor.h"
-#include "cuda/check.h"
-#include "cuda/launch.h"
+#include "cuda/detail/check.h"
+#include "cuda/detail/launch.h"
 #include "cuda/runtime.h"
 
 namespace tandem::cuda {

@@ -1,4 +1,4 @@
-// CUDA kernels of the NN functional ops (core/nn_ops.h): softmax/log_softmax, layer norm and
+// CUDA kernels of the NN functional ops (core/detail/nn_ops.h): softmax/log_softmax, layer norm and
 // dropout, forward and backward.
 //
 // Row ops (softmax over the last dim, layer norm) run one warp per row for short rows and one
@@ -9,11 +9,11 @@
 #include <algorithm>
 #include <array>
 
-#include "core/kernel_tables.h"
-#include "core/nn_ops.h"
-#include "cuda/block_reduce.cuh"
-#include "cuda/device_error.h"
-#include "cuda/launch.h"
+#include "core/detail/kernel_tables.h"
+#include "core/detail/nn_ops.h"
+#include "cuda/detail/block_reduce.cuh"
+#include "cuda/detail/device_error.h"
+#include "cuda/detail/launch.h"
 
 namespace tandem::cuda {
 
@@ -356,9 +356,9 @@ __global__ void dropout_backward_kernel(const T* __restrict__ g, const T* __rest
 // Whether a row's target is a class (not ignore_index, not out of range).
 __device__ inline bool is_class(int64_t t, int64_t C) { return t >= 0 && t < C; }
 
-// Per row: lse = log sum exp(x), then the loss of core/nn_ops.h's formula. One warp or block per row.
+// Per row: lse = log sum exp(x), then the loss of core/detail/nn_ops.h's formula. One warp or block per row.
 // A target that is neither a class nor ignore_index is recorded in `sink` (raised at the host's
-// next sync, cuda/device_error.h) and its row counts as ignored: nothing is read out of bounds.
+// next sync, cuda/detail/device_error.h) and its row counts as ignored: nothing is read out of bounds.
 template <class T, bool kWarp>
 __global__ void __launch_bounds__(1024) cross_entropy_kernel(const T* __restrict__ x, const int64_t* __restrict__ target,
                                                              const T* __restrict__ w, T* __restrict__ loss,

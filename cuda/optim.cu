@@ -1,4 +1,4 @@
-// Fused optimizer steps on CUDA (core/optim_kernels.h): SGD (momentum, dampening, Nesterov,
+// Fused optimizer steps on CUDA (core/detail/optim_kernels.h): SGD (momentum, dampening, Nesterov,
 // weight decay) and Adam/AdamW (bias correction, AMSGrad) as multi-tensor kernels. One launch
 // covers up to kMaxTensors parameters, their pointers passed by value in the kernel arguments:
 // blockIdx.y picks the parameter, a grid-stride loop over blockIdx.x covers its elements, and each
@@ -9,11 +9,11 @@
 #include <cmath>
 #include <vector>
 
-#include "core/kernel_tables.h"
-#include "core/optim_kernels.h"
+#include "core/detail/kernel_tables.h"
+#include "core/detail/optim_kernels.h"
 #include "core/tensor.h"
-#include "cuda/check.h"
-#include "cuda/launch.h"
+#include "cuda/detail/check.h"
+#include "cuda/detail/launch.h"
 #include "cuda/runtime.h"
 
 namespace tandem::cuda {

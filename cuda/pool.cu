@@ -1,12 +1,12 @@
-// CUDA kernels of core/pool.h: max, average and adaptive-average pooling, forward and backward.
+// CUDA kernels of core/detail/pool.h: max, average and adaptive-average pooling, forward and backward.
 //
 // Forward kernels take one thread per output element. Backward kernels gather: one thread per
 // input element sums the outputs whose windows cover it, so no atomics are needed, the result is
 // deterministic and the sums accumulate in acc_t (f32 for f16/bf16), as on the CPU.
-#include "core/kernel_tables.h"
-#include "core/pool.h"
-#include "cuda/block_reduce.cuh"
-#include "cuda/window.cuh"
+#include "core/detail/kernel_tables.h"
+#include "core/detail/pool.h"
+#include "cuda/detail/block_reduce.cuh"
+#include "cuda/detail/window.cuh"
 
 namespace tandem::cuda {
 
@@ -74,7 +74,7 @@ __global__ void max_pool2d_backward_kernel(const T* __restrict__ g, const int64_
 
 // ---- average pooling ----
 
-// avg_pool2d's clipped window of output (oh, ow) and its divisor (core/pool.cpp's avg_cell).
+// avg_pool2d's clipped window of output (oh, ow) and its divisor (core/detail/pool.cpp's avg_cell).
 struct AvgCell {
   int64_t h0, h1, w0, w1, divisor;
 };

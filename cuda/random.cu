@@ -11,10 +11,10 @@
 // normal across a rounding boundary).
 #include <type_traits>
 
-#include "core/kernel_tables.h"
+#include "core/detail/kernel_tables.h"
 #include "core/random.h"
-#include "cuda/launch.h"
-#include "cuda/strided.cuh"
+#include "cuda/detail/launch.h"
+#include "cuda/detail/strided.cuh"
 
 namespace tandem::cuda {
 

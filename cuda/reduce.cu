@@ -1,4 +1,4 @@
-// CUDA kernels of the reductions (core/reduce.h) and their backward steps.
+// CUDA kernels of the reductions (core/detail/reduce.h) and their backward steps.
 //
 // One kernel shape serves every reduction: the plan's kept dims are M outputs, its reduced dims
 // K elements each. A 2-D block either spreads the K elements of a few outputs over threadIdx.x
@@ -11,12 +11,12 @@
 #include <limits>
 #include <type_traits>
 
-#include "core/copy.h"
-#include "core/kernel_tables.h"
-#include "core/iter.h"
-#include "core/reduce.h"
-#include "cuda/block_reduce.cuh"
-#include "cuda/launch.h"
+#include "core/detail/copy.h"
+#include "core/detail/kernel_tables.h"
+#include "core/detail/iter.h"
+#include "core/detail/reduce.h"
+#include "cuda/detail/block_reduce.cuh"
+#include "cuda/detail/launch.h"
 
 namespace tandem::cuda {
 

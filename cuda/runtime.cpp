@@ -10,8 +10,8 @@
 #include <atomic>
 #include <mutex>
 
-#include "cuda/check.h"
-#include "cuda/device_error.h"
+#include "cuda/detail/check.h"
+#include "cuda/detail/device_error.h"
 
 namespace tandem::cuda {
 

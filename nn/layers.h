@@ -11,7 +11,6 @@
 #include <utility>
 #include <vector>
 
-#include "core/conv.h"
 #include "nn/module.h"
 
 namespace tandem::nn {

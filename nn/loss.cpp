@@ -1,8 +1,8 @@
 #include "nn/loss.h"
 
-#include "autograd/loss_grad.h"
+#include "autograd/detail/loss_grad.h"
 #include "autograd/ops.h"
-#include "core/index.h"
+#include "core/detail/index.h"
 
 namespace tandem::nn {
 
@@ -84,7 +84,7 @@ Tensor mean_over_total(const Tensor& loss_sum, const Tensor& total) {
   return where(empty, div(loss_sum.detach(), total.detach()), ratio);
 }
 
-// Class-index targets on a device: one fused kernel each way (autograd/loss_grad.h; core/nn_ops.h
+// Class-index targets on a device: one fused kernel each way (autograd/detail/loss_grad.h; core/detail/nn_ops.h
 // gives the formula, the one the composed CPU path below computes) instead of log_softmax, gather
 // and masked sums. The forward kernel checks the targets itself (as check_target_range words it)
 // and the mean divides by the device-side sum of the kept rows' weights: no host sync.

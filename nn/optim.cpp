@@ -5,8 +5,8 @@
 
 #include "autograd/grad_mode.h"
 #include "autograd/ops.h"
-#include "core/kernel_tables.h"
-#include "core/optim_kernels.h"
+#include "core/detail/kernel_tables.h"
+#include "core/detail/optim_kernels.h"
 
 namespace tandem::optim {
 

@@ -2,7 +2,7 @@
 // AdamW (bias correction, optional AMSGrad), with torch.optim's update rules exactly. Steps run
 // under no_grad and update parameters in place; a parameter whose grad is undefined is skipped.
 // Contiguous parameters on a device (CUDA) are updated by the backend's fused kernels
-// (core/optim_kernels.h): one launch per group, device and dtype covers all of them.
+// (core/detail/optim_kernels.h): one launch per group, device and dtype covers all of them.
 //
 // state_dict() flattens the state into named tensors so it fits a safetensors file:
 //   "state.<i>.momentum_buffer" | "state.<i>.exp_avg" | "state.<i>.exp_avg_sq" |

@@ -9,7 +9,7 @@
 and nothing in the library includes tools/ or tests/. Third-party backends stay in their folder:
 <mpi.h> in dist/mpi/, <nccl.h> in dist/nccl/, CUDA's headers in cuda/ and dist/nccl/ (core/half.h
 includes cuda_fp16.h/cuda_bf16.h only under nvcc, for device code: checked below), OpenBLAS's
-<cblas.h> in core/matmul.cpp.
+<cblas.h> in core/detail/matmul.cpp.
 
 Usage: check_layers.py [ROOT]      exits 1 and names file:line for each include against the map
        check_layers.py --self-test a tree with one violation of each kind must fail, a clean one pass
@@ -40,7 +40,7 @@ BACKEND_HEADERS = [
     (re.compile(r"^mpi\.h$"), ("dist/mpi/",)),
     (re.compile(r"^nccl(_device)?\.h$"), ("dist/nccl/",)),
     (re.compile(r"^(cuda|cublas|curand|cusparse|cufft)[A-Za-z0-9_]*\.h$"), ("cuda/", "dist/nccl/")),
-    (re.compile(r"^cblas\.h$"), ("core/matmul.cpp",)),
+    (re.compile(r"^cblas\.h$"), ("core/detail/matmul.cpp",)),
 ]
 # file -> headers it may include only inside `#if defined(__CUDACC__)` (device code under nvcc).
 UNDER_NVCC = {"core/half.h": {"cuda_fp16.h", "cuda_bf16.h"}}

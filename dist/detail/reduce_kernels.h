@@ -7,7 +7,7 @@
 #include <cstdint>
 
 #include "core/dtype.h"
-#include "core/sanitizers.h"
+#include "core/detail/sanitizers.h"
 #include "dist/process_group.h"
 
 namespace tandem::dist::detail {

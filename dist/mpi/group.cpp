@@ -14,8 +14,8 @@
 
 #include "dist/detail/host_staging.h"
 #include "dist/detail/queued_group.h"
-#include "dist/mpi/allreduce.h"
-#include "dist/mpi/runtime.h"
+#include "dist/mpi/detail/allreduce.h"
+#include "dist/mpi/detail/runtime.h"
 
 namespace tandem::dist {
 

@@ -28,13 +28,13 @@ ProcessGroupPtr make_nccl_world(const InitOptions&) {
 #include <string_view>
 
 #include "cuda/allocator.h"
-#include "cuda/check.h"
+#include "cuda/detail/check.h"
 #include "cuda/runtime.h"
 #include "dist/detail/collective_checks.h"
 #include "dist/detail/comm_thread.h"
 #include "dist/detail/group_base.h"
 #include "dist/mpi/mpi.h"
-#include "dist/nccl/comm.h"
+#include "dist/nccl/detail/comm.h"
 #include "dist/threads/threads.h"
 
 namespace tandem::dist {

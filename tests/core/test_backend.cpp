@@ -12,7 +12,7 @@
 #include <string>
 
 #include "core/backend.h"
-#include "core/sanitizers.h"
+#include "core/detail/sanitizers.h"
 #include "tandem.h"
 
 using namespace tandem;

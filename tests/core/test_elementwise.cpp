@@ -6,7 +6,7 @@
 #include <cmath>
 #include <limits>
 
-#include "core/elementwise.h"
+#include "core/detail/elementwise.h"
 #include "tandem.h"
 #include "test_util.h"
 

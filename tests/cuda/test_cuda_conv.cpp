@@ -4,6 +4,7 @@
 // the device checks.
 #include <catch2/catch.hpp>
 
+#include "core/detail/pool.h"  // the raw pooling kernels, compared on both devices
 #include "cuda_test_util.h"
 #include "tandem.h"
 #include "test_util.h"

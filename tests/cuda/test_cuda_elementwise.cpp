@@ -1,4 +1,4 @@
-// CUDA elementwise ops against the CPU: every op of core/elementwise.h on fresh random inputs, in
+// CUDA elementwise ops against the CPU: every op of core/detail/elementwise.h on fresh random inputs, in
 // every dtype it has, over contiguous, broadcast, strided, misaligned and many-dim operands, the
 // in-place forms, casts between every dtype pair, the raw backward kernels, autograd through
 // composed ops, and the mixed-device errors. Without a usable device every case skips.
@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "core/elementwise.h"
+#include "core/detail/elementwise.h"
 #include "cuda_test_util.h"
 #include "tandem.h"
 #include "test_util.h"

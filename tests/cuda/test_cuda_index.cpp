@@ -7,7 +7,7 @@
 
 #include <vector>
 
-#include "cuda/device_error.h"
+#include "cuda/detail/device_error.h"
 #include "cuda_test_util.h"
 #include "tandem.h"
 #include "test_util.h"

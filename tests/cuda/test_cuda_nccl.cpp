@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "../dist/dist_cases.h"
-#include "cuda/check.h"
+#include "cuda/detail/check.h"
 #include "cuda/runtime.h"
 #include "cuda_test_util.h"
 #include "dist/nccl/nccl.h"

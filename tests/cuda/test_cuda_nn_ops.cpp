@@ -7,7 +7,7 @@
 #include <cmath>
 #include <functional>
 
-#include "core/nn_ops.h"
+#include "core/detail/nn_ops.h"
 #include "core/random.h"
 #include "cuda_test_util.h"
 #include "tandem.h"

@@ -7,7 +7,7 @@
 #include <functional>
 #include <limits>
 
-#include "core/reduce.h"
+#include "core/detail/reduce.h"
 #include "cuda_test_util.h"
 #include "tandem.h"
 #include "test_util.h"

@@ -12,7 +12,7 @@
 
 #include "core/backend.h"
 #include "cuda/allocator.h"
-#include "cuda/check.h"
+#include "cuda/detail/check.h"
 #include "cuda/runtime.h"
 #include "cuda_test_util.h"
 #include "tandem.h"

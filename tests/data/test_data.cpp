@@ -20,7 +20,7 @@
 #include <unistd.h>
 #include <vector>
 
-#include "core/sanitizers.h"
+#include "core/detail/sanitizers.h"
 #include "tandem.h"
 
 using namespace tandem;

@@ -12,7 +12,7 @@
 #include <string>
 #include <thread>
 
-#include "core/sanitizers.h"
+#include "core/detail/sanitizers.h"
 #include "ddp_cases.h"
 
 namespace leak_cases {

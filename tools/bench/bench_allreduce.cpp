@@ -31,7 +31,7 @@
 #include "cli.h"
 #include "dist/dist.h"
 #ifdef TANDEM_WITH_CUDA
-#include "cuda/check.h"
+#include "cuda/detail/check.h"
 #include "cuda/runtime.h"
 #endif
 #ifdef TANDEM_WITH_NCCL

@@ -8,7 +8,7 @@
 
 #include "autograd/grad_mode.h"
 #include "autograd/ops.h"
-#include "core/elementwise.h"
+#include "core/detail/elementwise.h"
 #include "core/trace.h"
 
 namespace tandem::dist {

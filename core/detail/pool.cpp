@@ -1,0 +1,397 @@
+// Max, average and adaptive-average pooling (core/detail/pool.h): window geometry and checks, the CPU
+// kernels, and the hand-off to a device's PoolDeviceKernels.
+#include "core/detail/pool.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "core/detail/checks.h"
+#include "core/detail/copy.h"
+#include "core/detail/kernel_tables.h"
+
+namespace tandem::detail {
+
+namespace {
+
+PoolDeviceKernels& device_table(const Tensor& t, const char* op) {
+  return device_kernels<PoolDeviceKernels>(t.device(), op);
+}
+
+// floor(a / b) for b > 0 (PyTorch's div_rtn).
+int64_t floor_div(int64_t a, int64_t b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
+
+}  // namespace
+
+Window2d pool2d_window(const Tensor& input, const Pool2dArgs& a, const char* op) {
+  check_floating(input, op);
+  check_4d(input, op);
+  const Size2 stride = a.stride.value_or(a.kernel);
+  check_positive(a.kernel, "kernel_size", op);
+  check_positive(stride, "stride", op);
+  check_positive(a.dilation, "dilation", op);
+  TANDEM_CHECK(a.padding.h >= 0 && a.padding.w >= 0, "[{}] padding must be non-negative, got {}", op, a.padding);
+  TANDEM_CHECK(a.padding.h <= a.kernel.h / 2 && a.padding.w <= a.kernel.w / 2,
+               "[{}] padding {} must be at most half of kernel_size {}", op, a.padding, a.kernel);
+  TANDEM_CHECK(input.size(1) > 0 && input.size(2) > 0 && input.size(3) > 0,
+               "[{}] expected non-empty channel and spatial dims, got input {}", op, input.shape());
+  Window2d w;
+  w.H = input.size(2);
+  w.W = input.size(3);
+  w.kh = a.kernel.h;
+  w.kw = a.kernel.w;
+  w.sh = stride.h;
+  w.sw = stride.w;
+  w.ph = a.padding.h;
+  w.pw = a.padding.w;
+  w.dh = a.dilation.h;
+  w.dw = a.dilation.w;
+  auto out_size = [&](int64_t in, int64_t k, int64_t p, int64_t s, int64_t d) {
+    int64_t n = floor_div(in + 2 * p - d * (k - 1) - 1 + (a.ceil_mode ? s - 1 : 0), s) + 1;
+    if (a.ceil_mode && (n - 1) * s >= in + p) --n;  // the last window starts inside the input or left padding
+    return n;
+  };
+  w.OH = out_size(w.H, w.kh, w.ph, w.sh, w.dh);
+  w.OW = out_size(w.W, w.kw, w.pw, w.sw, w.dw);
+  TANDEM_CHECK(w.OH > 0 && w.OW > 0,
+               "[{}] input {} is too small for kernel_size {} (dilation {}, padding {}): the output would be {}x{}",
+               op, input.shape(), a.kernel, a.dilation, a.padding, w.OH, w.OW);
+  return w;
+}
+
+namespace {
+
+// Rows [h0, h1) (stepping by d) of the window that starts at `start`, clipped to [0, n).
+void dilated_span(int64_t start, int64_t k, int64_t d, int64_t n, int64_t& h0, int64_t& h1) {
+  h0 = start;
+  h1 = std::min(start + (k - 1) * d + 1, n);
+  while (h0 < 0) h0 += d;
+}
+
+// avg_pool2d's window [h0, h1) x [w0, w1) of output (oh, ow), clipped to the input, and its divisor.
+struct AvgCell {
+  int64_t h0, h1, w0, w1, divisor;
+};
+
+AvgCell avg_cell(int64_t oh, int64_t ow, const Window2d& w, const AvgPoolOptions& avg) {
+  AvgCell c;
+  c.h0 = oh * w.sh - w.ph;
+  c.w0 = ow * w.sw - w.pw;
+  c.h1 = std::min(c.h0 + w.kh, w.H + w.ph);
+  c.w1 = std::min(c.w0 + w.kw, w.W + w.pw);
+  const int64_t padded = (c.h1 - c.h0) * (c.w1 - c.w0);
+  c.h0 = std::max<int64_t>(c.h0, 0);
+  c.w0 = std::max<int64_t>(c.w0, 0);
+  c.h1 = std::min(c.h1, w.H);
+  c.w1 = std::min(c.w1, w.W);
+  if (avg.divisor_override) {
+    c.divisor = *avg.divisor_override;
+  } else {
+    c.divisor = avg.count_include_pad ? padded : (c.h1 - c.h0) * (c.w1 - c.w0);
+  }
+  return c;
+}
+
+int64_t planes_of(const Tensor& t) { return t.size(0) * t.size(1); }
+
+}  // namespace
+
+std::pair<Tensor, Tensor> max_pool2d_kernel(const Tensor& input, const Pool2dArgs& args) {
+  const char* op = "max_pool2d";
+  const Window2d w = pool2d_window(input, args, op);
+  const Tensor x = materialize(input, op);
+  const Shape out_shape{x.size(0), x.size(1), w.OH, w.OW};
+  Tensor out = make_empty(out_shape, x.dtype(), x.device(), op);
+  Tensor idx = make_empty(out_shape, i64, x.device(), op);
+  const int64_t planes = planes_of(x);
+  if (planes == 0) return {out, idx};
+  if (!x.is_cpu()) {
+    device_table(x, op).max_pool2d(x, out, idx, planes, w);
+    return {out, idx};
+  }
+  TANDEM_DISPATCH_FLOATING(x.dtype(), op, [&] {
+    using T = scalar_t;
+    using Acc = acc_t<T>;
+    const T* xp = static_cast<const T*>(x.data_ptr());
+    T* yp = static_cast<T*>(out.data_ptr());
+    int64_t* ip = static_cast<int64_t*>(idx.data_ptr());
+    // The general walk: each window clipped to the input, the first maximum in row-major order
+    // or the last NaN (PyTorch's rule).
+    auto walk_plane = [&](int64_t p) {
+      const T* xs = xp + p * w.H * w.W;
+      for (int64_t oh = 0; oh < w.OH; ++oh) {
+        int64_t h0, h1;
+        dilated_span(oh * w.sh - w.ph, w.kh, w.dh, w.H, h0, h1);
+        for (int64_t ow = 0; ow < w.OW; ++ow) {
+          int64_t w0, w1;
+          dilated_span(ow * w.sw - w.pw, w.kw, w.dw, w.W, w0, w1);
+          int64_t best = h0 * w.W + w0;
+          Acc m = -std::numeric_limits<Acc>::infinity();
+          for (int64_t ih = h0; ih < h1; ih += w.dh) {
+            for (int64_t iw = w0; iw < w1; iw += w.dw) {
+              const Acc v = static_cast<Acc>(xs[ih * w.W + iw]);
+              if (v > m || std::isnan(v)) {
+                m = v;
+                best = ih * w.W + iw;
+              }
+            }
+          }
+          const int64_t o = (p * w.OH + oh) * w.OW + ow;
+          yp[o] = static_cast<T>(m);
+          ip[o] = best;
+        }
+      }
+    };
+    // The usual 2x2/2 pool after a conv, every window inside the input, walked in a third of the
+    // time (the general walk took a fifth of a small CNN's step): no clipping, and selects
+    // instead of branches, since which element wins is data and the branches mispredict. Without
+    // a NaN in the plane the rule is a plain "greater than" in row-major order; a plane with one
+    // takes the general walk.
+    const bool two_by_two = w.kh == 2 && w.kw == 2 && w.sh == 2 && w.sw == 2 && w.ph == 0 && w.pw == 0 &&
+                            w.dh == 1 && w.dw == 1 && 2 * w.OH <= w.H && 2 * w.OW <= w.W;
+    for (int64_t p = 0; p < planes; ++p) {
+      if (!two_by_two) {
+        walk_plane(p);
+        continue;
+      }
+      const T* xs = xp + p * w.H * w.W;
+      T* ys = yp + p * w.OH * w.OW;
+      int64_t* is = ip + p * w.OH * w.OW;
+      int nan = 0;
+      for (int64_t oh = 0; oh < w.OH; ++oh) {
+        const T* top = xs + 2 * oh * w.W;
+        const T* bottom = top + w.W;
+        const int64_t base = 2 * oh * w.W;
+        for (int64_t ow = 0; ow < w.OW; ++ow) {
+          const Acc a = static_cast<Acc>(top[2 * ow]), b = static_cast<Acc>(top[2 * ow + 1]);
+          const Acc c = static_cast<Acc>(bottom[2 * ow]), d = static_cast<Acc>(bottom[2 * ow + 1]);
+          nan |= (a != a) | (b != b) | (c != c) | (d != d);
+          const bool tb = b > a;
+          const Acc ab = tb ? b : a;
+          const bool tc = c > ab;
+          const Acc abc = tc ? c : ab;
+          const bool td = d > abc;
+          ys[oh * w.OW + ow] = static_cast<T>(td ? d : abc);
+          // The winner's offset in the window (0, 1, W, W + 1) by arithmetic: no branch.
+          const int64_t kb = tb, kc = kb + tc * (w.W - kb), kd = kc + td * (w.W + 1 - kc);
+          is[oh * w.OW + ow] = base + 2 * ow + kd;
+        }
+      }
+      if (nan) walk_plane(p);  // rewrites the plane by the rule
+    }
+  });
+  return {out, idx};
+}
+
+Tensor max_pool2d_backward_kernel(const Tensor& grad, const Tensor& indices, const Tensor& input,
+                                  const Pool2dArgs& args) {
+  const char* op = "max_pool2d_backward";
+  const Window2d w = pool2d_window(input, args, op);
+  check_same_device(op, {{"grad", grad}, {"indices", indices}, {"input", input}});
+  const Shape out_shape{input.size(0), input.size(1), w.OH, w.OW};
+  TANDEM_CHECK(grad.shape() == out_shape && grad.dtype() == input.dtype() && indices.shape() == out_shape &&
+                   indices.dtype() == i64,
+               "[{}] gradient {} {} and indices {} {} do not match the output {} {}", op, grad.dtype(), grad.shape(),
+               indices.dtype(), indices.shape(), input.dtype(), out_shape);
+  const Tensor g = materialize(grad, op), idx = materialize(indices, op);
+  Tensor gx = make_empty(input.shape(), input.dtype(), input.device(), op);
+  const int64_t planes = planes_of(input);
+  if (planes == 0) return gx;
+  if (!gx.is_cpu()) {
+    device_table(gx, op).max_pool2d_backward(g, idx, gx, planes, w);
+    return gx;
+  }
+  TANDEM_DISPATCH_FLOATING(gx.dtype(), op, [&] {
+    using T = scalar_t;
+    using Acc = acc_t<T>;
+    const T* gp = static_cast<const T*>(g.data_ptr());
+    const int64_t* ip = static_cast<const int64_t*>(idx.data_ptr());
+    T* xp = static_cast<T*>(gx.data_ptr());
+    const int64_t hw = w.H * w.W, ohw = w.OH * w.OW;
+    std::vector<Acc> acc(hw);
+    for (int64_t p = 0; p < planes; ++p) {
+      std::fill(acc.begin(), acc.end(), Acc(0));
+      for (int64_t o = 0; o < ohw; ++o) {
+        const int64_t i = ip[p * ohw + o];
+        if (i >= 0 && i < hw) acc[i] += static_cast<Acc>(gp[p * ohw + o]);
+      }
+      for (int64_t i = 0; i < hw; ++i) xp[p * hw + i] = static_cast<T>(acc[i]);
+    }
+  });
+  return gx;
+}
+
+namespace {
+void check_avg(const AvgPoolOptions& avg, const char* op) {
+  TANDEM_CHECK(!avg.divisor_override || *avg.divisor_override != 0, "[{}] divisor_override must be non-zero", op);
+}
+}  // namespace
+
+Tensor avg_pool2d_kernel(const Tensor& input, const Pool2dArgs& args, const AvgPoolOptions& avg) {
+  const char* op = "avg_pool2d";
+  check_avg(avg, op);
+  const Window2d w = pool2d_window(input, args, op);
+  TANDEM_CHECK(w.dh == 1 && w.dw == 1, "[{}] internal: no dilation for average pooling", op);
+  const Tensor x = materialize(input, op);
+  Tensor out = make_empty(Shape{x.size(0), x.size(1), w.OH, w.OW}, x.dtype(), x.device(), op);
+  const int64_t planes = planes_of(x);
+  if (planes == 0) return out;
+  if (!x.is_cpu()) {
+    device_table(x, op).avg_pool2d(x, out, planes, w, avg);
+    return out;
+  }
+  TANDEM_DISPATCH_FLOATING(x.dtype(), op, [&] {
+    using T = scalar_t;
+    using Acc = acc_t<T>;
+    const T* xp = static_cast<const T*>(x.data_ptr());
+    T* yp = static_cast<T*>(out.data_ptr());
+    for (int64_t p = 0; p < planes; ++p) {
+      const T* xs = xp + p * w.H * w.W;
+      for (int64_t oh = 0; oh < w.OH; ++oh) {
+        for (int64_t ow = 0; ow < w.OW; ++ow) {
+          const AvgCell c = avg_cell(oh, ow, w, avg);
+          Acc s = 0;
+          for (int64_t ih = c.h0; ih < c.h1; ++ih)
+            for (int64_t iw = c.w0; iw < c.w1; ++iw) s += static_cast<Acc>(xs[ih * w.W + iw]);
+          const bool empty = c.h0 >= c.h1 || c.w0 >= c.w1;
+          yp[(p * w.OH + oh) * w.OW + ow] = static_cast<T>(empty ? Acc(0) : s / static_cast<Acc>(c.divisor));
+        }
+      }
+    }
+  });
+  return out;
+}
+
+Tensor avg_pool2d_backward_kernel(const Tensor& grad, const Tensor& input, const Pool2dArgs& args,
+                                  const AvgPoolOptions& avg) {
+  const char* op = "avg_pool2d_backward";
+  check_avg(avg, op);
+  const Window2d w = pool2d_window(input, args, op);
+  check_same_device(op, {{"grad", grad}, {"input", input}});
+  const Shape out_shape{input.size(0), input.size(1), w.OH, w.OW};
+  TANDEM_CHECK(grad.shape() == out_shape && grad.dtype() == input.dtype(),
+               "[{}] gradient {} {} does not match the output {} {}", op, grad.dtype(), grad.shape(), input.dtype(),
+               out_shape);
+  const Tensor g = materialize(grad, op);
+  Tensor gx = make_empty(input.shape(), input.dtype(), input.device(), op);
+  const int64_t planes = planes_of(input);
+  if (planes == 0) return gx;
+  if (!gx.is_cpu()) {
+    device_table(gx, op).avg_pool2d_backward(g, gx, planes, w, avg);
+    return gx;
+  }
+  TANDEM_DISPATCH_FLOATING(gx.dtype(), op, [&] {
+    using T = scalar_t;
+    using Acc = acc_t<T>;
+    const T* gp = static_cast<const T*>(g.data_ptr());
+    T* xp = static_cast<T*>(gx.data_ptr());
+    std::vector<Acc> acc(w.H * w.W);
+    for (int64_t p = 0; p < planes; ++p) {
+      std::fill(acc.begin(), acc.end(), Acc(0));
+      for (int64_t oh = 0; oh < w.OH; ++oh) {
+        for (int64_t ow = 0; ow < w.OW; ++ow) {
+          const AvgCell c = avg_cell(oh, ow, w, avg);
+          const Acc v = static_cast<Acc>(gp[(p * w.OH + oh) * w.OW + ow]) / static_cast<Acc>(c.divisor);
+          for (int64_t ih = c.h0; ih < c.h1; ++ih)
+            for (int64_t iw = c.w0; iw < c.w1; ++iw) acc[ih * w.W + iw] += v;
+        }
+      }
+      T* xs = xp + p * w.H * w.W;
+      for (int64_t i = 0; i < w.H * w.W; ++i) xs[i] = static_cast<T>(acc[i]);
+    }
+  });
+  return gx;
+}
+
+namespace {
+Window2d adaptive_window(const Tensor& input, Size2 output_size, const char* op) {
+  check_floating(input, op);
+  check_4d(input, op);
+  check_positive(output_size, "output_size", op);
+  TANDEM_CHECK(input.size(1) > 0 && input.size(2) > 0 && input.size(3) > 0,
+               "[{}] expected non-empty channel and spatial dims, got input {}", op, input.shape());
+  Window2d w;
+  w.H = input.size(2);
+  w.W = input.size(3);
+  w.OH = output_size.h;
+  w.OW = output_size.w;
+  return w;
+}
+}  // namespace
+
+Tensor adaptive_avg_pool2d_kernel(const Tensor& input, Size2 output_size) {
+  const char* op = "adaptive_avg_pool2d";
+  const Window2d w = adaptive_window(input, output_size, op);
+  const Tensor x = materialize(input, op);
+  Tensor out = make_empty(Shape{x.size(0), x.size(1), w.OH, w.OW}, x.dtype(), x.device(), op);
+  const int64_t planes = planes_of(x);
+  if (planes == 0) return out;
+  if (!x.is_cpu()) {
+    device_table(x, op).adaptive_avg_pool2d(x, out, planes, w);
+    return out;
+  }
+  TANDEM_DISPATCH_FLOATING(x.dtype(), op, [&] {
+    using T = scalar_t;
+    using Acc = acc_t<T>;
+    const T* xp = static_cast<const T*>(x.data_ptr());
+    T* yp = static_cast<T*>(out.data_ptr());
+    for (int64_t p = 0; p < planes; ++p) {
+      const T* xs = xp + p * w.H * w.W;
+      for (int64_t oh = 0; oh < w.OH; ++oh) {
+        const int64_t h0 = adaptive_start(oh, w.OH, w.H), h1 = adaptive_end(oh, w.OH, w.H);
+        for (int64_t ow = 0; ow < w.OW; ++ow) {
+          const int64_t w0 = adaptive_start(ow, w.OW, w.W), w1 = adaptive_end(ow, w.OW, w.W);
+          Acc s = 0;
+          for (int64_t ih = h0; ih < h1; ++ih)
+            for (int64_t iw = w0; iw < w1; ++iw) s += static_cast<Acc>(xs[ih * w.W + iw]);
+          yp[(p * w.OH + oh) * w.OW + ow] = static_cast<T>(s / static_cast<Acc>((h1 - h0) * (w1 - w0)));
+        }
+      }
+    }
+  });
+  return out;
+}
+
+Tensor adaptive_avg_pool2d_backward_kernel(const Tensor& grad, const Tensor& input) {
+  const char* op = "adaptive_avg_pool2d_backward";
+  TANDEM_CHECK(grad.defined() && grad.dim() == 4, "[{}] expected a 4-D gradient, got {}", op,
+               grad.defined() ? grad.shape() : Shape{});
+  const Window2d w = adaptive_window(input, Size2(grad.size(2), grad.size(3)), op);
+  check_same_device(op, {{"grad", grad}, {"input", input}});
+  TANDEM_CHECK(grad.size(0) == input.size(0) && grad.size(1) == input.size(1) && grad.dtype() == input.dtype(),
+               "[{}] gradient {} {} does not match input {} {}", op, grad.dtype(), grad.shape(), input.dtype(),
+               input.shape());
+  const Tensor g = materialize(grad, op);
+  Tensor gx = make_empty(input.shape(), input.dtype(), input.device(), op);
+  const int64_t planes = planes_of(input);
+  if (planes == 0) return gx;
+  if (!gx.is_cpu()) {
+    device_table(gx, op).adaptive_avg_pool2d_backward(g, gx, planes, w);
+    return gx;
+  }
+  TANDEM_DISPATCH_FLOATING(gx.dtype(), op, [&] {
+    using T = scalar_t;
+    using Acc = acc_t<T>;
+    const T* gp = static_cast<const T*>(g.data_ptr());
+    T* xp = static_cast<T*>(gx.data_ptr());
+    std::vector<Acc> acc(w.H * w.W);
+    for (int64_t p = 0; p < planes; ++p) {
+      std::fill(acc.begin(), acc.end(), Acc(0));
+      for (int64_t oh = 0; oh < w.OH; ++oh) {
+        const int64_t h0 = adaptive_start(oh, w.OH, w.H), h1 = adaptive_end(oh, w.OH, w.H);
+        for (int64_t ow = 0; ow < w.OW; ++ow) {
+          const int64_t w0 = adaptive_start(ow, w.OW, w.W), w1 = adaptive_end(ow, w.OW, w.W);
+          const Acc v = static_cast<Acc>(gp[(p * w.OH + oh) * w.OW + ow]) / static_cast<Acc>((h1 - h0) * (w1 - w0));
+          for (int64_t ih = h0; ih < h1; ++ih)
+            for (int64_t iw = w0; iw < w1; ++iw) acc[ih * w.W + iw] += v;
+        }
+      }
+      T* xs = xp + p * w.H * w.W;
+      for (int64_t i = 0; i < w.H * w.W; ++i) xs[i] = static_cast<T>(acc[i]);
+    }
+  });
+  return gx;
+}
+
+}  // namespace tandem::detail

@@ -1,0 +1,168 @@
+#include "dist/mpi/detail/allreduce.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "dist/detail/reduce_kernels.h"
+
+namespace tandem::dist {
+
+namespace {
+
+constexpr int kAllreduceTag = 11;
+constexpr size_t kMaxMessage = size_t(1) << 30;
+
+// The ring moves 2 (n-1)/n of the buffer in 2 (n-1) steps of bytes/n; recursive doubling moves
+// all of it log2(n) times. The ring wins once its steps are past MPI's rendezvous size: from
+// 64 KiB at n = 2, and with chunks of at least 32 KiB in larger groups.
+constexpr size_t kRingMinBytes = 64 * 1024;
+constexpr size_t kRingChunkBytes = 32 * 1024;
+bool use_ring(size_t bytes, int n) { return bytes >= std::max(kRingMinBytes, kRingChunkBytes * static_cast<size_t>(n)); }
+
+// Sends `send_bytes` to `to` and receives `recv_bytes` from `from` (in MPI_BYTE pieces that fit an
+// int); false at the deadline.
+bool exchange(CollectiveComm& c, const char* send, size_t send_bytes, int to, char* recv, size_t recv_bytes, int from,
+              Clock::time_point deadline) {
+  std::vector<MPI_Request> reqs;
+  {
+    auto lk = mpi_runtime().lock();
+    for (size_t off = 0; off < recv_bytes; off += kMaxMessage) {
+      reqs.emplace_back();
+      int len = static_cast<int>(std::min(kMaxMessage, recv_bytes - off));
+      TANDEM_MPI_CHECK(MPI_Irecv(recv + off, len, MPI_BYTE, from, kAllreduceTag, c.comm(), &reqs.back()));
+    }
+    for (size_t off = 0; off < send_bytes; off += kMaxMessage) {
+      reqs.emplace_back();
+      int len = static_cast<int>(std::min(kMaxMessage, send_bytes - off));
+      TANDEM_MPI_CHECK(MPI_Isend(send + off, len, MPI_BYTE, to, kAllreduceTag, c.comm(), &reqs.back()));
+    }
+  }
+  return reqs.empty() || wait_requests(reqs.data(), static_cast<int>(reqs.size()), deadline, send_bytes + recv_bytes);
+}
+
+}  // namespace
+
+bool wait_requests(MPI_Request* reqs, int n, Clock::time_point deadline, size_t bytes) {
+  return poll_until(deadline, bytes, [&] {
+    int done = 0;
+    auto lk = mpi_runtime().lock();
+    TANDEM_MPI_CHECK(MPI_Testall(n, reqs, &done, MPI_STATUSES_IGNORE));
+    return done != 0;
+  });
+}
+
+void reduce_local(char* acc, const char* src, int64_t count, Dtype dt, ReduceOp r) {
+  TANDEM_DISPATCH_ALL(dt, "allreduce", [&] {
+    detail::reduce_into(reinterpret_cast<scalar_t*>(acc), reinterpret_cast<const scalar_t*>(src), count, r);
+  });
+}
+
+void divide_buffer(void* p, int64_t n, Dtype dt, int divisor) {
+  TANDEM_DISPATCH_FLOATING(dt, "allreduce", [&] { detail::divide_by(static_cast<scalar_t*>(p), n, divisor); });
+}
+
+bool allreduce_buffer(CollectiveComm& c, char* data, int64_t count, Dtype dt, ReduceOp reduce, Clock::time_point deadline) {
+  const int n = c.size();
+  if (n == 1 || count == 0) return true;
+  if (use_ring(count * itemsize(dt), n) && count >= n) {
+    if (!ring_allreduce(c, data, count, dt, reduce, deadline)) return false;
+    if (reduce == ReduceOp::avg) divide_buffer(data, count, dt, n);
+    return true;
+  }
+  SmallAllreduce small(c, reduce, data, count, dt);
+  return poll_until(deadline, 0, [&] { return small.progress(); });
+}
+
+bool ring_allreduce(CollectiveComm& c, char* data, int64_t count, Dtype dt, ReduceOp reduce,
+                    Clock::time_point deadline) {
+  const int n = c.size(), r = c.rank();
+  const size_t item = itemsize(dt);
+  auto lo = [&](int k) { return count * k / n; };
+  auto len = [&](int k) { return lo(k + 1) - lo(k); };
+  const int right = (r + 1) % n, left = (r + n - 1) % n;
+  char* tmp = c.scratch(1, (count / n + 1) * item);
+  for (int s = 0; s < n - 1; ++s) {
+    int send_c = ((r - s) % n + n) % n, recv_c = ((r - s - 1) % n + n) % n;
+    if (!exchange(c, data + lo(send_c) * item, len(send_c) * item, right, tmp, len(recv_c) * item, left, deadline))
+      return false;
+    reduce_local(data + lo(recv_c) * item, tmp, len(recv_c), dt, reduce);
+  }
+  for (int s = 0; s < n - 1; ++s) {
+    int send_c = ((r + 1 - s) % n + n) % n, recv_c = ((r - s) % n + n) % n;
+    if (!exchange(c, data + lo(send_c) * item, len(send_c) * item, right, data + lo(recv_c) * item,
+                  len(recv_c) * item, left, deadline))
+      return false;
+  }
+  return true;
+}
+
+SmallAllreduce::SmallAllreduce(CollectiveComm& c, ReduceOp reduce, char* data, int64_t count, Dtype dt)
+    : c_(c), reduce_(reduce), data_(data), count_(count), dt_(dt), bytes_(count * itemsize(dt)) {
+  const int n = c.size();
+  if (n == 1 || count == 0) {
+    done_ = true;
+  } else if ((n & (n - 1)) == 0) {
+    tmp_ = c.scratch(1, bytes_);
+    post_round();
+  } else {
+    auto lk = mpi_runtime().lock();
+    TANDEM_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, data_, mpi_int(count_, "allreduce count"), mpi_type(dt_),
+                                    mpi_op(reduce_, dt_), c.comm(), &reqs_[0]));
+    nreq_ = 1;
+  }
+}
+
+SmallAllreduce::~SmallAllreduce() {
+  // Only after a failure: free what is still posted (the group is broken by then).
+  for (int i = 0; i < nreq_; ++i)
+    if (reqs_[i] != MPI_REQUEST_NULL) MPI_Request_free(&reqs_[i]);
+}
+
+bool SmallAllreduce::progress() {
+  if (done_) return true;
+  int flag = 0;
+  {
+    auto lk = mpi_runtime().lock();
+    TANDEM_MPI_CHECK(MPI_Testall(nreq_, reqs_, &flag, MPI_STATUSES_IGNORE));
+  }
+  if (!flag) return false;
+  nreq_ = 0;
+  if (tmp_) {
+    const int peer = c_.rank() ^ mask_;
+    if (c_.rank() < peer) {
+      reduce_local(data_, tmp_, count_, dt_, reduce_);
+    } else {
+      reduce_local(tmp_, data_, count_, dt_, reduce_);
+      std::memcpy(data_, tmp_, bytes_);
+    }
+    mask_ <<= 1;
+    if (mask_ < c_.size()) {
+      post_round();
+      return false;
+    }
+  }
+  if (reduce_ == ReduceOp::avg) divide_buffer(data_, count_, dt_, c_.size());
+  done_ = true;
+  return true;
+}
+
+// Posts the exchange with rank ^ mask_, in pieces that fit MPI's eager protocol: Open MPI's
+// shared-memory transport sends at most 4 KiB (header included) eagerly and a larger message
+// costs a rendezvous round trip, which for a small allreduce costs more than the pieces' extra
+// messages.
+void SmallAllreduce::post_round() {
+  const int peer = c_.rank() ^ mask_;
+  const size_t item = itemsize(dt_);
+  const size_t piece = bytes_ <= kPieceBytes * kMaxPieces ? kPieceBytes / item * item : bytes_;
+  auto lk = mpi_runtime().lock();
+  for (size_t off = 0; off < bytes_; off += piece) {
+    int len = static_cast<int>(std::min(piece, bytes_ - off));
+    TANDEM_MPI_CHECK(MPI_Irecv(tmp_ + off, len, MPI_BYTE, peer, kAllreduceTag, c_.comm(), &reqs_[nreq_++]));
+  }
+  for (size_t off = 0; off < bytes_; off += piece) {
+    int len = static_cast<int>(std::min(piece, bytes_ - off));
+    TANDEM_MPI_CHECK(MPI_Isend(data_ + off, len, MPI_BYTE, peer, kAllreduceTag, c_.comm(), &reqs_[nreq_++]));
+  }
+}
+
+}  // namespace tandem::dist
