@@ -40,6 +40,13 @@ void manual_seed(uint64_t seed);
 Tensor rand(const Shape& shape, TensorOptions opts = {});
 Tensor randn(const Shape& shape, TensorOptions opts = {});
 Tensor randint(int64_t low, int64_t high, const Shape& shape, TensorOptions opts = i64);
+// Category indices (i64) drawn from the rows of `probs` (1-D [n] -> [num_samples], or 2-D
+// [rows, n] -> [rows, num_samples]): finite, non-negative weights (any floating dtype), each row
+// with a positive sum, which need not be 1. Without replacement a row must have num_samples
+// non-zero categories, and each draw is from the weights not drawn yet. Not differentiable. The
+// same seed gives the same samples on CPU and CUDA (the scheme: detail::multinomial_* in
+// core/random.h).
+Tensor multinomial(const Tensor& probs, int64_t num_samples, bool replacement = false);
 
 // ---- elementwise (core/detail/elementwise.cpp, autograd/elementwise_grad.cpp) ----
 Tensor add(const Tensor& a, const Tensor& b, const Scalar& alpha = 1);
@@ -163,6 +170,14 @@ Tensor std(const Tensor& a);
 Tensor logsumexp(const Tensor& a, const Shape& dims, bool keepdim = false);
 Tensor norm(const Tensor& a);  // 2-norm of all elements
 
+// ---- top-k (core/detail/topk.cpp, autograd/topk_grad.cpp) ----
+// The k largest (largest = false: smallest) elements along dim and their i64 indices, ranked
+// first to last when sorted, else in the order of their indices. Ties go to the lower index
+// first; NaN ranks above every number (as in PyTorch). Numeric dtypes (not bool); a 0-dim input
+// takes k 0 or 1. Differentiable in the values: the gradient goes back to the selected elements.
+std::pair<Tensor, Tensor> topk(const Tensor& a, int64_t k, int64_t dim = -1, bool largest = true,
+                               bool sorted = true);
+
 // ---- linear algebra (core/detail/matmul.cpp, autograd/matmul_grad.cpp) ----
 Tensor matmul(const Tensor& a, const Tensor& b);  // 1-D, 2-D and batched with broadcasting
 Tensor mm(const Tensor& a, const Tensor& b);
@@ -208,6 +223,13 @@ Tensor stack(const TensorList& tensors, int64_t dim = 0);
 TensorList split(const Tensor& a, int64_t split_size, int64_t dim = 0);
 TensorList split(const Tensor& a, const std::vector<int64_t>& sizes, int64_t dim = 0);
 TensorList chunk(const Tensor& a, int64_t chunks, int64_t dim = 0);
+
+// ---- triangles (core/detail/triangle.cpp, autograd/triangle_grad.cpp) ----
+// A new tensor: the lower (tril: column - row <= diagonal) or upper (triu: column - row >=
+// diagonal) triangle of each matrix in the last two dims, zero elsewhere. At least 2 dims, any
+// dtype; the gradient goes through the same mask.
+Tensor tril(const Tensor& a, int64_t diagonal = 0);
+Tensor triu(const Tensor& a, int64_t diagonal = 0);
 
 // ---- comparison of whole tensors ----
 bool equal(const Tensor& a, const Tensor& b);  // same shape and values (dtype promoted)

@@ -170,6 +170,10 @@ Tensor Tensor::max() const { return tandem::max(*this); }
 Tensor Tensor::min() const { return tandem::min(*this); }
 std::pair<Tensor, Tensor> Tensor::max(int64_t d, bool k) const { return tandem::max(*this, d, k); }
 std::pair<Tensor, Tensor> Tensor::min(int64_t d, bool k) const { return tandem::min(*this, d, k); }
+std::pair<Tensor, Tensor> Tensor::topk(int64_t k, int64_t d, bool largest, bool sorted) const {
+  return tandem::topk(*this, k, d, largest, sorted);
+}
+Tensor Tensor::multinomial(int64_t n, bool replacement) const { return tandem::multinomial(*this, n, replacement); }
 Tensor Tensor::amax(const Shape& d, bool k) const { return tandem::amax(*this, d, k); }
 Tensor Tensor::amin(const Shape& d, bool k) const { return tandem::amin(*this, d, k); }
 Tensor Tensor::argmax() const { return tandem::argmax(*this); }
@@ -193,6 +197,8 @@ Tensor Tensor::scatter_add(int64_t d, const Tensor& i, const Tensor& s) const {
 TensorList Tensor::split(int64_t size, int64_t d) const { return tandem::split(*this, size, d); }
 TensorList Tensor::split(const std::vector<int64_t>& sizes, int64_t d) const { return tandem::split(*this, sizes, d); }
 TensorList Tensor::chunk(int64_t chunks, int64_t d) const { return tandem::chunk(*this, chunks, d); }
+Tensor Tensor::tril(int64_t diagonal) const { return tandem::tril(*this, diagonal); }
+Tensor Tensor::triu(int64_t diagonal) const { return tandem::triu(*this, diagonal); }
 
 const Tensor& Tensor::add_(const Tensor& o, const Scalar& alpha) const { return tandem::add_(*this, o, alpha); }
 const Tensor& Tensor::add_(const Scalar& s) const { return tandem::add_(*this, s); }

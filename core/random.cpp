@@ -1,9 +1,13 @@
-// The per-thread Philox generator and the CPU kernels of rand, randn, randint and the in-place
-// fills. Element i of every output is computed from block (offset + i * words / 4) only.
+// The per-thread Philox generator and the CPU kernels of rand, randn, randint, the in-place fills
+// and multinomial. Element i of every output is computed from block (offset + i * words / 4) only
+// (multinomial: sample s of row r from element r * num_samples + s, two words each).
 #include "core/random.h"
 
+#include <algorithm>
 #include <limits>
+#include <vector>
 
+#include "core/detail/index.h"
 #include "core/detail/kernel_tables.h"
 #include "core/detail/iter.h"
 
@@ -182,6 +186,59 @@ void fill_randint(const Tensor& t, int64_t low, int64_t high, const char* op) {
   });
 }
 
+namespace {
+
+// Row r of probs [rows, n] (any strides) into out[r * num_samples ...] by the multinomial scheme
+// of core/random.h. Throws for the first row that is no distribution to draw from.
+template <class T>
+void multinomial_cpu(const Tensor& out, const Tensor& probs, int64_t num_samples, bool replacement,
+                     PhiloxState state, const Shape& probs_shape) {
+  const int64_t rows = probs.size(0), n = probs.size(1);
+  const int64_t chunk = multinomial_chunk(n), chunks = (n + chunk - 1) / chunk;
+  const IndexCheck check = IndexCheck::for_probabilities("multinomial", probs_shape, num_samples);
+  const T* p = static_cast<const T*>(probs.data_ptr());
+  const int64_t rs = dim_step_bytes(probs, 0) / static_cast<int64_t>(sizeof(T));
+  const int64_t cs = dim_step_bytes(probs, 1) / static_cast<int64_t>(sizeof(T));
+  int64_t* o = static_cast<int64_t*>(out.data_ptr());
+  std::vector<double> w(static_cast<size_t>(n)), local(static_cast<size_t>(n)), off(static_cast<size_t>(chunks) + 1);
+  // The local sums of chunk c from w; the offsets from chunk `from` on.
+  auto sum_chunk = [&](int64_t c) {
+    double s = 0;
+    for (int64_t j = c * chunk, end = std::min(n, j + chunk); j < end; ++j) local[j] = s = add_rn(s, w[j]);
+  };
+  auto sum_offsets = [&](int64_t from) {
+    for (int64_t c = from; c < chunks; ++c) off[c + 1] = add_rn(off[c], local[std::min(n, (c + 1) * chunk) - 1]);
+  };
+  for (int64_t r = 0; r < rows; ++r) {
+    int64_t nonzero = 0;
+    for (int64_t j = 0; j < n; ++j) {
+      const double x = static_cast<double>(static_cast<acc_t<T>>(p[r * rs + j * cs]));
+      if (!multinomial_weight_ok(x)) throw Error(index_error_message(check, IndexCheck::kBadProbability, r));
+      nonzero += x > 0;
+      w[j] = x;
+    }
+    for (int64_t c = 0; c < chunks; ++c) sum_chunk(c);
+    off[0] = 0;
+    sum_offsets(0);
+    const double total = off[chunks];
+    if (total == 0) throw Error(index_error_message(check, IndexCheck::kZeroSum, r));
+    if (!multinomial_weight_ok(total)) throw Error(index_error_message(check, IndexCheck::kInfiniteSum, r));
+    if (!replacement && nonzero < num_samples) throw Error(index_error_message(check, nonzero, r));
+    for (int64_t s = 0; s < num_samples; ++s) {
+      const double u = uniform_f64_at(state.seed, state.offset, static_cast<uint64_t>(r * num_samples + s));
+      const int64_t j = multinomial_search(off.data(), local.data(), n, chunk, u);
+      o[r * num_samples + s] = j;
+      if (!replacement) {
+        w[j] = 0;
+        sum_chunk(j / chunk);
+        sum_offsets(j / chunk);
+      }
+    }
+  }
+}
+
+}  // namespace
+
 }  // namespace detail
 
 namespace {
@@ -209,6 +266,36 @@ Tensor randn(const Shape& shape, TensorOptions opts) {
   Tensor t = new_random(shape, opts, "randn");
   detail::fill_normal(t, 0, 1, "randn");
   return finish(t, opts, "randn");
+}
+
+Tensor multinomial(const Tensor& probs, int64_t num_samples, bool replacement) {
+  const char* op = "multinomial";
+  TANDEM_CHECK(probs.defined(), "[multinomial] got an undefined tensor");
+  TANDEM_CHECK(probs.is_floating_point(), "[multinomial] probabilities must be floating, got {} (shape {})",
+               probs.dtype(), probs.shape());
+  TANDEM_CHECK(probs.dim() == 1 || probs.dim() == 2,
+               "[multinomial] probabilities must be 1-D or 2-D (rows of categories), got shape {}", probs.shape());
+  TANDEM_CHECK(num_samples > 0, "[multinomial] num_samples must be positive, got {}", num_samples);
+  const int64_t n = probs.size(probs.dim() - 1);
+  TANDEM_CHECK(replacement || num_samples <= n,
+               "[multinomial] cannot draw {} samples without replacement from {} categories (probabilities of "
+               "shape {})",
+               num_samples, n, probs.shape());
+  const Tensor rows = probs.dim() == 2 ? probs : make_view(probs, Shape{1, n}, Strides{0, probs.stride(0)},
+                                                            probs.storage_offset());
+  const int64_t count = checked_mul(rows.size(0), num_samples, op);
+  Tensor out = make_empty(probs.dim() == 2 ? Shape{rows.size(0), num_samples} : Shape{num_samples}, i64,
+                          probs.device(), op);
+  const PhiloxState state = philox_reserve(philox_blocks(count, 2));
+  if (count == 0) return out;
+  if (!probs.is_cpu()) [[unlikely]] {
+    kernels_for(probs, op).multinomial(out, rows, num_samples, replacement, state, probs.shape());
+    return out;
+  }
+  TANDEM_DISPATCH_FLOATING(probs.dtype(), op, [&] {
+    detail::multinomial_cpu<scalar_t>(out, rows, num_samples, replacement, state, probs.shape());
+  });
+  return out;
 }
 
 Tensor randint(int64_t low, int64_t high, const Shape& shape, TensorOptions opts) {

@@ -217,6 +217,9 @@ class Tensor {
   Tensor min() const;
   std::pair<Tensor, Tensor> max(int64_t dim, bool keepdim = false) const;  // values, indices (i64)
   std::pair<Tensor, Tensor> min(int64_t dim, bool keepdim = false) const;
+  // The k largest (or smallest) along dim: values, indices (i64); see autograd/ops.h.
+  std::pair<Tensor, Tensor> topk(int64_t k, int64_t dim = -1, bool largest = true, bool sorted = true) const;
+  Tensor multinomial(int64_t num_samples, bool replacement = false) const;  // i64 samples of the rows
   Tensor amax(const Shape& dims = {}, bool keepdim = false) const;
   Tensor amin(const Shape& dims = {}, bool keepdim = false) const;
   Tensor argmax() const;  // over the flattened tensor
@@ -239,6 +242,8 @@ class Tensor {
   TensorList split(int64_t split_size, int64_t dim = 0) const;
   TensorList split(const std::vector<int64_t>& sizes, int64_t dim = 0) const;
   TensorList chunk(int64_t chunks, int64_t dim = 0) const;
+  Tensor tril(int64_t diagonal = 0) const;  // lower triangle of the last two dims
+  Tensor triu(int64_t diagonal = 0) const;  // upper triangle
 
   // ---- In place (bump the version; an error on a leaf that requires grad in grad mode) ----
   const Tensor& add_(const Tensor& o, const Scalar& alpha = 1) const;

@@ -16,6 +16,8 @@ void install_random_kernels();       // cuda/random.cu
 void install_creation_kernels();     // cuda/creation.cu
 void install_conv_kernels();         // cuda/conv.cu
 void install_pool_kernels();         // cuda/pool.cu
+void install_topk_kernels();         // cuda/topk.cu
+void install_triangle_kernels();     // cuda/triangle.cu
 
 void install() {
   install_backend();
@@ -29,6 +31,8 @@ void install() {
   install_creation_kernels();
   install_conv_kernels();
   install_pool_kernels();
+  install_topk_kernels();
+  install_triangle_kernels();
 }
 
 }  // namespace tandem::cuda

@@ -9,10 +9,15 @@
 // it without -march=native); f64 normals can differ in the last bits, where the device's double
 // log/cos/sin differ from the host libm's by an ulp (and, rarely, such an ulp can move an f32
 // normal across a rounding boundary).
+//
+// multinomial (below the fills) follows the CPU's scheme of core/random.h: only f64 adds and
+// multiplies in the CPU's order, so its samples are the CPU's exactly.
 #include <type_traits>
 
+#include "core/detail/index.h"
 #include "core/detail/kernel_tables.h"
 #include "core/random.h"
+#include "cuda/detail/device_error.h"
 #include "cuda/detail/launch.h"
 #include "cuda/detail/strided.cuh"
 
@@ -105,6 +110,103 @@ void launch_fill(const Tensor& t, PhiloxState state, int words, Gen gen, const c
   TANDEM_CUDA_CHECK_LAUNCH("philox_fill_kernel");
 }
 
+// ---------------------------------------------------------------- multinomial
+
+// One block per row (a grid-stride loop over the rows), summing as the CPU does (the scheme in
+// core/random.h): its threads take the chunks' local sums in parallel, thread 0 the offsets. With
+// replacement the threads then draw the row's samples in parallel; without, thread 0 draws them in
+// turn, each draw summing its chunk and the offsets after it again, as the CPU's loop does. A row
+// that is no distribution is recorded (deferred, at position = the row) and gets samples 0.
+// Scratch per block, reused row after row: the local sums, the offsets, and without replacement
+// the weights being drawn from.
+template <class T>
+__global__ void multinomial_kernel(int64_t* out, const T* probs, int64_t rows, int64_t n, int64_t row_step,
+                                   int64_t col_step, int64_t samples, bool replacement, uint64_t seed,
+                                   uint64_t offset, int64_t chunk, double* local_all, double* off_all,
+                                   double* weights_all, ErrorSink sink) {
+  const int64_t chunks = (n + chunk - 1) / chunk;
+  double* local = local_all + blockIdx.x * n;
+  double* off = off_all + blockIdx.x * (chunks + 1);
+  double* w = replacement ? nullptr : weights_all + blockIdx.x * n;
+  __shared__ int bad;
+  __shared__ unsigned long long nonzero;
+  __shared__ bool failed;
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    if (threadIdx.x == 0) {
+      bad = 0;
+      nonzero = 0;
+    }
+    __syncthreads();
+    const T* p = probs + r * row_step;
+    unsigned long long mine = 0;
+    bool my_bad = false;
+    for (int64_t c = threadIdx.x; c < chunks; c += blockDim.x) {
+      double s = 0;
+      const int64_t end = (c + 1) * chunk < n ? (c + 1) * chunk : n;
+      for (int64_t j = c * chunk; j < end; ++j) {
+        const double x = static_cast<double>(static_cast<acc_t<T>>(p[j * col_step]));
+        my_bad |= !detail::multinomial_weight_ok(x);
+        mine += x > 0;
+        if (w) w[j] = x;
+        local[j] = s = detail::add_rn(s, x);
+      }
+      off[c + 1] = s;  // the chunk's total until thread 0 sums the offsets
+    }
+    if (my_bad) atomicExch(&bad, 1);
+    if (mine) atomicAdd(&nonzero, mine);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      int64_t verdict = 0;
+      bool f = bad != 0;
+      if (f) {
+        verdict = detail::IndexCheck::kBadProbability;
+      } else {
+        off[0] = 0;
+        for (int64_t c = 0; c < chunks; ++c) off[c + 1] = detail::add_rn(off[c], off[c + 1]);
+        const double total = off[chunks];
+        if (total == 0) {
+          f = true;
+          verdict = detail::IndexCheck::kZeroSum;
+        } else if (!detail::multinomial_weight_ok(total)) {
+          f = true;
+          verdict = detail::IndexCheck::kInfiniteSum;
+        } else if (!replacement && nonzero < static_cast<unsigned long long>(samples)) {
+          f = true;
+          verdict = static_cast<int64_t>(nonzero);
+        }
+      }
+      failed = f;
+      if (f) report_error(sink, verdict, r);
+    }
+    __syncthreads();
+    int64_t* o = out + r * samples;
+    if (failed) {
+      for (int64_t s = threadIdx.x; s < samples; s += blockDim.x) o[s] = 0;
+    } else if (replacement) {
+      for (int64_t s = threadIdx.x; s < samples; s += blockDim.x) {
+        const double u = detail::uniform_f64_at(seed, offset, static_cast<uint64_t>(r * samples + s));
+        o[s] = detail::multinomial_search(off, local, n, chunk, u);
+      }
+    } else if (threadIdx.x == 0) {
+      for (int64_t s = 0; s < samples; ++s) {
+        const double u = detail::uniform_f64_at(seed, offset, static_cast<uint64_t>(r * samples + s));
+        const int64_t j = detail::multinomial_search(off, local, n, chunk, u);
+        o[s] = j;
+        w[j] = 0;
+        const int64_t first = j / chunk;
+        double acc = 0;
+        const int64_t end = (first + 1) * chunk < n ? (first + 1) * chunk : n;
+        for (int64_t i = first * chunk; i < end; ++i) local[i] = acc = detail::add_rn(acc, w[i]);
+        for (int64_t c = first; c < chunks; ++c) {
+          const int64_t last = ((c + 1) * chunk < n ? (c + 1) * chunk : n) - 1;
+          off[c + 1] = detail::add_rn(off[c], local[last]);
+        }
+      }
+    }
+    __syncthreads();  // the block's scratch is reused for its next row
+  }
+}
+
 class CudaRandomKernels final : public detail::RandomDeviceKernels {
  public:
   void uniform(const Tensor& t, double lo, double hi, PhiloxState state) override {
@@ -126,6 +228,36 @@ class CudaRandomKernels final : public detail::RandomDeviceKernels {
     const int words = detail::randint_words(range);
     TANDEM_DISPATCH_ALL(t.dtype(), op, [&] {
       launch_fill<scalar_t>(t, state, words, RandintGen<scalar_t>{low, range, words}, op);
+    });
+  }
+  void multinomial(const Tensor& out, const Tensor& probs, int64_t num_samples, bool replacement, PhiloxState state,
+                   const Shape& probs_shape) override {
+    const char* op = "multinomial";
+    const int64_t rows = probs.size(0), n = probs.size(1);
+    if (rows == 0) return;
+    const Device device = probs.device();
+    DeviceGuard guard(device);
+    cudaStream_t stream = current_stream(device);
+    const detail::IndexCheck check = detail::IndexCheck::for_probabilities(op, probs_shape, num_samples);
+    const ErrorSink sink = error_sink(device.index, &check);
+    const int64_t chunk = detail::multinomial_chunk(n), chunks = (n + chunk - 1) / chunk;
+    // Rows in flight at once: as many as 64 MiB of scratch holds (at least one, at most 1024).
+    const int64_t per_row = (replacement ? 1 : 2) * n + chunks + 1;
+    int64_t blocks = (int64_t{64} << 20) / (8 * per_row);
+    blocks = blocks < 1 ? 1 : (blocks > 1024 ? 1024 : blocks);
+    blocks = blocks > rows ? rows : blocks;
+    Tensor local = make_empty(Shape{blocks * n}, f64, device, op);
+    Tensor off = make_empty(Shape{blocks * (chunks + 1)}, f64, device, op);
+    Tensor weights = replacement ? Tensor() : make_empty(Shape{blocks * n}, f64, device, op);
+    const int64_t itemsize = static_cast<int64_t>(probs.element_size());
+    const int64_t row_step = dim_step_bytes(probs, 0) / itemsize, col_step = dim_step_bytes(probs, 1) / itemsize;
+    TANDEM_DISPATCH_FLOATING(probs.dtype(), op, [&] {
+      multinomial_kernel<scalar_t><<<static_cast<unsigned>(blocks), kBlockThreads, 0, stream>>>(
+          static_cast<int64_t*>(out.data_ptr()), static_cast<const scalar_t*>(probs.data_ptr()), rows, n, row_step,
+          col_step, num_samples, replacement, state.seed, state.offset, chunk, static_cast<double*>(local.data_ptr()),
+          static_cast<double*>(off.data_ptr()), replacement ? nullptr : static_cast<double*>(weights.data_ptr()),
+          sink);
+      TANDEM_CUDA_CHECK_LAUNCH("multinomial_kernel");
     });
   }
 };

@@ -1,6 +1,6 @@
-// The data layer: IDX files, data sets (tensors, Fashion-MNIST), the DistributedSampler that
-// shards and shuffles every epoch, and the DataLoader. It sits above nn and beside dist, and
-// needs nothing from it.
+// The data layer: IDX files, data sets (tensors, Fashion-MNIST, character-level text), the
+// DistributedSampler that shards and shuffles every epoch, and the DataLoader. It sits above nn and
+// beside dist, and needs nothing from it.
 #pragma once
 
 #include "data/dataset.h"
@@ -8,3 +8,4 @@
 #include "data/idx.h"
 #include "data/loader.h"
 #include "data/sampler.h"
+#include "data/text.h"

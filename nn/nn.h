@@ -1,4 +1,5 @@
-// The nn layer in one include: modules, layers, losses, init, optimizers, safetensors.
+// The nn layer in one include: modules, layers, losses, init, optimizers, safetensors, gradient
+// clipping.
 #pragma once
 
 #include "nn/init.h"
@@ -9,3 +10,4 @@
 #include "nn/optim.h"
 #include "nn/optim_in_backward.h"
 #include "nn/safetensors.h"
+#include "nn/utils.h"

@@ -257,6 +257,13 @@ std::shared_ptr<InBackwardOptimizers> apply_optimizer_in_backward(const Optimize
   return set;
 }
 
+bool has_optimizer_in_backward(const Tensor& param) {
+  if (!param.defined()) return false;
+  Registry& r = registry();
+  std::lock_guard lock(r.mu);
+  return r.steps.count(param.impl()) != 0;
+}
+
 // ---- the seam for a gradient synchroniser ----
 
 std::shared_ptr<InBackwardStep> take_over_in_backward_step(const Tensor& param, const std::string& owner) {

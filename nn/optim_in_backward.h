@@ -133,6 +133,12 @@ class InBackwardOptimizers {
 std::shared_ptr<InBackwardOptimizers> apply_optimizer_in_backward(const OptimizerSpec& spec, const TensorList& params,
                                                                   InBackwardOptions options = {});
 
+// True while `param` has an optimizer in backward (from apply_optimizer_in_backward until its
+// owner is removed or destroyed), whether or not a synchroniser has taken its step over. What
+// must run between backward and the step (nn::utils::clip_grad_norm_) asks this: for such a
+// parameter the step has already run when backward returns.
+bool has_optimizer_in_backward(const Tensor& param);
+
 // ---- The seam for a gradient synchroniser such as DDP ----
 
 // The in-backward step of `param`, or nullptr if it has none. From now on its local hook does

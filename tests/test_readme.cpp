@@ -88,6 +88,14 @@ TEST_CASE("README from PyTorch table", "[readme]") {
   REQUIRE(m.std().item<double>() == Approx(std::sqrt(3.5)));  // Bessel: 17.5 / 5
   REQUIRE(m.logsumexp({1}).allclose(log(exp(m).sum({1}))));
   REQUIRE(m.norm().item<double>() == Approx(std::sqrt(91.0)));
+  // top-k, sampling (m is [[1, 5, 3], [4, 2, 6]])
+  auto [top, top_idx] = m.topk(2);
+  REQUIRE(v(top) == V{5, 3, 6, 4});
+  REQUIRE(top_idx.to_vector<int64_t>() == std::vector<int64_t>{1, 2, 2, 0});
+  Tensor p = softmax(m, 1);
+  Tensor draws = multinomial(p, 1);
+  REQUIRE(draws.shape() == Shape{2, 1});
+  REQUIRE(draws.dtype() == i64);
   // indexing, masks, views, shape, join and split
   Tensor ix = from_vector<int64_t>({1, 0});
   REQUIRE(v(m[0]) == V{1, 5, 3});
@@ -95,6 +103,9 @@ TEST_CASE("README from PyTorch table", "[readme]") {
   REQUIRE(v(m.index_select(0, ix)) == V{4, 2, 6, 1, 5, 3});
   REQUIRE(v(m.gather(1, from_vector<int64_t>({2, 0}, {2, 1}))) == V{3, 4});
   REQUIRE(v(a.masked_fill(a < 0, 0)) == V{0, 0.25, 0.75, 2});
+  // triangles (m is [[1, 5, 3], [4, 2, 6]])
+  REQUIRE(v(tril(m)) == V{1, 0, 0, 4, 2, 0});
+  REQUIRE(v(m.triu(1)) == V{0, 5, 3, 0, 0, 6});
   REQUIRE(m.view({-1, 2}).shape() == Shape{3, 2});
   REQUIRE(m.reshape({3, 2}).shape() == Shape{3, 2});
   REQUIRE(m.permute({1, 0}).equal(m.transpose(0, 1)));
@@ -136,6 +147,10 @@ TEST_CASE("README from PyTorch table", "[readme]") {
     opt.step();
   }
   REQUIRE(nn::cross_entropy(seq(x), y).item<float>() < first_loss.item<float>());
+  // clip: the total norm before clipping comes back; after it, the gradients' norm is at most 1
+  const double grad_norm = nn::utils::clip_grad_norm_(seq.parameters(), 1.0);
+  REQUIRE(grad_norm > 0);
+  REQUIRE(nn::utils::clip_grad_norm_(seq.parameters(), 1.0) <= std::min(grad_norm, 1.0));
   // autograd
   Tensor w = from_vector<double>({1, 2});
   w.requires_grad_();
@@ -439,4 +454,31 @@ TEST_CASE("README data", "[readme]") {
   const double accuracy = model(test.images().flatten(1)).argmax(1).eq(test.labels()).to(f64).mean().item<double>();
   INFO("test accuracy " << accuracy);
   REQUIRE(accuracy > 0.82);  // an MLP's usual ~0.85-0.87 after two epochs
+}
+
+// The README "text data" paragraph: its snippet as written (on fortunes, skipped without it), then its outcome.
+TEST_CASE("README text data", "[readme]") {
+  if (!data::TextDataset::available()) {
+    WARN("SKIP: the fortunes corpus is not installed in " << data::default_text_corpus_path()
+                                                           << " (apt-get install fortunes)");
+    return;
+  }
+  auto pg = dist::init();  // no launcher here: a world of one
+
+  data::TextDataset train(data::default_text_corpus_path(), {.block_size = 128});  // or any text file
+  data::TextDataset val(data::default_text_corpus_path(),  // stride = block_size: windows share no target
+                        {.block_size = 128, .split = data::TextSplit::validation, .stride = 128,
+                         .vocab = train.vocab()});
+  data::DataLoader windows(train, {.batch_size = 64, .seed = 0, .num_replicas = pg->size(), .rank = pg->rank()});
+  TensorList batch = *windows.begin();            // x, y: i64 [64, 128]; y is x one character on
+  Tensor saved = train.vocab().to_tensor();       // for the checkpoint; data::CharVocab::from_tensor(saved) reads it
+  std::string text = train.vocab().decode(batch[0][0]);  // 128 characters of fortunes
+
+  REQUIRE(batch[0].shape() == Shape{64, 128});
+  REQUIRE(batch[1].shape() == Shape{64, 128});
+  REQUIRE(batch[1][0].narrow(0, 0, 127).equal(batch[0][0].narrow(0, 1, 127)));
+  REQUIRE(data::CharVocab::from_tensor(saved) == train.vocab());
+  REQUIRE(text.size() == 128);  // the training split has no unknown bytes
+  REQUIRE(val.vocab() == train.vocab());
+  REQUIRE(val.size() == (val.split_bytes() - 129) / 128 + 1);
 }

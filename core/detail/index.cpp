@@ -182,6 +182,20 @@ std::string index_error_message(const IndexCheck& check, int64_t value, int64_t 
     case IndexCheck::Kind::class_target:
       return fmt::format("[{}] target {} is out of bounds for {} classes (expected 0..{} or ignore_index {})",
                          check.op, value, check.size, check.size - 1, check.ignore_index);
+    case IndexCheck::Kind::probability_row:
+      if (value == IndexCheck::kBadProbability)
+        return fmt::format("[{}] row {} of the probabilities (shape {}) has a negative, infinite or NaN entry",
+                           check.op, position, check.input);
+      if (value == IndexCheck::kZeroSum)
+        return fmt::format("[{}] row {} of the probabilities (shape {}) sums to 0; every row needs a positive sum",
+                           check.op, position, check.input);
+      if (value == IndexCheck::kInfiniteSum)
+        return fmt::format("[{}] row {} of the probabilities (shape {}) sums to infinity in f64", check.op, position,
+                           check.input);
+      return fmt::format(
+          "[{}] row {} of the probabilities (shape {}) has {} non-zero categories, fewer than the {} samples to draw "
+          "without replacement",
+          check.op, position, check.input, value, check.size);
   }
   return fmt::format("[{}] index {} is out of range", check.op, value);
 }

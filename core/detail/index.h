@@ -41,14 +41,20 @@ Tensor stack(const TensorList& tensors, int64_t dim);
 // ---- index range errors ----
 // What an out-of-range index is reported against: the parts of the message besides the bad value
 // and its position. One formatter for the CPU's immediate errors and a device's deferred ones, so
-// both say the same thing.
+// both say the same thing. (multinomial reports a bad row of probabilities the same way.)
 struct IndexCheck {
   enum class Kind : int32_t {
     dim_index,      // "[op] index v is out of range for dim d of size n (input shape)"
     embedding_row,  // "[embedding] index v (at flat position p) is out of range for an embedding table of
                     //  n rows (weight shape)"
     class_target,   // "[op] target v is out of bounds for n classes (expected 0..n-1 or ignore_index i)"
+    probability_row,  // multinomial: row `position` of the probabilities (input shape) is not a distribution to
+                      // draw `size` samples from; value: kBadProbability, kZeroSum, kInfiniteSum, or (>= 0) the
+                      // row's count of non-zero categories, fewer than the samples drawn without replacement
   };
+  static constexpr int64_t kBadProbability = -1;  // a negative, infinite or NaN entry
+  static constexpr int64_t kZeroSum = -2;
+  static constexpr int64_t kInfiniteSum = -3;     // finite entries whose f64 sum overflows
   Kind kind = Kind::dim_index;
   const char* op = "";
   int64_t dim = 0;           // dim_index: the dim indexed
@@ -78,6 +84,15 @@ struct IndexCheck {
     c.op = op;
     c.size = classes;
     c.ignore_index = ignore_index;
+    return c;
+  }
+
+  static IndexCheck for_probabilities(const char* op, const Shape& probs, int64_t num_samples) {
+    IndexCheck c;
+    c.kind = Kind::probability_row;
+    c.op = op;
+    c.size = num_samples;
+    c.input = probs;
     return c;
   }
 

@@ -403,6 +403,34 @@ TEST_CASE("odd strides: cat, stack, split") {
 
 // ---- nn ops ----
 
+TEST_CASE("odd strides: tril and triu with size-1 rows, columns and batches") {
+  check_odd("tril", [](const TensorList& t) { return tril(t[0]); }, {seeded({2, 1, 3, 4}, 1)});
+  check_odd("triu below", [](const TensorList& t) { return triu(t[0], -1); }, {seeded({3, 1, 4, 3}, 1)});
+  check_odd("tril one row", [](const TensorList& t) { return tril(t[0], 1); }, {seeded({3, 1, 4}, 1)});
+  check_odd("triu one column", [](const TensorList& t) { return triu(t[0], -2); }, {seeded({2, 4, 1}, 1)});
+  check_odd("tril 1x1", [](const TensorList& t) { return tril(t[0]); }, {seeded({3, 1, 1}, 1)});
+  check_odd("triu integers", [](const TensorList& t) { return triu(t[0]); }, {ints({1, 2, 2}, {1, 2, 3, 4})});
+}
+
+TEST_CASE("odd strides: topk along every dim, values and indices; multinomial's rows") {
+  for (const Shape& s : {Shape{2, 1, 5, 1}, Shape{1, 6}, Shape{4, 1}}) {
+    for (int64_t d = 0; d < static_cast<int64_t>(s.size()); ++d) {
+      const int64_t k = (s[d] + 1) / 2;
+      for (bool sorted : {true, false}) {
+        check_odd("topk", [=](const TensorList& t) { return topk(t[0], k, d, true, sorted).first; }, {seeded(s, 1)});
+        check_odd("topk indices", [=](const TensorList& t) { return topk(t[0], k, d, false, sorted).second; },
+                  {seeded(s, 2)}, false);
+      }
+    }
+  }
+  for (const Shape& s : {Shape{3, 1}, Shape{1, 7}, Shape{7}}) {
+    check_odd("multinomial", [](const TensorList& t) {
+      manual_seed(5);
+      return multinomial(t[0], 1, true);
+    }, {seeded(s, 3).abs() + 0.1}, false);
+  }
+}
+
 TEST_CASE("odd strides: softmax and log_softmax over every dim") {
   for (const Shape& s : {Shape{2, 1, 3, 1}, Shape{1, 4}, Shape{3, 1}}) {
     for (int64_t d = 0; d < static_cast<int64_t>(s.size()); ++d) {

@@ -1,7 +1,10 @@
-// Philox known answers, the (seed, offset, index) layout, determinism, distributions, errors.
+// Philox known answers, the (seed, offset, index) layout, determinism, distributions, errors; and
+// multinomial: draws pinned to rand's uniforms, reproducibility, its distributions, its errors.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
 #include <thread>
 
 #include "core/philox.h"
@@ -230,4 +233,194 @@ TEST_CASE("in-place random fills respect autograd and bump the version", "[rando
   Tensor r = rand({3}, TensorOptions(f64).with_requires_grad());
   REQUIRE(r.requires_grad());
   REQUIRE(r.is_leaf());
+}
+
+// ---------------------------------------------------------------- multinomial
+
+namespace {
+
+// Small-integer weights: every partial sum is exact in f64, so the chunked sums of the scheme
+// (core/random.h) equal these plain left-to-right ones, and the draws can be recomputed here.
+std::vector<double> integer_weights(int64_t n, int64_t hi, uint64_t seed) {
+  manual_seed(seed);
+  return randint(0, hi, {n}).to(f64).to_vector<double>();
+}
+
+// The first category whose cumulative weight exceeds u * total (or reaches the total).
+int64_t inverse_cdf(const std::vector<double>& w, double u) {
+  double total = 0;
+  for (double x : w) total += x;
+  const double target = u * total;
+  double cdf = 0;
+  for (size_t j = 0; j < w.size(); ++j) {
+    cdf += w[j];
+    if (cdf > target || (target >= total && cdf >= total)) return static_cast<int64_t>(j);
+  }
+  return -1;
+}
+
+// Draws of rows of integer weights by the documented scheme, with the uniforms of rand(f64).
+std::vector<int64_t> expected_draws(std::vector<std::vector<double>> rows, int64_t samples, bool replacement,
+                                    const std::vector<double>& u) {
+  std::vector<int64_t> out;
+  for (size_t r = 0; r < rows.size(); ++r) {
+    for (int64_t s = 0; s < samples; ++s) {
+      const int64_t j = inverse_cdf(rows[r], u[r * samples + s]);
+      out.push_back(j);
+      if (!replacement) rows[r][j] = 0;
+    }
+  }
+  return out;
+}
+
+// |count - N p| within 5 standard deviations of a binomial count.
+void require_count_near(int64_t count, int64_t draws, double p) {
+  const double mean = static_cast<double>(draws) * p;
+  const double sigma = std::sqrt(mean * (1 - p));
+  INFO("count " << count << " of " << draws << ", expected " << mean << " +- " << sigma);
+  REQUIRE(std::abs(static_cast<double>(count) - mean) <= 5 * sigma);
+}
+
+}  // namespace
+
+TEST_CASE("multinomial draws are pinned to rand's f64 uniforms", "[random][multinomial]") {
+  // Rows of 7 and 3000 categories (the second sums in 47 chunks of 64), many weights 0.
+  for (int64_t n : {int64_t{7}, int64_t{3000}}) {
+    INFO("categories " << n);
+    std::vector<std::vector<double>> rows = {integer_weights(n, 4, 1), integer_weights(n, 9, 2),
+                                             integer_weights(n, 2, 3)};
+    std::vector<double> flat;
+    for (const auto& r : rows) flat.insert(flat.end(), r.begin(), r.end());
+    const Tensor probs = from_vector<double>(flat, {3, n});
+    for (bool replacement : {true, false}) {
+      const int64_t samples = 3;
+      manual_seed(21);
+      const std::vector<double> u = rand({3 * samples}, f64).to_vector<double>();
+      const PhiloxState after_rand = get_rng_state();
+      manual_seed(21);
+      const Tensor m = multinomial(probs, samples, replacement);
+      REQUIRE(m.dtype() == i64);
+      REQUIRE(m.shape() == Shape{3, samples});
+      REQUIRE(get_rng_state().offset == after_rand.offset);  // two words per sample, as rand(f64)
+      REQUIRE(m.to_vector<int64_t>() == expected_draws(rows, samples, replacement, u));
+    }
+  }
+  // Without replacement over many draws: every draw recomputes one chunk and the offsets after it.
+  std::vector<double> w = integer_weights(3000, 3, 4);
+  manual_seed(22);
+  const std::vector<double> u = rand({400}, f64).to_vector<double>();
+  manual_seed(22);
+  const Tensor m = multinomial(from_vector<double>(w).to(f32), 400, false);
+  REQUIRE(m.shape() == Shape{400});
+  REQUIRE(m.to_vector<int64_t>() == expected_draws({w}, 400, false, u));
+}
+
+TEST_CASE("multinomial is reproducible and independent of dtype, strides and replacement for one sample",
+          "[random][multinomial]") {
+  manual_seed(5);
+  const Tensor p = rand({6, 40}, f64);
+  manual_seed(30);
+  const Tensor a = multinomial(p, 10, true);
+  const Tensor b = multinomial(p, 10, true);
+  manual_seed(30);
+  REQUIRE(multinomial(p, 10, true).equal(a));
+  REQUIRE_FALSE(b.equal(a));  // the stream moved on
+  manual_seed(30);
+  REQUIRE(p.multinomial(10, true).equal(a));
+
+  // The weights are read as f64: values exact in every dtype give the same draws.
+  const Tensor q = randint(0, 20, {6, 40}).to(f64);
+  for (bool replacement : {true, false}) {
+    manual_seed(31);
+    const Tensor want = multinomial(q, 5, replacement);
+    for (Dtype dt : {f32, f16, bf16}) {
+      manual_seed(31);
+      REQUIRE(multinomial(q.to(dt), 5, replacement).equal(want));
+    }
+    manual_seed(31);
+    const Tensor qt = q.t().contiguous().t();  // the same values, column-major
+    REQUIRE_FALSE(qt.is_contiguous());
+    REQUIRE(multinomial(qt, 5, replacement).equal(want));
+    manual_seed(31);
+    Tensor rows = multinomial(q[2], 5, replacement);  // a 1-D row: [num_samples]
+    REQUIRE(rows.shape() == Shape{5});
+  }
+  // One sample per row takes the same uniform with and without replacement.
+  manual_seed(32);
+  const Tensor with = multinomial(q, 1, true);
+  manual_seed(32);
+  REQUIRE(multinomial(q, 1, false).equal(with));
+
+  REQUIRE(multinomial(zeros({0, 3}), 2).shape() == Shape{0, 2});
+}
+
+TEST_CASE("multinomial with replacement follows the weights (200k draws, 5 sigma)", "[random][multinomial]") {
+  manual_seed(40);
+  const std::vector<double> weights = {1, 2, 0, 3, 4};  // need not sum to 1
+  const Tensor probs = from_vector<double>(weights, {1, 5}).expand({4, 5});
+  const std::vector<int64_t> draws = multinomial(probs, 50000, true).to_vector<int64_t>();
+  std::vector<int64_t> counts(5, 0);
+  for (int64_t j : draws) ++counts.at(j);
+  REQUIRE(counts[2] == 0);  // a weight of 0 is never drawn
+  for (int j : {0, 1, 3, 4}) require_count_near(counts[j], 200000, weights[j] / 10);
+}
+
+TEST_CASE("multinomial without replacement: distinct draws, each from the weights left", "[random][multinomial]") {
+  manual_seed(41);
+  const int64_t rows = 100000;
+  const std::vector<double> p = {0.1, 0.2, 0.3, 0.4};
+  const std::vector<int64_t> draws =
+      multinomial(from_vector<double>(p, {1, 4}).expand({rows, 4}).to(f32), 2, false).to_vector<int64_t>();
+  std::vector<int64_t> pairs(16, 0);
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t i = draws[2 * r], j = draws[2 * r + 1];
+    REQUIRE(i != j);
+    ++pairs.at(i * 4 + j);
+  }
+  // P(i then j) = p_i p_j / (1 - p_i).
+  for (int i = 0; i < 4; ++i)
+    for (int j = 0; j < 4; ++j)
+      if (i != j) require_count_near(pairs[i * 4 + j], rows, p[i] * p[j] / (1 - p[i]));
+
+  // Categories of weight 0 are never drawn: all the non-zero ones, in some order.
+  const Tensor w = from_vector<double>({0, 1, 0, 2, 3, 0}, {1, 6}).expand({500, 6});
+  const std::vector<int64_t> all = multinomial(w, 3, false).to_vector<int64_t>();
+  for (int64_t r = 0; r < 500; ++r) {
+    std::vector<int64_t> got(all.begin() + 3 * r, all.begin() + 3 * r + 3);
+    std::sort(got.begin(), got.end());
+    REQUIRE(got == std::vector<int64_t>{1, 3, 4});
+  }
+}
+
+TEST_CASE("multinomial rejects what is no distribution, naming the row", "[random][multinomial]") {
+  using Catch::Contains;
+  REQUIRE_THROWS_WITH(multinomial(Tensor(), 1), Contains("[multinomial] got an undefined tensor"));
+  REQUIRE_THROWS_WITH(multinomial(from_vector<int64_t>({1, 2}), 1),
+                      Contains("[multinomial] probabilities must be floating, got i64"));
+  REQUIRE_THROWS_WITH(multinomial(ones({2, 2, 2}), 1), Contains("[multinomial] probabilities must be 1-D or 2-D") &&
+                                                           Contains("[2, 2, 2]"));
+  REQUIRE_THROWS_WITH(multinomial(scalar_tensor(1.0), 1), Contains("must be 1-D or 2-D"));
+  REQUIRE_THROWS_WITH(multinomial(ones({3}), 0), Contains("[multinomial] num_samples must be positive, got 0"));
+  REQUIRE_THROWS_WITH(multinomial(ones({2, 3}), 4),
+                      Contains("[multinomial] cannot draw 4 samples without replacement from 3 categories"));
+  REQUIRE_NOTHROW(multinomial(ones({2, 3}), 4, true));
+  const double nan = std::numeric_limits<double>::quiet_NaN(), inf = std::numeric_limits<double>::infinity();
+  for (double bad : {-0.5, nan, inf, -inf}) {
+    INFO(bad);
+    REQUIRE_THROWS_WITH(multinomial(from_vector<double>({1, 2, 3, bad, 1, 1}, {3, 2}), 1, true),
+                        Contains("[multinomial] row 1 of the probabilities (shape [3, 2]) has a negative, infinite or "
+                                 "NaN entry"));
+  }
+  REQUIRE_THROWS_WITH(multinomial(from_vector<float>({1, 2, 0, 0}, {2, 2}), 1),
+                      Contains("[multinomial] row 1 of the probabilities (shape [2, 2]) sums to 0"));
+  REQUIRE_THROWS_WITH(multinomial(from_vector<double>({1e308, 1e308}), 1),
+                      Contains("[multinomial] row 0 of the probabilities (shape [2]) sums to infinity"));
+  REQUIRE_THROWS_WITH(multinomial(from_vector<double>({1, 0, 2, 0, 0, 5}, {2, 3}), 2),
+                      Contains("[multinomial] row 1 of the probabilities (shape [2, 3]) has 1 non-zero categories, "
+                               "fewer than the 2 samples to draw without replacement"));
+  REQUIRE_NOTHROW(multinomial(from_vector<double>({1, 0, 2, 0, 0, 5}, {2, 3}), 2, true));
+  REQUIRE_THROWS_WITH(multinomial(zeros({2, 0}), 1, true), Contains("row 0") && Contains("sums to 0"));
+  // Not differentiable: an i64 result with no history.
+  Tensor w = ones({3}, f64).requires_grad_();
+  REQUIRE_FALSE(multinomial(w, 2).requires_grad());
 }

@@ -3,13 +3,17 @@
 // log/cos/sin, within 2 ulps in f32/f16/bf16 and almost all bit for bit, and to the last ulps of
 // libm in f64),
 // the generator offset advances alike on both devices so later draws stay in step, in-place
-// fills of non-contiguous views, and zeros/ones/full/arange/linspace/eye computed on the device
-// with the CPU's values.
+// fills of non-contiguous views, multinomial's samples (the CPU's, exactly, and its row errors
+// raised at the next sync), and zeros/ones/full/arange/linspace/eye computed on the device with
+// the CPU's values.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <limits>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "core/random.h"
@@ -189,6 +193,72 @@ TEST_CASE("cuda random: requires_grad and argument errors as on the CPU", "[cuda
   REQUIRE(r.device() == kGPU);
   REQUIRE_THROWS_WITH(randint(5, 5, {2}, TensorOptions(i64, kGPU)), Contains("[randint] high (5)"));
   REQUIRE_THROWS_WITH(rand({2}, TensorOptions(i64, kGPU)), Contains("[rand] expected a floating dtype"));
+}
+
+// ---------------------------------------------------------------- multinomial
+
+TEST_CASE("cuda multinomial: the CPU's samples for the same seed", "[cuda][random][multinomial]") {
+  TANDEM_REQUIRE_CUDA_OR_SKIP();
+  manual_seed(50);
+  // Rows of one chunk, of many (50257 categories: 197 chunks of 256), weights that do not sum to
+  // 1, zeros among them; every floating dtype; with and without replacement.
+  const Tensor mask = from_vector<double>({1, 0, 1, 1, 1, 0, 1, 1, 1, 0, 1, 1, 1});  // 10 non-zero categories
+  const Tensor small = rand({5, 13}, f64) * mask;
+  const Tensor vocab = softmax(randn({3, 50257}, f64) * 3, 1);
+  for (const Tensor& probs : {small, vocab, small[2], vocab[0]}) {
+    for (Dtype dt : {f64, f32, f16, bf16}) {
+      const Tensor p = probs.to(dt);
+      for (bool replacement : {true, false}) {
+        for (int64_t samples : {1, 4, replacement ? 300 : 8}) {
+          INFO(shape_str(p.shape()) << " " << dt << " replacement " << replacement << " samples " << samples);
+          manual_seed(51);
+          const Tensor c = multinomial(p, samples, replacement);
+          const PhiloxState after_cpu = get_rng_state();
+          manual_seed(51);
+          const Tensor g = multinomial(p.to(kGPU), samples, replacement);
+          REQUIRE(get_rng_state().offset == after_cpu.offset);
+          REQUIRE(g.dtype() == i64);
+          require_bit_equal(g, c);
+        }
+      }
+    }
+  }
+  // Strided and expanded probabilities, as on the CPU.
+  const Tensor t = rand({40, 6}, f64);
+  manual_seed(52);
+  const Tensor c = multinomial(t.t(), 20, false);
+  manual_seed(52);
+  require_bit_equal(multinomial(t.to(kGPU).t(), 20, false), c);
+  const Tensor e = from_vector<double>({0, 1, 2, 3}, {1, 4}).expand({2000, 4});
+  manual_seed(53);
+  const Tensor ce = multinomial(e, 3, false);
+  manual_seed(53);
+  require_bit_equal(multinomial(e.to(kGPU), 3, false), ce);
+  REQUIRE(multinomial(zeros({0, 3}, TensorOptions(f32, kGPU)), 2).shape() == Shape{0, 2});
+}
+
+TEST_CASE("cuda multinomial: a row that is no distribution is raised at the next sync, with the CPU's text",
+          "[cuda][random][multinomial]") {
+  TANDEM_REQUIRE_CUDA_OR_SKIP();
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const Tensor bad_entry = from_vector<double>({1, 2, 3, nan, 0, 0}, {3, 2});
+  const Tensor zero_row = from_vector<double>({1, 2, 0, 0, 1, 1}, {3, 2});
+  const Tensor too_few = from_vector<double>({1, 1, 0, 1, 0, 0}, {2, 3});
+  const char* tail = "; detected on cuda:0 at the next synchronisation (a copy to the host), after the op had returned";
+  const std::vector<std::pair<Tensor, std::string>> cases = {
+      {bad_entry, "[multinomial] row 1 of the probabilities (shape [3, 2]) has a negative, infinite or NaN entry"},
+      {zero_row, "[multinomial] row 1 of the probabilities (shape [3, 2]) sums to 0"},
+      {too_few, "[multinomial] row 0 of the probabilities (shape [2, 3]) has 2 non-zero categories, fewer than the 3 "
+                "samples to draw without replacement"}};
+  for (const auto& [probs, message] : cases) {
+    INFO(message);
+    REQUIRE_THROWS_WITH(multinomial(probs, probs.size(1)), Contains(message));  // the CPU throws at once
+    Tensor g = multinomial(probs.to(kGPU), probs.size(1));                        // the device records it
+    REQUIRE_THROWS_WITH(g.to(kCPU), Contains(message) && Contains(tail));
+    REQUIRE_NOTHROW(cuda::synchronize(0));  // reported once
+  }
+  REQUIRE_THROWS_WITH(multinomial(ones({2, 3}, TensorOptions(f32, kGPU)), 4),
+                      Contains("[multinomial] cannot draw 4 samples without replacement from 3 categories"));
 }
 
 // ---------------------------------------------------------------- factory functions

@@ -44,6 +44,8 @@ from cases.inplace import t_inplace
 from cases.matmul import t_matmul
 from cases.nn import t_batch_norm, t_dropout_embedding, t_layer_norm, t_loss, t_softmax
 from cases.reduce import t_reduce, t_zero_spread
+from cases.topk import t_topk
+from cases.triangle import t_triangle
 from cases.views import t_views
 
 SAFETENSORS_DTYPES = {torch.float64: ("F64", 8), torch.float32: ("F32", 4), torch.float16: ("F16", 2),
@@ -58,7 +60,7 @@ TEMPLATES = [
     (t_reduce, 16), (t_zero_spread, 2), (t_matmul, 20), (t_softmax, 4), (t_layer_norm, 5),
     (t_dropout_embedding, 3), (t_batch_norm, 3), (t_index, 10), (t_loss, 10), (t_views, 8), (t_chain, 14),
     (t_promotion, 6), (t_nan, 3), (t_big, 5), (t_ties, 5), (t_errors, 6), (t_half, 5), (t_inplace, 6),
-    (t_creation, 3),
+    (t_creation, 3), (t_triangle, 3), (t_topk, 4),
 ]
 
 

@@ -409,6 +409,12 @@ const std::map<std::string, OpFn>& op_table() {
       PARITY_OP("std", var_std_op(x(0), q, true)),
       PARITY_OP("logsumexp", logsumexp(x(0), shape_arg(q.at("dims")), q.at("keepdim").get<bool>())),
       PARITY_OP("norm", norm(x(0))),
+      {"topk",
+       [](const TensorList& xs, const Json& p) {
+         auto [values, indices] = topk(arg(xs, 0, "topk"), p.at("k").get<int64_t>(), p.at("dim").get<int64_t>(),
+                                       p.at("largest").get<bool>(), p.at("sorted").get<bool>());
+         return TensorList{values, indices};
+       }},
       // linear algebra
       PARITY_OP("matmul", matmul(x(0), x(1))),
       PARITY_OP("mm", mm(x(0), x(1))),
@@ -437,6 +443,9 @@ const std::map<std::string, OpFn>& op_table() {
        [](const TensorList& xs, const Json& p) {
          return chunk(arg(xs, 0, "chunk"), p.at("chunks").get<int64_t>(), p.at("dim").get<int64_t>());
        }},
+      // triangles
+      PARITY_OP("tril", tril(x(0), q.at("diagonal").get<int64_t>())),
+      PARITY_OP("triu", triu(x(0), q.at("diagonal").get<int64_t>())),
   };
   return table;
 }

@@ -5,6 +5,7 @@ set -euo pipefail
 packages=(build-essential cmake pkg-config ccache catch2 libopenblas-dev libopenmpi-dev openmpi-bin
           nlohmann-json3-dev libfmt-dev libcli11-dev python3 zlib1g-dev
           dataset-fashion-mnist  # /usr/share/datasets/fashion-mnist: data::FashionMNIST and its test
+          fortunes  # /usr/share/games/fortunes: data::TextDataset's default corpus and its test
           clang-14 libfuzzer-14-dev  # tools/ci/sanitize.sh fuzz: the libFuzzer targets of tools/fuzz/
           python3-torch   # PyTorch 1.13 (CPU) for tests/parity/test_parity.cpp, run with /usr/bin/python3
           python3-matplotlib)  # tools/train/plot.py

@@ -4,7 +4,7 @@ import math
 
 import torch
 
-from .common import rand_shape
+from .common import neg_dim, rand_shape
 
 
 def t_errors(c):
@@ -14,7 +14,7 @@ def t_errors(c):
                          "expand", "view", "reshape", "squeeze", "unsqueeze", "amax_empty", "max_dim_empty",
                          "argmax_empty", "cat", "stack", "softmax", "layer_norm", "where", "masked_fill",
                          "softmax_int", "matmul_int", "inplace_overlap", "inplace_cast", "inplace_broadcast",
-                         "mean_int", "var_int"])
+                         "mean_int", "var_int", "triangle_1d", "topk_k"])
     shape = rand_shape(c.rng, 2, 3, p1=0.0)
     n = len(shape)
     r = c.rng.randrange
@@ -126,6 +126,12 @@ def t_errors(c):
             c.op_error("mean", [x], dims=None)
         else:
             c.op_error("var", [x], dims=[0], correction=1, keepdim=False)
+    elif kind == "triangle_1d":  # a vector or a 0-dim tensor has no triangle
+        c.op_error(c.rng.choice(["tril", "triu"]), [c.input(shape[:r(2)])], diagonal=r(3) - 1)
+    elif kind == "topk_k":  # k beyond the size of the dim
+        d = r(n)
+        c.op_error("topk", [c.input(shape)], k=shape[d] + 1 + r(2), dim=neg_dim(c.rng, d, n), largest=True,
+                   sorted=True)
     else:  # inplace_broadcast: the destination cannot grow
         c.op_error("add_", [c.input(shape[1:], requires_grad=False), c.input(shape, requires_grad=False)], alpha=1,
                    integral=True)
