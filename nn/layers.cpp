@@ -8,6 +8,14 @@
 
 namespace tandem::nn {
 
+namespace {
+// What the layers' parameter_replaced share: point the member named `name` at `tensor`.
+void rebind(const std::string& name, const Tensor& tensor, Tensor& weight, Tensor* bias) {
+  if (name == "weight") weight = tensor;
+  if (name == "bias" && bias) *bias = tensor;
+}
+}  // namespace
+
 // ---- Linear ----
 
 Linear::Linear(int64_t in_features, int64_t out_features, bool bias)
@@ -43,6 +51,10 @@ std::string Linear::extra_repr() const {
   return fmt::format("in_features={}, out_features={}, bias={}", in_features, out_features, bias.defined());
 }
 
+void Linear::parameter_replaced(const std::string& name, const Tensor& tensor) {
+  rebind(name, tensor, weight, &bias);
+}
+
 // ---- Embedding ----
 
 Embedding::Embedding(int64_t num_embeddings, int64_t embedding_dim)
@@ -59,6 +71,10 @@ void Embedding::reset_parameters() { init::normal_(weight, 0.0, 1.0); }
 Tensor Embedding::forward(const Tensor& indices) { return embedding(weight, indices); }
 
 std::string Embedding::extra_repr() const { return fmt::format("{}, {}", num_embeddings, embedding_dim); }
+
+void Embedding::parameter_replaced(const std::string& name, const Tensor& tensor) {
+  rebind(name, tensor, weight, nullptr);
+}
 
 // ---- LayerNorm ----
 
@@ -83,6 +99,10 @@ Tensor LayerNorm::forward(const Tensor& input) { return layer_norm(input, normal
 
 std::string LayerNorm::extra_repr() const {
   return fmt::format("{}, eps={}, elementwise_affine={}", normalized_shape, eps, elementwise_affine);
+}
+
+void LayerNorm::parameter_replaced(const std::string& name, const Tensor& tensor) {
+  rebind(name, tensor, weight, &bias);
 }
 
 // ---- BatchNorm1d, BatchNorm2d ----
@@ -203,6 +223,10 @@ std::string BatchNormBase::extra_repr() const {
                      options.track_running_stats);
 }
 
+void BatchNormBase::parameter_replaced(const std::string& name, const Tensor& tensor) {
+  rebind(name, tensor, weight, &bias);
+}
+
 // ---- Conv2d and pooling ----
 
 namespace {
@@ -253,6 +277,10 @@ std::string Conv2d::extra_repr() const {
   if (groups != 1) s += fmt::format(", groups={}", groups);
   if (!bias.defined()) s += ", bias=False";
   return s;
+}
+
+void Conv2d::parameter_replaced(const std::string& name, const Tensor& tensor) {
+  rebind(name, tensor, weight, &bias);
 }
 
 MaxPool2d::MaxPool2d(Size2 kernel_size, std::optional<Size2> stride, Size2 padding, Size2 dilation, bool ceil_mode)

@@ -27,6 +27,9 @@ class Linear : public Module {
   int64_t in_features, out_features;
   Tensor weight;
   Tensor bias;  // undefined without bias
+
+ protected:
+  void parameter_replaced(const std::string& name, const Tensor& tensor) override;
 };
 
 // Rows of weight [num_embeddings, embedding_dim] ~ N(0, 1) picked by integer indices.
@@ -39,6 +42,9 @@ class Embedding : public Module {
 
   int64_t num_embeddings, embedding_dim;
   Tensor weight;
+
+ protected:
+  void parameter_replaced(const std::string& name, const Tensor& tensor) override;
 };
 
 // Normalises over the trailing `normalized_shape` dims; weight ones, bias zeros.
@@ -53,6 +59,9 @@ class LayerNorm : public Module {
   double eps;
   bool elementwise_affine;
   Tensor weight, bias;  // undefined without elementwise_affine
+
+ protected:
+  void parameter_replaced(const std::string& name, const Tensor& tensor) override;
 };
 
 struct BatchNormOptions {
@@ -87,6 +96,7 @@ class BatchNormBase : public Module {
 
  protected:
   BatchNormBase(std::string type_name, int64_t num_features, BatchNormOptions options);
+  void parameter_replaced(const std::string& name, const Tensor& tensor) override;
   // Throws "[BatchNorm1d] expected input of shape ..." unless the input's rank and channels fit.
   virtual void check_input(const Tensor& input) const = 0;
 };
@@ -129,6 +139,9 @@ class Conv2d : public Module {
   int64_t groups;
   Tensor weight;
   Tensor bias;  // undefined without bias
+
+ protected:
+  void parameter_replaced(const std::string& name, const Tensor& tensor) override;
 };
 
 // max_pool2d as a module; stride defaults to kernel_size.

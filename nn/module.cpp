@@ -227,6 +227,23 @@ void Module::set_buffer(const std::string& dotted_name, Tensor tensor) {
   *slot = std::move(tensor);
 }
 
+void Module::set_parameter(const std::string& dotted_name, Tensor tensor) {
+  auto [owner, leaf] = resolve(dotted_name, "parameter");
+  auto* m = const_cast<Module*>(owner);
+  Tensor* slot = m->parameters_.find(leaf);
+  TANDEM_CHECK(slot, "[set_parameter] {} has no parameter named '{}'", type_name_, dotted_name);
+  TANDEM_CHECK(tensor.defined(), "[set_parameter] the new value of '{}' is an undefined tensor", dotted_name);
+  TANDEM_CHECK(tensor.is_leaf(), "[set_parameter] the new value of '{}' must be a leaf tensor (it has grad_fn {})",
+               dotted_name, tensor.grad_fn() ? tensor.grad_fn()->name() : "?");
+  TANDEM_CHECK(tensor.shape() == slot->shape() && tensor.dtype() == slot->dtype() && tensor.device() == slot->device(),
+               "[set_parameter] '{}' is {} {} on {} but the new value is {} {} on {}", dotted_name, slot->shape(),
+               slot->dtype(), slot->device(), tensor.shape(), tensor.dtype(), tensor.device());
+  *slot = std::move(tensor);
+  m->parameter_replaced(leaf, *slot);
+}
+
+void Module::parameter_replaced(const std::string&, const Tensor&) {}
+
 // ---- modes and gradients ----
 
 void Module::train(bool on) {

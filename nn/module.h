@@ -157,6 +157,15 @@ class Module : public std::enable_shared_from_this<Module> {
   // reassignment, as `module.running_mean = t` in PyTorch). Layers read their buffers through
   // buffer() at forward time, so the replacement takes effect immediately.
   void set_buffer(const std::string& dotted_name, Tensor tensor);
+  // Replaces the parameter registered under `dotted_name` by `tensor`, keeping its name and its
+  // place in the registry: PyTorch's `lm_head.weight = wte.weight`. This is how weights are tied:
+  //   model.set_parameter("lm_head.weight", model.wte->weight);
+  // afterwards both modules hold one TensorImpl, and the owning layer's member (Linear::weight)
+  // names it too (see parameter_replaced). `tensor` is taken as it is (a leaf, its requires_grad
+  // unchanged) and must have the old parameter's shape, dtype and device; otherwise
+  // "[set_parameter] ..." names both. The old tensor is dropped from the module (an optimizer or
+  // DDP built on it earlier keeps the old one: tie before building them).
+  void set_parameter(const std::string& dotted_name, Tensor tensor);
 
   // ---- modes and gradients ----
   virtual void train(bool on = true);
@@ -212,6 +221,11 @@ class Module : public std::enable_shared_from_this<Module> {
   // The module's own slots, for layers that must look their buffers up by name.
   const TensorDict& own_parameters() const { return parameters_; }
   const TensorDict& own_buffers() const { return buffers_; }
+  // Called on the module that owns the slot after set_parameter replaced its parameter `name`: a
+  // layer that keeps a member handle to a parameter (Linear::weight) points it at `tensor` here,
+  // so forward uses the new tensor. The default does nothing (right for modules that read their
+  // parameters through parameter()); the built-in layers update their weight and bias.
+  virtual void parameter_replaced(const std::string& name, const Tensor& tensor);
 
  private:
   void check_new_name(const std::string& name, const char* what) const;

@@ -277,6 +277,27 @@ TEST_CASE("README nn and optim", "[readme]") {
   std::remove("readme_opt.safetensors");
 }
 
+namespace {
+struct TinyLM : nn::Module {
+  std::shared_ptr<nn::Embedding> wte;
+  std::shared_ptr<nn::Linear> lm_head;
+  TinyLM() : Module("TinyLM") {
+    wte = register_module("wte", std::make_shared<nn::Embedding>(100, 16));                     // [vocab, dim]
+    lm_head = register_module("lm_head", std::make_shared<nn::Linear>(16, 100, /*bias=*/false));  // [vocab, dim]
+    set_parameter("lm_head.weight", wte->weight);  // lm_head->weight is wte->weight now
+  }
+  Tensor forward(const Tensor& idx) override { return (*lm_head)(wte->forward(idx)); }
+};
+}  // namespace
+
+TEST_CASE("README weight tying", "[readme]") {
+  TinyLM lm;  // named_parameters: wte.weight; state_dict: wte.weight, lm_head.weight
+  REQUIRE(lm.lm_head->weight.is_same(lm.wte->weight));
+  REQUIRE(lm.named_parameters().keys() == std::vector<std::string>{"wte.weight"});
+  REQUIRE(lm.state_dict().keys() == std::vector<std::string>{"wte.weight", "lm_head.weight"});
+  REQUIRE(lm(from_vector<int64_t>({1, 2, 3}, {3})).shape() == Shape{3, 100});
+}
+
 TEST_CASE("README dist", "[readme]") {
   auto pg = dist::init();  // no launcher here: a world of one
   REQUIRE(pg->size() == 1);

@@ -153,5 +153,8 @@ inline void failed_backward_then_training(ProcessGroupPtr g) {
     Step{mixed_precision_side_backward, {1, 2, 3}})                                                                   \
   X("ddp threads: a delayed parameter that changes under static_graph", "[ddp][hardening][static_graph]",             \
     "ddp mpi: a delayed parameter that changes under static_graph",                                                   \
-    Step{delayed_static_graph_changes, {1, 2}, Wait::breaks_group})
+    Step{delayed_static_graph_changes, {1, 2}, Wait::breaks_group})                                                   \
+  X("ddp threads: a tied weight (lm_head is wte) is one slot, reduced and stepped once, and trains as one process",   \
+    "[ddp][tying]", "ddp mpi: tied weights",                                                                          \
+    Step{tied_weights_all, {1, 2, 3}})
 // clang-format on

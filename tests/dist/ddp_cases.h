@@ -693,4 +693,131 @@ inline void hooks_after_failed_backward(ProcessGroupPtr g, bool destroy) {
   expect_same_parameters(*model, *reference, 1e-12, fmt::format("second DDP (destroy={}) rank {}", destroy, R));
 }
 
+
+// ---- weight tying ----
+
+// wte -> tanh(mid) (+ extra on the ranks use_extra picks) -> lm_head, lm_head.weight tied to
+// wte.weight with Module::set_parameter: one parameter, two uses.
+struct TiedLM : nn::Module {
+  static constexpr int64_t vocab = 11, dim = 6;
+  std::shared_ptr<nn::Embedding> wte;
+  std::shared_ptr<nn::Linear> mid, extra, lm_head;
+  std::function<bool(int)> use_extra = [](int) { return true; };
+  int rank = 0;
+  TiedLM() : Module("TiedLM") {
+    wte = register_module("wte", std::make_shared<nn::Embedding>(vocab, dim));
+    mid = register_module("mid", std::make_shared<nn::Linear>(dim, dim));
+    extra = register_module("extra", std::make_shared<nn::Linear>(dim, dim));
+    lm_head = register_module("lm_head", std::make_shared<nn::Linear>(dim, vocab, /*bias=*/false));
+    set_parameter("lm_head.weight", wte->weight);
+  }
+  Tensor forward(const Tensor& idx) override {
+    Tensor h = tanh((*mid)(wte->forward(idx)));
+    if (use_extra(rank)) h = h + (*extra)(h);
+    return (*lm_head)(h);
+  }
+};
+
+inline std::shared_ptr<TiedLM> make_tied_lm(uint64_t seed) {
+  manual_seed(seed);
+  auto m = std::make_shared<TiedLM>();
+  m->to(f64);
+  return m;
+}
+
+// Deterministic token ids for rows first.. of a step's shard; `shift` 1 gives the targets.
+inline Tensor tied_tokens(int64_t first, int64_t rows, int64_t shift) {
+  std::vector<int64_t> v;
+  for (int64_t i = first; i < first + rows; ++i) v.push_back((i * (i + shift) * 7 + 3 * i + shift) % TiedLM::vocab);
+  return from_vector<int64_t>(v, {rows});
+}
+inline Tensor tied_loss(nn::Module& m, int step, int r) {
+  int64_t first = (step * 16 + r) * kRowsPerRank;
+  return nn::cross_entropy(m(tied_tokens(first, kRowsPerRank, 0)), tied_tokens(first, kRowsPerRank, 1));
+}
+
+// DDP of the tied model (AdamW, or AdamW in backward) vs one process on the mean loss: the tied
+// weight is one bucket slot under its first name, its gradient is ready (and reduced) once per
+// backward, it is stepped once per backward, and the tie survives.
+inline void tied_equivalence(ProcessGroupPtr g, bool find_unused, bool static_graph, bool in_backward, bool bucket_view) {
+  const int W = g->size(), R = g->rank();
+  const std::string what = fmt::format("tied weights find_unused={} static={} in_backward={} view={} rank {}/{}",
+                                       find_unused, static_graph, in_backward, bucket_view, R, W);
+  const bool unused_ok = find_unused || static_graph;
+  auto uses_extra = [unused_ok](int r) { return !unused_ok || r % 2 == 1; };
+  auto model = make_tied_lm(R == 0 ? 7 : 50 + R);  // the ranks start different: DDP broadcasts rank 0's
+  model->rank = R;
+  model->use_extra = uses_extra;
+  auto reference = make_tied_lm(7);
+  const optim::AdamWOptions adamw{.lr = 0.01};
+  std::shared_ptr<optim::InBackwardOptimizers> in_bw;
+  if (in_backward) in_bw = optim::apply_optimizer_in_backward(adamw, model->parameters());
+  DdpOptions o;
+  o.find_unused_parameters = find_unused;
+  o.static_graph = static_graph;
+  o.gradient_as_bucket_view = bucket_view;
+  o.bucket_cap_mb = 1e-9;  // a bucket per parameter
+  DistributedDataParallel ddp(model, g, o);
+  std::unique_ptr<optim::AdamW> opt;
+  if (!in_backward) opt = std::make_unique<optim::AdamW>(model->parameters(), adamw);
+  optim::AdamW ref_opt(reference->parameters(), adamw);
+
+  const auto names = ddp.parameter_names();
+  const std::vector<std::string> want_names{"wte.weight", "mid.weight", "mid.bias", "extra.weight", "extra.bias"};
+  expect(names == want_names, "{}: DDP's parameters are {}, expected {}", what, names, want_names);
+  std::vector<std::string> slots;
+  for (const auto& b : ddp.stats().bucket_parameters) slots.insert(slots.end(), b.begin(), b.end());
+  expect(std::count(slots.begin(), slots.end(), "wte.weight") == 1 && slots.size() == want_names.size(),
+         "{}: the buckets hold {}, expected each of {} once", what, slots, want_names);
+  const int64_t tied_index = 0;  // wte.weight's index in parameter_names()
+
+  const int steps = 4;
+  for (int step = 0; step < steps; ++step) {
+    if (opt) opt->zero_grad(/*set_to_none=*/!bucket_view);
+    ddp.call([&] { return tied_loss(*model, step, R); }).backward();
+    ddp.check_reducer_finalized();
+    // The tied weight is ready as often as mid.weight, which is used once (the event log has
+    // two grad_ready per parameter in static_graph's first iteration: at the hook, then at the
+    // end-of-backward reduction); a second hook would be "marked ready twice".
+    int64_t tied_ready = 0, once_ready = 0, launched = 0;
+    for (const auto& e : ddp.reducer_events()) {
+      tied_ready += e.kind == ReducerEvent::grad_ready && e.index == tied_index;
+      once_ready += e.kind == ReducerEvent::grad_ready && e.index == tied_index + 1;
+      launched += e.kind == ReducerEvent::bucket_launched;
+    }
+    expect(tied_ready >= 1 && tied_ready == once_ready,
+           "{}: the tied weight was ready {} times in backward {}, mid.weight {} times", what, tied_ready, step,
+           once_ready);
+    const auto bucket_count = static_cast<int64_t>(ddp.stats().bucket_bytes.size());
+    expect(launched == bucket_count, "{}: {} bucket launches in backward {}, expected {}", what, launched, step,
+           bucket_count);
+    if (opt) opt->step();
+
+    ref_opt.zero_grad();
+    reference->use_extra = uses_extra;
+    reference_backward(W, 1, [&](int r, int) {
+      reference->rank = r;
+      return tied_loss(*reference, step, r);
+    });
+    ref_opt.step();
+  }
+  expect(model->lm_head->weight.is_same(model->wte->weight), "{}: the tie did not survive DDP", what);
+  expect_same_parameters(*model, *reference, 1e-10, what);
+  if (in_bw) {
+    const Tensor& tied = model->wte->weight;
+    const auto* st = in_bw->optimizer_for(tied).state(tied);
+    expect(st && st->step == steps, "{}: the tied weight took {} in-backward steps in {} backwards", what,
+           st ? st->step : 0, steps);
+  }
+}
+
+inline void tied_weights_all(ProcessGroupPtr g) {
+  tied_equivalence(g, false, false, false, false);
+  tied_equivalence(g, false, false, false, true);
+  tied_equivalence(g, true, false, false, false);
+  tied_equivalence(g, false, true, false, false);
+  tied_equivalence(g, false, false, true, false);
+  tied_equivalence(g, true, false, true, false);
+}
+
 }  // namespace ddp_cases
