@@ -68,19 +68,6 @@ Expected reference(const Tensor& a, int64_t k, int64_t dim, bool largest, bool s
   return e;
 }
 
-// Values equal as the reference's, NaN matching NaN (and the sign of a zero is not compared).
-void require_same_values(const std::vector<double>& got, const std::vector<double>& want) {
-  REQUIRE(got.size() == want.size());
-  for (size_t i = 0; i < got.size(); ++i) {
-    INFO("element " << i << ": got " << got[i] << ", want " << want[i]);
-    if (std::isnan(want[i])) {
-      REQUIRE(std::isnan(got[i]));
-    } else {
-      REQUIRE(got[i] == want[i]);
-    }
-  }
-}
-
 void require_topk(const Tensor& a, int64_t k, int64_t dim, bool largest, bool sorted) {
   INFO("shape " << shape_str(a.shape()) << " " << a.dtype() << " k " << k << " dim " << dim << " largest "
                 << largest << " sorted " << sorted);
@@ -93,7 +80,7 @@ void require_topk(const Tensor& a, int64_t k, int64_t dim, bool largest, bool so
   REQUIRE(v.dtype() == a.dtype());
   REQUIRE(i.dtype() == i64);
   const Expected e = reference(a, a.dim() == 0 ? 1 : k, d, largest, sorted);
-  require_same_values(v.to(f64).to_vector<double>(), e.values);
+  test_util::require_close(v.to(f64).to_vector<double>(), e.values, 0);  // exact, NaN matching NaN
   REQUIRE(i.to_vector<int64_t>() == e.indices);
 }
 

@@ -22,27 +22,14 @@
 
 #include "core/detail/sanitizers.h"
 #include "tandem.h"
+#include "temp_dir.h"
 
 using namespace tandem;
 namespace fs = std::filesystem;
+using test_util::TempDir;
 using Catch::Contains;
 
 namespace {
-
-// A scratch directory per test case, removed afterwards.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    static std::atomic<int> counter{0};
-    path = fs::temp_directory_path() / ("tandem_test_data_" + std::to_string(getpid()) + "_" + std::to_string(counter++));
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string file(const std::string& name) const { return (path / name).string(); }
-};
 
 using Bytes = std::string;
 
@@ -89,7 +76,7 @@ std::vector<int64_t> as_i64(const Tensor& t) { return t.to_vector<int64_t>(); }
 // ---------------------------------------------------------------- read_idx
 
 TEST_CASE("read_idx reads plain and gzipped files of every element type", "[data][idx]") {
-  TempDir dir;
+  TempDir dir("tandem_test_data");
   const Bytes u8 = idx_bytes(0x08, {2, 3}, Bytes{0, 1, 2, 127, char(200), char(255)});
   write_raw(dir.file("u8.idx"), u8);
   write_gz(dir.file("u8.idx.gz"), u8);
@@ -133,7 +120,7 @@ TEST_CASE("read_idx reads plain and gzipped files of every element type", "[data
 }
 
 TEST_CASE("read_idx names the file and the defect of a bad one", "[data][idx]") {
-  TempDir dir;
+  TempDir dir("tandem_test_data");
   auto fails_with = [&](const std::string& name, const std::string& text, Dtype dtype = f32) {
     const std::string path = dir.file(name);
     INFO(path);
@@ -204,7 +191,7 @@ TEST_CASE("read_idx: a header claiming more than the file holds allocates what t
 #if TANDEM_ASAN || TANDEM_TSAN
   WARN("SKIP: address-space limits do not apply under a sanitizer's shadow memory");
 #else
-  TempDir dir;
+  TempDir dir("tandem_test_data");
   const std::string path = dir.file("claims");
   write_raw(path, idx_bytes(0x08, {1u << 16, 1u << 16, 64}, Bytes(3u << 20, 'x')));
   const pid_t child = fork();
@@ -581,7 +568,7 @@ TEST_CASE("FashionMNIST from Debian's dataset-fashion-mnist", "[data][fashion_mn
 }
 
 TEST_CASE("FashionMNIST: files that do not fit", "[data][fashion_mnist]") {
-  TempDir dir;
+  TempDir dir("tandem_test_data");
   auto write_split = [&](const std::vector<uint32_t>& image_dims, uint32_t labels, uint8_t label_value) {
     uint64_t pixels = 1;
     for (uint32_t d : image_dims) pixels *= d;

@@ -16,28 +16,14 @@
 #include <vector>
 
 #include "tandem.h"
+#include "temp_dir.h"
 
 using namespace tandem;
 namespace fs = std::filesystem;
+using test_util::TempDir;
 using Catch::Contains;
 
 namespace {
-
-// A scratch directory per test case, removed afterwards.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    static std::atomic<int> counter{0};
-    path = fs::temp_directory_path() /
-           ("tandem_test_text_" + std::to_string(getpid()) + "_" + std::to_string(counter++));
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string file(const std::string& name) const { return (path / name).string(); }
-};
 
 void write_file(const std::string& path, const std::string& bytes) {
   std::ofstream(path, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
@@ -132,7 +118,7 @@ TEST_CASE("CharVocab: errors", "[data][text]") {
 // ---------------------------------------------------------------- TextDataset
 
 TEST_CASE("TextDataset: windows of a file, y one character on from x, in both splits", "[data][text]") {
-  TempDir dir;
+  TempDir dir("tandem_test_text");
   const std::string text = random_letters(200, 1);
   write_file(dir.file("corpus.txt"), text);
 
@@ -267,7 +253,7 @@ TEST_CASE("TextDataset with the DataLoader: random windows, distinct across rank
 
 TEST_CASE("read_text_corpus: a folder is its text files in name order, without indexes, links or hidden files",
           "[data][text]") {
-  TempDir dir;
+  TempDir dir("tandem_test_text");
   write_file(dir.file("b"), "second\n");
   write_file(dir.file("a"), "first\n");
   write_file(dir.file("a.dat"), std::string("\0\0\0\x02index", 9));
@@ -285,7 +271,7 @@ TEST_CASE("read_text_corpus: a folder is its text files in name order, without i
 }
 
 TEST_CASE("TextDataset: missing, empty or too short text is one error naming the path", "[data][text]") {
-  TempDir dir;
+  TempDir dir("tandem_test_text");
   const std::string missing = dir.file("nope.txt");
   REQUIRE_THROWS_WITH(data::TextDataset(missing), Contains("[TextDataset] " + missing + ": no such file or directory"));
   REQUIRE_FALSE(data::TextDataset::available(missing));

@@ -13,29 +13,14 @@
 
 #include "nn/nn.h"
 #include "tandem.h"
+#include "temp_dir.h"
 
 using namespace tandem;
 using Catch::Contains;
 namespace fs = std::filesystem;
+using test_util::TempDir;
 
 namespace {
-
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    path = fs::temp_directory_path() / ("tandem_st_" + std::to_string(::getpid()) + "_" + std::to_string(counter()++));
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string file(const std::string& name) const { return (path / name).string(); }
-  static int& counter() {
-    static int c = 0;
-    return c;
-  }
-};
 
 std::vector<uint8_t> read_bytes(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -99,7 +84,7 @@ void require_same(const nn::TensorDict& got, const nn::TensorDict& want) {
 }  // namespace
 
 TEST_CASE("safetensors: round trip of every dtype with metadata", "[safetensors]") {
-  TempDir dir;
+  TempDir dir("tandem_st");
   auto tensors = all_dtypes();
   nn::save_safetensors(dir.file("a.safetensors"), tensors, {{"format", "pt"}, {"note", "ünïcode ✓"}});
   nn::Metadata meta;
@@ -122,7 +107,7 @@ TEST_CASE("safetensors: round trip of every dtype with metadata", "[safetensors]
 }
 
 TEST_CASE("safetensors: the bytes written follow the format exactly", "[safetensors]") {
-  TempDir dir;
+  TempDir dir("tandem_st");
   nn::TensorDict d;
   d.insert("x", from_vector<float>({1.0f, 2.0f}));
   nn::save_safetensors(dir.file("x.safetensors"), d);
@@ -176,7 +161,7 @@ TEST_CASE("safetensors: a file built by hand from the spec loads", "[safetensors
   data.push_back(0);
   append_le(data, int32_t{-9});
   append_le(data, 0.125);
-  TempDir dir;
+  TempDir dir("tandem_st");
   write_bytes(dir.file("hand.safetensors"), image(header, data));
   nn::Metadata meta;
   auto d = nn::load_safetensors(dir.file("hand.safetensors"), &meta);
@@ -236,7 +221,7 @@ TEST_CASE("safetensors: malformed files are rejected with a clear error", "[safe
     INFO("case " << i << " expecting '" << cases[i].message << "'");
     REQUIRE_THROWS_WITH(parse(cases[i].bytes), Contains("[safetensors]") && Contains(cases[i].message));
   }
-  TempDir dir;
+  TempDir dir("tandem_st");
   REQUIRE_THROWS_WITH(nn::load_safetensors(dir.file("missing.safetensors")),
                       Contains("[safetensors] cannot open") && Contains("missing.safetensors"));
   write_bytes(dir.file("short.safetensors"), {1, 0, 0});
@@ -245,7 +230,7 @@ TEST_CASE("safetensors: malformed files are rejected with a clear error", "[safe
 }
 
 TEST_CASE("safetensors: fuzzed truncations and corruptions never crash", "[safetensors][fuzz]") {
-  TempDir dir;
+  TempDir dir("tandem_st");
   nn::save_safetensors(dir.file("f.safetensors"), all_dtypes(), {{"a", "b"}});
   const std::vector<uint8_t> good = read_bytes(dir.file("f.safetensors"));
   require_same(parse(good), all_dtypes());
@@ -285,7 +270,7 @@ TEST_CASE("safetensors: fuzzed truncations and corruptions never crash", "[safet
 }
 
 TEST_CASE("safetensors: saving validates names and is atomic", "[safetensors]") {
-  TempDir dir;
+  TempDir dir("tandem_st");
   nn::TensorDict bad;
   bad.insert("__metadata__", zeros({1}));
   REQUIRE_THROWS_WITH(nn::save_safetensors(dir.file("x"), bad), Contains("reserved"));
@@ -313,7 +298,7 @@ TEST_CASE("safetensors: saving validates names and is atomic", "[safetensors]") 
 }
 
 TEST_CASE("safetensors: save_model / load_model", "[safetensors][nn]") {
-  TempDir dir;
+  TempDir dir("tandem_st");
   manual_seed(1);
   auto make = [] {
     auto seq = std::make_shared<nn::Sequential>();
@@ -375,7 +360,7 @@ TEST_CASE("safetensors: interop with the reference Python package", "[safetensor
   }
   const std::string script = (fs::path(__FILE__).parent_path() / "safetensors_interop.py").string();
   REQUIRE(fs::exists(script));
-  TempDir dir;
+  TempDir dir("tandem_st");
   // Tandem writes, Python reads.
   std::string ours = dir.file("tandem.safetensors");
   nn::save_safetensors(ours, expected_interop_tensors(), {{"origin", "tandem"}});
