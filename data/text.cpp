@@ -153,6 +153,8 @@ std::string read_text_corpus(const std::string& path) {
     for (const fs::path& file : files) append_file(file.string(), text);
     TANDEM_CHECK(!text.empty(), "[TextDataset] {}: the folder's {} text files are all empty", path, files.size());
   } else {
+    // A FIFO would block and a device such as /dev/zero never end: only regular files are read.
+    TANDEM_CHECK(fs::is_regular_file(status), "[TextDataset] {}: not a regular file or a folder", path);
     append_file(path, text);
     TANDEM_CHECK(!text.empty(), "[TextDataset] {}: the file is empty", path);
   }
@@ -193,11 +195,12 @@ TextOptions checked(TextOptions options, std::string_view text, const std::strin
   TANDEM_CHECK(options.stride >= 1, "[TextDataset] {}: stride must be >= 1, got {}", name, options.stride);
   TANDEM_CHECK(!text.empty(), "[TextDataset] {}: the text is empty", name);
   const std::string_view split = split_of(text, options.split);
-  TANDEM_CHECK(static_cast<int64_t>(split.size()) >= options.block_size + 1,
+  // Not `size >= block_size + 1`: a block_size near INT64_MAX must be an error, not an overflow.
+  TANDEM_CHECK(static_cast<int64_t>(split.size()) > options.block_size,
                "[TextDataset] {}: the {} split holds {} bytes (the {} of {}), fewer than one window of block_size + 1 "
-               "= {}; use a longer text or a smaller block_size",
+               "({} + 1); use a longer text or a smaller block_size",
                name, split_name(options.split), split.size(),
-               options.split == TextSplit::train ? "first 90%" : "last 10%", text.size(), options.block_size + 1);
+               options.split == TextSplit::train ? "first 90%" : "last 10%", text.size(), options.block_size);
   return options;
 }
 

@@ -2,12 +2,14 @@
 // windows, folders of text files, the DataLoader's sharded random windows, every error, and the
 // real fortunes corpus.
 #include <catch2/catch.hpp>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <random>
 #include <set>
@@ -281,6 +283,11 @@ TEST_CASE("TextDataset: missing, empty or too short text is one error naming the
                       Contains("[TextDataset] " + dir.file("empty.txt") + ": the file is empty"));
   REQUIRE_FALSE(data::TextDataset::available(dir.file("empty.txt")));
 
+  // A FIFO would block the reader forever: only regular files (or folders) are read.
+  const std::string fifo = dir.file("pipe");
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  REQUIRE_THROWS_WITH(data::read_text_corpus(fifo), Contains("[TextDataset] " + fifo + ": not a regular file or a folder"));
+
   // A folder with nothing to read, then with only empty text files.
   const fs::path folder = dir.path / "corpus";
   fs::create_directories(folder);
@@ -300,7 +307,10 @@ TEST_CASE("TextDataset: missing, empty or too short text is one error naming the
   REQUIRE(data::TextDataset(shortfile, {.block_size = 44}).size() == 1);
   REQUIRE_THROWS_WITH(data::TextDataset(shortfile, {.block_size = 45}),
                       Contains("[TextDataset] " + shortfile + ": the train split holds 45 bytes (the first 90% of 50), "
-                               "fewer than one window of block_size + 1 = 46"));
+                               "fewer than one window of block_size + 1 (45 + 1)"));
+  // A block_size whose window length overflows int64 is the same error, not an overflow.
+  REQUIRE_THROWS_WITH(data::TextDataset(shortfile, {.block_size = std::numeric_limits<int64_t>::max()}),
+                      Contains("fewer than one window of block_size + 1 (9223372036854775807 + 1)"));
   REQUIRE(data::TextDataset(shortfile, {.block_size = 4, .split = data::TextSplit::validation}).size() == 1);
   REQUIRE_THROWS_WITH(data::TextDataset(shortfile, {.block_size = 8, .split = data::TextSplit::validation}),
                       Contains("the validation split holds 5 bytes (the last 10% of 50)") && Contains(shortfile));
