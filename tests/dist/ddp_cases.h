@@ -718,12 +718,16 @@ struct TiedLM : nn::Module {
   }
 };
 
-inline std::shared_ptr<TiedLM> make_tied_lm(uint64_t seed) {
+// A model of type M with parameters drawn from `seed`, in f64: every equivalence case's start.
+template <class M>
+std::shared_ptr<M> seeded_f64(uint64_t seed) {
   manual_seed(seed);
-  auto m = std::make_shared<TiedLM>();
+  auto m = std::make_shared<M>();
   m->to(f64);
   return m;
 }
+
+inline std::shared_ptr<TiedLM> make_tied_lm(uint64_t seed) { return seeded_f64<TiedLM>(seed); }
 
 // Deterministic token ids for rows first.. of a step's shard; `shift` 1 gives the targets.
 inline Tensor tied_tokens(int64_t first, int64_t rows, int64_t shift) {

@@ -24,12 +24,7 @@ struct EmbeddingMlp : nn::Module {
   Tensor forward(const Tensor& x) override { return (*fc2)(tanh((*fc1)((*emb)(x)))); }
 };
 
-inline std::shared_ptr<EmbeddingMlp> make_embedding_mlp(uint64_t seed) {
-  manual_seed(seed);
-  auto m = std::make_shared<EmbeddingMlp>();
-  m->to(f64);
-  return m;
-}
+inline std::shared_ptr<EmbeddingMlp> make_embedding_mlp(uint64_t seed) { return seeded_f64<EmbeddingMlp>(seed); }
 
 inline Tensor token_batch(int step, int micro, int r) {
   std::vector<int64_t> v;
