@@ -192,6 +192,19 @@ Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& 
                   const Tensor& bias = Tensor(), double eps = 1e-5);
 Tensor dropout(const Tensor& x, double p, bool training);
 
+// ---- attention (core/detail/attention.cpp, autograd/attention_grad.cpp) ----
+// PyTorch 2.x's torch.nn.functional.scaled_dot_product_attention, fused: q [..., L, E],
+// k [..., S, E], v [..., S, Ev] with the same leading (batch) dims -> [..., L, Ev], of q's dtype
+// (f32, f64, bf16, f16; accumulated in f32, f64 for f64). attn_mask broadcasts to [..., L, S]:
+// bool (true takes part) or q's dtype (added to the scores, differentiable). is_causal masks key j
+// for query i when j > i (top-left aligned) and excludes attn_mask. scale defaults to 1/sqrt(E).
+// dropout_p drops attention weights (Philox, redrawn in backward). Tiled with an online softmax:
+// neither the forward nor its saved state holds an L x S matrix. A query whose keys are all
+// masked gets 0 (PyTorch's math path gives NaN there).
+Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                                    const Tensor& attn_mask = Tensor(), double dropout_p = 0.0,
+                                    bool is_causal = false, std::optional<double> scale = std::nullopt);
+
 // ---- convolution and pooling (core/detail/conv.cpp, core/detail/pool.cpp, autograd/conv_grad.cpp) ----
 // Inputs are [N, C, H, W], or [C, H, W] for one unbatched sample (the result is then unbatched).
 // A Size2 is one value for both spatial dims or {h, w}. Semantics and output sizes are PyTorch's.
