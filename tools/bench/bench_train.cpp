@@ -2,7 +2,7 @@
 // (tools/train/models.h) with the same initial weights, the same data order and the same
 // optimizer; one intra-op thread per process.
 //
-//   bench_train [--json] [--runs N] [--acc-runs N] [--no-peer] [--quick] [--data-root DIR]
+//   bench_train [--json] [--runs N] [--acc-runs N] [--no-peer] [--quick] [--data-root DIR] [--rows LIST]
 //
 // Run it plainly (not under mpirun): it launches its own workers (`bench_train --worker epoch`,
 // under `mpirun -np 2` for the DDP row), the PyTorch peer (tools/bench/bench_train_peer.py with
@@ -20,9 +20,15 @@
 //   fmnist_cnn_acc        the main job's test accuracy minus the peer's after the same recipe
 //                         (epochs, schedule, weights, data order), in points
 //   loader_wait           the np2 epoch's time spent waiting for the loader, share of the epoch
+//   sdpa_fwd_bwd          scaled_dot_product_attention forward and backward, B 8, H 4, T 512, D 64,
+//                         causal, f32, vs PyTorch 1.13's unfused attention (q kᵀ, masked_fill,
+//                         softmax, · v: what a model writes without a fused op), ms
+//   sdpa_peak_mem         the same forward and backward's peak memory over what the inputs take
+//                         (peak RSS of a fresh process), MiB
 // The PyTorch side takes its batches as rows of the images held in memory, as our loader does.
 // --quick: one run of each timed row and no accuracy row.
 #include "cli.h"
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -90,6 +96,51 @@ nlohmann::json epoch_worker(const std::string& data_root) {
   }
   return {{"epoch_s", epoch_s}, {"wait_s", wait_s}, {"steps", steps}, {"loss", l.item<double>()},
           {"accuracy", accuracy}};
+}
+
+// ---- the attention worker: sdpa_fwd_bwd and sdpa_peak_mem in a fresh process ----
+
+// The resident set now (MiB), from /proc/self/statm's second field (pages).
+double current_rss_mib() {
+  FILE* f = std::fopen("/proc/self/statm", "r");
+  long pages = 0, resident = 0;
+  if (f) {
+    if (std::fscanf(f, "%ld %ld", &pages, &resident) != 2) resident = 0;
+    std::fclose(f);
+  }
+  return static_cast<double>(resident) * static_cast<double>(sysconf(_SC_PAGESIZE)) / (1024.0 * 1024.0);
+}
+
+double peak_rss_mib() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_maxrss) / 1024.0;  // KiB on Linux
+}
+
+// B 8, H 4, T 512, D 64, causal: the first forward and backward gives the peak over the inputs'
+// footprint, then `iters` more the median time.
+nlohmann::json sdpa_worker(int iters) {
+  set_num_threads(1);
+  manual_seed(0);
+  const Shape shape{8, 4, 512, 64};
+  Tensor q = randn(shape).requires_grad_(), k = randn(shape).requires_grad_(), v = randn(shape).requires_grad_();
+  Tensor w = randn(shape);
+  auto step = [&] {
+    q.set_grad(Tensor());
+    k.set_grad(Tensor());
+    v.set_grad(Tensor());
+    sum(scaled_dot_product_attention(q, k, v, {}, 0.0, true) * w).backward();
+  };
+  const double base = current_rss_mib();
+  step();
+  const double peak = peak_rss_mib() - base;
+  bench::Samples ms;
+  for (int i = 0; i < iters; ++i) {
+    const double t0 = bench::now_s();
+    step();
+    ms.add((bench::now_s() - t0) * 1e3);
+  }
+  return {{"ms", ms.median()}, {"peak_mib", peak}};
 }
 
 // ---- the peer's setup: train's initial weights and every rank's data order per epoch ----
@@ -164,18 +215,33 @@ int main(int argc, char** argv) {
   app.add_flag("--no-peer", no_peer, "do not run the PyTorch peer");
   app.add_flag("--quick", quick, "one run of each timed row, no accuracy row");
   app.add_option("--data-root", data_root, "folder of the Fashion-MNIST IDX files");
+  std::string row_groups = "cnn,sdpa,gpt";
+  app.add_option("--rows", row_groups, "the row groups to run, comma-separated: cnn (conv2d_fwd_bwd, fmnist_*), "
+                                       "sdpa (sdpa_*), gpt (gpt_*)");
   app.add_option("--worker", worker_task, "internal: run one measurement (under mpirun for 2 ranks)");
   TANDEM_TOOL_PARSE(app, argc, argv);
 
   try {
+    if (worker_task == "sdpa") {
+      fmt::print("{}\n", sdpa_worker(5).dump());
+      return 0;
+    }
     if (worker_task == "epoch") {
       nlohmann::json out = epoch_worker(data_root);
       if (dist::world_info().rank == 0) fmt::print("{}\n", out.dump());
       return 0;
     }
     TANDEM_CHECK(worker_task.empty(), "[bench_train] unknown worker '{}'", worker_task);
-    TANDEM_CHECK(data::FashionMNIST::available(data::Split::train, data_root) &&
-                     data::FashionMNIST::available(data::Split::test, data_root),
+    auto want = [&](const std::string& group) { return ("," + row_groups + ",").find("," + group + ",") != std::string::npos; };
+    for (std::string_view rest = row_groups; !rest.empty();) {
+      const size_t comma = rest.find(',');
+      const std::string_view g = rest.substr(0, comma);
+      TANDEM_CHECK(g == "cnn" || g == "sdpa" || g == "gpt", "[bench_train] unknown row group '{}' in --rows {}", g,
+                   row_groups);
+      rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
+    }
+    TANDEM_CHECK(!want("cnn") || (data::FashionMNIST::available(data::Split::train, data_root) &&
+                     data::FashionMNIST::available(data::Split::test, data_root)),
                  "[bench_train] no Fashion-MNIST in '{}' (Debian's dataset-fashion-mnist; tools/ci/deps.sh)", data_root);
     if (quick) {
       runs = 1;
@@ -188,7 +254,7 @@ int main(int argc, char** argv) {
     TANDEM_CHECK(mkdtemp(tmp_template) != nullptr, "[bench_train] cannot make a temporary folder");
     const fs::path tmp(tmp_template);
     const std::string setup = (tmp / "setup.safetensors").string();
-    write_setup(setup, kFmnistCnnRecipe.epochs, 60000);
+    if (want("cnn")) write_setup(setup, kFmnistCnnRecipe.epochs, 60000);
     const std::string py = "/usr/bin/python3";
     const std::string peer_script = fmt::format("{}/bench_train_peer.py", TANDEM_BENCH_DIR);
     // The peer's run of train's CNN: `epochs` > 1 is the main job's recipe, 1 the timed epoch (a
@@ -207,7 +273,7 @@ int main(int argc, char** argv) {
     std::vector<bench::Row> rows;
 
     // conv2d_fwd_bwd: a sample is the mean of 3 calls, as bench_cpu's; the peer's after its warm-up.
-    {
+    if (want("cnn")) {
       ConvBench conv;
       for (int i = 0; i < 2; ++i) conv.step();
       Paired row;
@@ -228,7 +294,7 @@ int main(int argc, char** argv) {
     }
 
     // The epochs: ours alone, the peer alone, ours at 2 ranks, the peer at 2 ranks; again.
-    {
+    if (want("cnn")) {
       Paired alone, np2;
       bench::Samples wait1, wait2;
       std::string acc1, acc2;  // the first round's test accuracies, ours and the peer's (evaluated then only)
@@ -263,7 +329,7 @@ int main(int argc, char** argv) {
     }
 
     // The main job (train's defaults under mpirun -np 2) and the peer after the same recipe.
-    if (acc_runs > 0) {
+    if (want("cnn") && acc_runs > 0) {
       Paired accuracy;
       bench::Samples ours_s, peer_s;
       for (int r = 0; r < acc_runs; ++r) {
@@ -286,6 +352,29 @@ int main(int argc, char** argv) {
                       fmt::format("{} epochs, lr {} {}, np2: {}; time ours {} s (with its evaluations), peer {} s",
                                   kFmnistCnnRecipe.epochs, kFmnistCnnRecipe.lr, kFmnistCnnRecipe.lr_schedule,
                                   accuracy.note("%"), ours_s.str(3), peer_s.str(3))});
+    }
+    // The fused attention, ours and the peer's unfused one, each a fresh process per run.
+    if (want("sdpa")) {
+      Paired time, mem;
+      for (int r = 0; r < runs; ++r) {
+        std::optional<double> ours_ms, ours_mib, peer_ms, peer_mib;
+        if (auto j = run_json(fmt::format("{} --worker sdpa 2>&1", self))) {
+          ours_ms = (*j)["ms"].get<double>();
+          ours_mib = (*j)["peak_mib"].get<double>();
+        }
+        if (peer_ok)
+          if (auto j = run_json(fmt::format("{} {} sdpa 2>&1", py, peer_script))) {
+            peer_ms = (*j)["ms"].get<double>();
+            peer_mib = (*j)["peak_mib"].get<double>();
+            torch_version = (*j)["version"].get<std::string>();
+          }
+        time.round(ours_ms, peer_ms);
+        mem.round(ours_mib, peer_mib);
+      }
+      rows.push_back({"sdpa_fwd_bwd", time.ours.median(), time.peer_median(), "ms", "ratio <= 0.8",
+                      "B 8, H 4, T 512, D 64, causal, f32; peer: unfused; " + time.note("ms")});
+      rows.push_back({"sdpa_peak_mem", mem.ours.median(), mem.peer_median(), "MiB", "ratio <= 0.25",
+                      "the same fwd+bwd, peak RSS over the inputs'; " + mem.note("MiB")});
     }
     fs::remove_all(tmp);
     if (!torch_version.empty() && !json) fmt::print("PyTorch {}; one intra-op thread per process\n", torch_version);

@@ -13,6 +13,12 @@
       wall time of the first epoch's loop and of the whole training (rank 0; evaluation and data
       loading excluded), the last step's loss and the test accuracy.
 
+  bench_train_peer.py sdpa
+      Attention as a model writes it without a fused op (PyTorch 1.13 has none): q kᵀ · scale,
+      masked_fill of the causal mask, softmax, · v; forward and backward at B 8, H 4, T 512, D 64, f32.
+      Reports the median ms of 5 runs after the first, and the first run's peak RSS over what the
+      inputs take (MiB), as bench_train's sdpa worker does for ours.
+
 Run by bench_train itself when PyTorch is present.
 """
 import argparse
@@ -148,7 +154,43 @@ def train_rank(rank, args, port, queue):
         dist.destroy_process_group()
 
 
+def current_rss_mib():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / (1024.0 * 1024.0)
+
+
+def sdpa():
+    import resource
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    shape = (8, 4, 512, 64)
+    q, k, v = (torch.randn(shape, requires_grad=True) for _ in range(3))
+    w = torch.randn(shape)
+    causal = torch.ones(512, 512, dtype=torch.bool).tril()
+    scale = 1.0 / math.sqrt(64)
+
+    def step():
+        q.grad = k.grad = v.grad = None
+        s = (q @ k.transpose(-2, -1)) * scale
+        s = s.masked_fill(~causal, float("-inf"))
+        ((torch.softmax(s, -1) @ v) * w).sum().backward()
+
+    base = current_rss_mib()
+    step()
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0 - base
+    ms = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        step()
+        ms.append((time.perf_counter() - t0) * 1e3)
+    ms.sort()
+    return {"ms": ms[len(ms) // 2], "peak_mib": peak, "version": torch.__version__}
+
+
 def main():
+    if len(sys.argv) > 1 and sys.argv[1] == "sdpa":
+        print(json.dumps(sdpa()))
+        return
     if len(sys.argv) > 1 and sys.argv[1] == "conv":
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
         import bench_cpu_peer
