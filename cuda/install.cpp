@@ -18,6 +18,7 @@ void install_conv_kernels();         // cuda/conv.cu
 void install_pool_kernels();         // cuda/pool.cu
 void install_topk_kernels();         // cuda/topk.cu
 void install_triangle_kernels();     // cuda/triangle.cu
+void install_attention_kernels();    // cuda/attention.cu
 
 void install() {
   install_backend();
@@ -33,6 +34,7 @@ void install() {
   install_pool_kernels();
   install_topk_kernels();
   install_triangle_kernels();
+  install_attention_kernels();
 }
 
 }  // namespace tandem::cuda

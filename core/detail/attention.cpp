@@ -121,7 +121,12 @@ void add_bias(const AttentionProblem& p, int64_t b, int64_t h, int64_t i0, int64
   } else {
     const T* mp = static_cast<const T*>(m.data_ptr()) + base;
     for (int64_t r = 0; r < nq; ++r)
-      for (int64_t c = 0; c < nk; ++c) s[r * nk + c] += static_cast<C>(mp[r * rs + c * cs]);
+      for (int64_t c = 0; c < nk; ++c) {
+        // -inf masks the key whatever its score (NaN included), as a false boolean does and as the
+        // CUDA kernel, which skips masked scores, does.
+        const C bias = static_cast<C>(mp[r * rs + c * cs]);
+        s[r * nk + c] = bias == kNegInf ? kNegInf : s[r * nk + c] + bias;
+      }
   }
 }
 
@@ -175,8 +180,10 @@ void forward_cpu(const AttentionProblem& p, const Tensor& out, const Tensor& lse
           // by exp(old max - new max) whenever the max grows.
           for (int64_t r = 0; r < nq; ++r) {
             C* sr = s.data() + r * nk;
+            // The running max lets NaN through (a NaN score makes its row NaN, as softmax does),
+            // so that only a row of -inf scores counts as fully masked.
             C mx = m[r];
-            for (int64_t c = 0; c < nk; ++c) mx = std::max(mx, sr[c]);
+            for (int64_t c = 0; c < nk; ++c) mx = (sr[c] > mx || sr[c] != sr[c]) ? sr[c] : mx;
             if (mx == -kInf) {  // every key so far masked: nothing to add
               std::fill(sr, sr + nk, C(0));
               continue;

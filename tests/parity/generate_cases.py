@@ -32,6 +32,7 @@ import torch
 
 sys.dont_write_bytecode = True  # cases/ is imported from the source tree: leave no __pycache__ there
 
+from cases.attention import t_attention
 from cases.case import Case
 from cases.common import DTYPE_NAMES, MARGIN, Reject
 from cases.composite import t_big, t_chain, t_nan, t_ties
@@ -60,7 +61,7 @@ TEMPLATES = [
     (t_reduce, 16), (t_zero_spread, 2), (t_matmul, 20), (t_softmax, 4), (t_layer_norm, 5),
     (t_dropout_embedding, 3), (t_batch_norm, 3), (t_index, 10), (t_loss, 10), (t_views, 8), (t_chain, 14),
     (t_promotion, 6), (t_nan, 3), (t_big, 5), (t_ties, 5), (t_errors, 6), (t_half, 5), (t_inplace, 6),
-    (t_creation, 3), (t_triangle, 3), (t_topk, 4),
+    (t_creation, 3), (t_triangle, 3), (t_topk, 4), (t_attention, 4),
 ]
 
 

@@ -446,6 +446,10 @@ const std::map<std::string, OpFn>& op_table() {
       // triangles
       PARITY_OP("tril", tril(x(0), q.at("diagonal").get<int64_t>())),
       PARITY_OP("triu", triu(x(0), q.at("diagonal").get<int64_t>())),
+      // attention (dropout_p 0: PyTorch cannot draw Tandem's Philox keep bits)
+      PARITY_OP("scaled_dot_product_attention",
+                scaled_dot_product_attention(x(0), x(1), x(2), xs.size() > 3 ? x(3) : Tensor(), 0.0,
+                                             q.at("is_causal").get<bool>(), optional_double(q, "scale"))),
   };
   return table;
 }

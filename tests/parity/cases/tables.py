@@ -3,9 +3,9 @@
 # calls), how close its inputs come to a point where it is not differentiable (KINKS), and the
 # checks of its result that redraw a case (POSTCHECKS).
 
-from . import creation, elementwise, index, inplace, matmul, nn, reduce, topk, triangle, views
+from . import attention, creation, elementwise, index, inplace, matmul, nn, reduce, topk, triangle, views
 
-FAMILIES = (views, elementwise, creation, inplace, reduce, matmul, nn, index, triangle, topk)
+FAMILIES = (views, elementwise, creation, inplace, reduce, matmul, nn, index, triangle, topk, attention)
 
 
 def _merge(table):
