@@ -3,12 +3,13 @@
 
     tools/train/plot.py run1.jsonl [run2.jsonl ...] -o curves.png [--labels a,b]
 
-Top panel: the loss (left axis) and the test accuracy where it was evaluated (right axis) against
-steps, one colour per run, runs overlaid and labelled. Bottom panel: each run's time per logged
-step split into compute (forward + backward) and communication not hidden behind backward
-(comm - overlap), as stacked areas. Each line of a metrics file is one JSON object with at least
-"step" and "loss"; "accuracy", "forward_ms", "backward_ms", "comm_ms" and "overlap_ms" are used
-where present. Needs matplotlib (Debian: python3-matplotlib); run with Debian's /usr/bin/python3.
+Top panel: the training loss (left axis), the validation loss where it was evaluated (the GPT's
+"val_loss", nats per character, on the same axis, dashed) and the test accuracy where it was
+evaluated (right axis, dashed, when a run has one) against steps, one colour per run, runs
+overlaid and labelled. Bottom panel: each run's time per logged step split into compute (forward +
+backward) and communication not hidden behind backward (comm - overlap), as stacked areas. Each
+line of a metrics file is one JSON object with at least "step" and "loss"; "val_loss",
+"accuracy", "forward_ms", "backward_ms", "comm_ms" and "overlap_ms" are used where present. Needs matplotlib (Debian: python3-matplotlib); run with Debian's /usr/bin/python3.
 """
 import argparse
 import json
@@ -55,12 +56,17 @@ def main():
 
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(9, 7.5), sharex=True,
                                       gridspec_kw={"height_ratios": [3, 2]})
-    acc_axis = top.twinx()
+    has_accuracy = any(r.get("accuracy") is not None for rows in runs for r in rows)
+    acc_axis = top.twinx() if has_accuracy else None
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for k, (rows, label) in enumerate(zip(runs, labels)):
         c = colours[k % len(colours)]
         steps = [r["step"] for r in rows]
         top.plot(steps, [r["loss"] for r in rows], color=c, label=f"{label} loss")
+        validated = [r for r in rows if r.get("val_loss") is not None]
+        if validated:
+            top.plot([r["step"] for r in validated], [r["val_loss"] for r in validated], color=c, linestyle="--",
+                     marker="s", markersize=3, label=f"{label} val loss")
         evaluated = [r for r in rows if r.get("accuracy") is not None]
         if evaluated:
             acc_axis.plot([r["step"] for r in evaluated], [100 * r["accuracy"] for r in evaluated], color=c,
@@ -72,12 +78,15 @@ def main():
             bottom.plot(steps, [a + b for a, b in zip(compute, exposed)], color=c, linestyle=":",
                         label=f"{label} + communication not overlapped")
             bottom.fill_between(steps, compute, [a + b for a, b in zip(compute, exposed)], color=c, alpha=0.2)
-    top.set_ylabel("training loss")
-    acc_axis.set_ylabel("test accuracy (%)")
+    has_val = any(r.get("val_loss") is not None for rows in runs for r in rows)
+    top.set_ylabel("loss (training, validation)" if has_val else "training loss")
     top.grid(alpha=0.3)
     lines = top.get_legend_handles_labels()
-    more = acc_axis.get_legend_handles_labels()
-    top.legend(lines[0] + more[0], lines[1] + more[1], fontsize="small", loc="center right")
+    if acc_axis is not None:
+        acc_axis.set_ylabel("test accuracy (%)")
+        more = acc_axis.get_legend_handles_labels()
+        lines = (lines[0] + more[0], lines[1] + more[1])
+    top.legend(lines[0], lines[1], fontsize="small", loc="center right" if acc_axis is not None else "upper right")
     bottom.set_xlabel("step")
     bottom.set_ylabel("time per step (ms)")
     bottom.set_ylim(bottom=0)

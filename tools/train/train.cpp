@@ -1,12 +1,18 @@
-// train: trains a classifier with DistributedDataParallel and reports the test accuracy. Launch
-// it with mpirun (one process per CPU socket or GPU); run alone it is a world of one.
+// train: trains a classifier with DistributedDataParallel and reports the test accuracy, or a small
+// character-level GPT and reports its validation loss and a sample. Launch it with mpirun (one
+// process per CPU socket or GPU); run alone it is a world of one.
 //
-//   mpirun -np 2 train [--data fashion-mnist|synthetic] [--model cnn|mlp] [--epochs 8 | --steps N]
+//   mpirun -np 2 train [--data fashion-mnist|synthetic|text] [--model cnn|mlp|gpt] [--epochs 8 | --steps N]
 //                      [--batch 64] [--lr 0.05] [--optimizer sgd|adamw] [--lr-schedule constant|cosine|step]
-//                      [--warmup-steps 0] [--optimizer-in-backward] [--static-graph]
-//                      [--mixed-precision bf16|f16] [--bucket-cap-mb 25] [--backend auto|mpi|nccl]
+//                      [--warmup-steps 0] [--weight-decay W] [--clip-grad NORM] [--optimizer-in-backward]
+//                      [--static-graph] [--mixed-precision bf16|f16] [--delay-allreduce PARAM]
+//                      [--bucket-cap-mb 25] [--backend auto|mpi|nccl]
 //                      [--device cpu|cuda] [--save DIR --save-every N] [--resume DIR|FILE]
 //                      [--metrics FILE.jsonl] [--trace FILE.json] [--target 0.915]
+//   mpirun -np 2 train --model gpt [--text-file PATH] [--block-size 64] [--n-layer 4] [--n-head 4]
+//                      [--n-embd 128] [--dropout 0] [--eval-every N] [--eval-windows 512]
+//                      [--sample 500] [--temperature 1] [--top-k 0] [--prompt TEXT]
+//   train --resume CKPT --sample-only [--sample 500 ...]
 //
 // The data: Fashion-MNIST from Debian's dataset-fashion-mnist (normalised 28x28 images), or the
 // built-in synthetic set (`classes` Gaussian clusters in `features` dims, centres drawn once from
@@ -20,28 +26,54 @@
 // which takes the CNN past 91.5% and the MLP past 88.5% at 2 ranks (tools/train.sh is the CNN's
 // run).
 //
+// The GPT (--model gpt, which --data text implies; tools/train/models.h): nanoGPT's model on a
+// character-level corpus, data::TextDataset (default Debian's fortunes, or --text-file PATH): the
+// first 90% of the bytes trains, random windows of --block-size characters; the last 10% is the
+// validation split, cut into windows that share no target. Its recipe (kGptRecipe): 4 layers, 4
+// heads, 128 dims, context 64, dropout 0; 1200 steps of batch 32 per rank; AdamW (betas 0.9,
+// 0.95) at lr 1e-3 with weight decay 0.1 on the matrices and embeddings only, 100 warm-up steps
+// then a cosine to 0; the gradients clipped to norm 1 (nn::utils::clip_grad_norm_, after DDP's
+// averaging, before the step). About 10 times a run, and at its end, the validation loss (nats per
+// character: the mean cross-entropy over --eval-windows windows spread evenly over the split, the
+// same windows for any number of ranks, each rank taking every world_size-th) is printed and
+// written to the metrics. After training rank 0 prints --sample characters generated from
+// --prompt (generate in models.h; its draws seeded from --seed). --sample-only with --resume
+// samples from a checkpoint without training: the model's shape and the vocabulary come from it,
+// so neither the corpus nor the shape flags are needed.
+// --weight-decay and --clip-grad apply to every model (unset, a classifier has the optimizer's
+// default decay and no clipping).
+//
 // --optimizer-in-backward steps each parameter with its own optimizer as soon as DDP has reduced
-// its gradient, inside backward: the loop then calls neither zero_grad() nor step().
+// its gradient, inside backward: the loop then calls neither zero_grad() nor step(), and the
+// gradients cannot be clipped (--clip-grad is 0 with it; asking for more is refused).
+// --delay-allreduce PARAM (repeatable, or comma-separated) takes the parameter out of DDP's
+// buckets into an allreduce of its own (DdpOptions::delay_all_reduce_named_params), hooked to the
+// GPT's first block's first parameter (blocks.0.ln_1.weight), or for a classifier to its first
+// parameter not delayed: `--delay-allreduce wte.weight` for the GPT's embedding table.
 // --static-graph tells DDP the set of parameters that get a gradient never changes.
 // --mixed-precision runs forward and backward on bf16/f16 shadows of the f32 parameters and
 // reduces the buckets in that dtype; the optimizer steps the f32 masters.
 //
 // Checkpoints: --save DIR writes DIR/checkpoint-<step>.safetensors every --save-every steps and at
 // the end (rank 0 writes, atomically; the two newest are kept): the model under "model.", the
-// optimizer under "optimizer.", the schedule under "lr_scheduler.", and "train.position" (step,
-// epoch, batch within the epoch), "train.total_steps" and "train.rng" (the generator's seed and
-// offset). --resume takes such a file, or the newest one in a folder, on every rank, and
-// continues where it stopped: on the CPU an interrupted and resumed run ends with the same bits
-// as an uninterrupted one (tests/tools/check_train_resume.sh). A cosine or step schedule must be
-// resumed with the run length it was saved with.
+// optimizer under "optimizer." (the GPT's in-backward optimizers under "optimizer.decay." and
+// "optimizer.no_decay."), the schedule under "lr_scheduler.", and "train.position" (step, epoch,
+// batch within the epoch), "train.total_steps" and "train.rng" (the generator's seed and offset);
+// the GPT's also "gpt.config" (vocab_size, block_size, n_layer, n_head, n_embd, bias) and
+// "data.vocab" (data::CharVocab::to_tensor()), from which a resumed run rebuilds both. --resume
+// takes such a file, or the newest one in a folder, on every rank, and continues where it
+// stopped: on the CPU an interrupted and resumed run ends with the same bits as an uninterrupted
+// one (tests/tools/check_train_resume.sh). A cosine or step schedule must be resumed with the run
+// length it was saved with.
 // --metrics FILE.jsonl: rank 0 writes one JSON object per logged step (step, epoch, loss, lr,
 // samples_per_s, forward_ms, backward_ms, comm_ms, overlap_ms; accuracy and test_loss on the
-// steps that end an epoch), as tools/train/plot.py reads. --trace FILE.json: every rank records a
-// Chrome trace-event timeline, one track per thread: each step's forward + loss, autograd's
-// backward, DDP's end-of-backward wait for its buckets and the optimizer step on the main thread;
-// the collectives on the communication thread; each bucket as an async span from its launch to
-// its reduction; the loader's batches and any wait for them. Rank 0 merges them into one file
-// that Perfetto (ui.perfetto.dev) or chrome://tracing opens.
+// steps that end an epoch; the GPT's val_loss on the steps it evaluates), as tools/train/plot.py
+// reads. --trace FILE.json: every rank records a Chrome trace-event timeline, one track per
+// thread: each step's forward + loss, autograd's backward, DDP's end-of-backward wait for its
+// buckets, the gradient clipping and the optimizer step on the main thread; the collectives on
+// the communication thread; each bucket as an async span from its launch to its reduction; the
+// loader's batches and any wait for them. Rank 0 merges them into one file that Perfetto
+// (ui.perfetto.dev) or chrome://tracing opens.
 #include "cli.h"
 #include <unistd.h>
 
@@ -82,17 +114,20 @@ TensorList make_blobs(int64_t n, int64_t features, int64_t classes, double noise
   return {x, y};
 }
 
-// One line of progress: a bar on a terminal (redrawn in place), plain lines otherwise.
-void progress(int64_t step, int64_t steps, double loss, double samples_per_s, double eta_s, bool tty) {
+// One line of progress: a bar on a terminal (redrawn in place), plain lines otherwise; the GPT's
+// latest validation loss after the training loss once there is one.
+void progress(int64_t step, int64_t steps, double loss, std::optional<double> val_loss, double samples_per_s,
+              double eta_s, bool tty) {
+  const std::string val = val_loss ? fmt::format("{}val {:.4f}", tty ? "  " : " ", *val_loss) : std::string();
   if (tty) {
     int width = 30, filled = static_cast<int>(width * step / std::max<int64_t>(steps, 1));
-    std::fprintf(stdout, "\r[%.*s%*s] step %lld/%lld  loss %.4f  %.0f samples/s  ETA %.1fs", filled,
+    std::fprintf(stdout, "\r[%.*s%*s] step %lld/%lld  loss %.4f%s  %.0f samples/s  ETA %.1fs", filled,
                  "##############################", width - filled, "", static_cast<long long>(step),
-                 static_cast<long long>(steps), loss, samples_per_s, eta_s);
+                 static_cast<long long>(steps), loss, val.c_str(), samples_per_s, eta_s);
     if (step == steps) std::fputc('\n', stdout);
   } else {
-    std::fprintf(stdout, "step %lld/%lld loss %.4f %.0f samples/s ETA %.1fs\n", static_cast<long long>(step),
-                 static_cast<long long>(steps), loss, samples_per_s, eta_s);
+    std::fprintf(stdout, "step %lld/%lld loss %.4f%s %.0f samples/s ETA %.1fs\n", static_cast<long long>(step),
+                 static_cast<long long>(steps), loss, val.c_str(), samples_per_s, eta_s);
   }
   std::fflush(stdout);
 }
@@ -156,58 +191,95 @@ void write_trace(dist::ProcessGroup& world, Device ctrl, int rank, const std::st
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"Train a classifier with DDP on Fashion-MNIST or a synthetic set (launch with mpirun)", "train"};
+  CLI::App app{"Train a classifier with DDP on Fashion-MNIST or a synthetic set, or a character-level GPT on text "
+               "(launch with mpirun)",
+               "train"};
   std::string data_name = "fashion-mnist", data_root = data::FashionMnistOptions{}.root;
-  int64_t hidden = 256, layers = 2, batch = kFmnistBatch, steps = 0, features = 32, classes = 10, train_n = 16384;
+  int64_t hidden = 256, layers = 2, steps = 0, features = 32, classes = 10, train_n = 16384;
   int64_t channels = 32, save_every = 0, log_every = 0;
   double noise = 2.5;
   // Unset, these come from the data set's and model's recipe (tools/train/models.h).
-  std::optional<std::string> model_flag, lr_schedule_flag;
-  std::optional<int64_t> epochs_flag, warmup_flag;
-  std::optional<double> lr_flag;
+  std::optional<std::string> model_flag, lr_schedule_flag, optimizer_flag;
+  std::optional<int64_t> epochs_flag, warmup_flag, batch_flag;
+  std::optional<double> lr_flag, weight_decay_flag, clip_grad_flag;
   std::optional<double> target_flag;
   std::optional<double> bucket_cap_mb;
   uint64_t seed = 0;
-  std::string optimizer = "sgd", backend = "auto", device_name = "cpu";
+  std::string backend = "auto", device_name = "cpu";
   std::string save_dir, resume, metrics_path, trace_path;
+  std::vector<std::string> delay_allreduce;
   int threads = 0;
   bool drop_last = false, static_graph = false, optimizer_in_backward = false;
   std::string mixed_precision = "off";
   std::string progress_style = "auto";
-  app.add_option("--data", data_name, "fashion-mnist (Debian's dataset-fashion-mnist) or synthetic")
-      ->check(CLI::IsMember({"fashion-mnist", "synthetic"}));
+  // The GPT's: its shape (unset: the recipe's, or the checkpoint's when resuming), data, evaluation and sample.
+  std::string text_file = data::default_text_corpus_path();
+  std::optional<int64_t> block_size_flag, n_layer_flag, n_head_flag, n_embd_flag, eval_every_flag, sample_flag;
+  double dropout = kGptRecipe.model.dropout, temperature = 1.0;
+  int64_t eval_windows = kGptRecipe.eval_windows, top_k = 0;
+  std::string prompt = "\n";
+  bool sample_only = false;
+  CLI::Option* data_option =
+      app.add_option("--data", data_name,
+                     "fashion-mnist (Debian's dataset-fashion-mnist), synthetic, or text (the GPT's)")
+          ->check(CLI::IsMember({"fashion-mnist", "synthetic", "text"}));
   app.add_option("--data-root", data_root, "folder of the Fashion-MNIST IDX files");
-  app.add_option("--model", model_flag, "cnn (two conv + pool blocks; Fashion-MNIST only, its default) or mlp")
-      ->check(CLI::IsMember({"cnn", "mlp"}));
+  app.add_option("--model", model_flag,
+                 "cnn (two conv + pool blocks; Fashion-MNIST only, its default), mlp, or gpt (a character-level "
+                 "transformer on --data text, which it implies)")
+      ->check(CLI::IsMember({"cnn", "mlp", "gpt"}));
   app.add_option("--channels", channels, "the CNN's first conv channels (the second has twice as many)")
       ->check(tools::positive);
   app.add_option("--hidden", hidden, "synthetic MLP: hidden width")->check(tools::positive);
   app.add_option("--layers", layers, "synthetic MLP: hidden layers")->check(tools::positive);
-  app.add_option("--batch", batch, "batch size per rank")->check(tools::positive);
+  app.add_option("--batch", batch_flag,
+                 fmt::format("batch size per rank (default: {}; GPT {} windows)", kFmnistBatch, kGptRecipe.batch))
+      ->check(tools::positive);
   auto recipes = [](auto field) {
     return fmt::format("Fashion-MNIST CNN {}, MLP {}; synthetic {}", field(kFmnistCnnRecipe), field(kFmnistMlpRecipe),
                        field(kSyntheticRecipe));
   };
   app.add_option("--epochs", epochs_flag, "epochs, when --steps is not given (default: " +
-                                              recipes([](const TrainRecipe& r) { return r.epochs; }) + ")")
+                                              recipes([](const TrainRecipe& r) { return r.epochs; }) +
+                                              "; the GPT counts steps)")
       ->check(tools::positive);
-  app.add_option("--steps", steps, "optimizer steps (instead of --epochs)")->check(tools::positive);
-  app.add_option("--lr", lr_flag, "learning rate (default: " + recipes([](const TrainRecipe& r) { return r.lr; }) + ")")
+  app.add_option("--steps", steps,
+                 fmt::format("optimizer steps (instead of --epochs; GPT default {})", kGptRecipe.steps))
       ->check(tools::positive);
-  app.add_option("--optimizer", optimizer, "sgd (momentum 0.9) or adamw")->check(CLI::IsMember({"sgd", "adamw"}));
+  app.add_option("--lr", lr_flag, "learning rate (default: " + recipes([](const TrainRecipe& r) { return r.lr; }) +
+                                      fmt::format("; GPT {})", kGptRecipe.lr))
+      ->check(tools::positive);
+  app.add_option("--optimizer", optimizer_flag, "sgd (momentum 0.9) or adamw (default: sgd; GPT adamw, betas 0.9/0.95)")
+      ->check(CLI::IsMember({"sgd", "adamw"}));
   app.add_option("--lr-schedule", lr_schedule_flag,
                  "per step: constant, cosine (to 0 at the last step) or step (x0.1 after each third of the run) "
                  "(default: " + recipes([](const TrainRecipe& r) { return r.lr_schedule; }) +
-                     "; constant with --optimizer-in-backward)")
+                     fmt::format("; GPT {}; constant with --optimizer-in-backward)", kGptRecipe.lr_schedule))
       ->check(CLI::IsMember({"constant", "cosine", "step"}));
   app.add_option("--warmup-steps", warmup_flag, "linear warm-up from lr/10 over this many steps first (default: " +
-                                                    recipes([](const TrainRecipe& r) { return r.warmup_steps; }) + ")")
+                                                    recipes([](const TrainRecipe& r) { return r.warmup_steps; }) +
+                                                    fmt::format("; GPT {})", kGptRecipe.warmup_steps))
+      ->check(tools::non_negative);
+  app.add_option("--weight-decay", weight_decay_flag,
+                 fmt::format("weight decay (GPT: on its matrices and embeddings only, default {}; a classifier: on "
+                             "every parameter, default the optimizer's: SGD 0, AdamW 0.01)",
+                             kGptRecipe.weight_decay))
+      ->check(tools::non_negative);
+  app.add_option("--clip-grad", clip_grad_flag,
+                 fmt::format("clip the gradients' total norm to this after backward, before the step; 0: off "
+                             "(default: GPT {}, classifiers 0; 0 with --optimizer-in-backward, which cannot clip)",
+                             kGptRecipe.clip_grad))
       ->check(tools::non_negative);
   app.add_flag("--optimizer-in-backward", optimizer_in_backward,
                "step the --optimizer inside backward, per parameter, after DDP reduced its gradient");
   app.add_flag("--static-graph", static_graph, "DDP static_graph: the same parameters get a gradient every step");
   app.add_option("--mixed-precision", mixed_precision, "DDP mixed precision: bf16, f16 or off (f32 masters either way)")
       ->check(CLI::IsMember({"off", "bf16", "f16"}));
+  app.add_option("--delay-allreduce", delay_allreduce,
+                 "DDP delay_all_reduce_named_params: reduce this parameter (e.g. wte.weight) in an allreduce of its "
+                 "own, hooked to the GPT's first block's first parameter (a classifier's first other parameter); "
+                 "repeatable or comma-separated")
+      ->delimiter(',');
   app.add_option("--bucket-cap-mb", bucket_cap_mb, "DDP bucket cap in MiB (default 25, first bucket 1)")
       ->check(tools::positive);
   app.add_option("--backend", backend, "process group backend")->check(CLI::IsMember({"auto", "mpi", "nccl"}));
@@ -217,7 +289,9 @@ int main(int argc, char** argv) {
   app.add_option("--save", save_dir, "checkpoint folder (rank 0 writes checkpoint-<step>.safetensors)");
   app.add_option("--save-every", save_every, "steps between checkpoints (0: only at the end)")
       ->check(tools::non_negative);
-  app.add_option("--resume", resume, "a checkpoint file, or a folder whose newest checkpoint is taken");
+  app.add_option("--resume", resume,
+                 "a checkpoint file, or a folder whose newest checkpoint is taken (a GPT's shape and vocabulary come "
+                 "from it)");
   app.add_option("--metrics", metrics_path, "JSON-lines metrics file (rank 0), for tools/train/plot.py");
   app.add_option("--trace", trace_path, "Chrome trace-event file of every rank's timeline");
   app.add_option("--log-every", log_every, "steps between progress lines and metrics (default: about 10 per run)")
@@ -230,30 +304,95 @@ int main(int argc, char** argv) {
   app.add_option("--classes", classes, "synthetic: classes")->check(CLI::Range(2, 1000));
   app.add_option("--samples", train_n, "synthetic: training samples")->check(tools::positive);
   app.add_option("--noise", noise, "synthetic: cluster noise (std)")->check(tools::non_negative);
-  app.add_option("--seed", seed, "seed for data, initialisation and shuffling");
+  app.add_option("--seed", seed, "seed for data, initialisation and shuffling (and the GPT's sample)");
   app.add_option("--threads", threads, "intra-op threads per rank (default: cores / ranks on the node)");
   app.add_option("--target", target_flag,
                  "test accuracy the run must reach, exit status 1 if not (default: CNN 0.915, Fashion-MNIST MLP "
-                 "0.885, synthetic 0.95)")
+                 "0.885, synthetic 0.95; the GPT has none)")
       ->check(CLI::Range(0.0, 1.0));
+  // The GPT's own options: any of them with another model is refused.
+  const std::vector<CLI::Option*> gpt_options = {
+      app.add_option("--text-file", text_file,
+                     "GPT: the corpus, any UTF-8 or ASCII file, or a folder of text files (default: Debian's "
+                     "fortunes, " + text_file + ")"),
+      app.add_option("--block-size", block_size_flag,
+                     fmt::format("GPT: context length in characters (default {})", kGptRecipe.model.block_size))
+          ->check(tools::positive),
+      app.add_option("--n-layer", n_layer_flag,
+                     fmt::format("GPT: transformer blocks (default {})", kGptRecipe.model.n_layer))
+          ->check(tools::positive),
+      app.add_option("--n-head", n_head_flag, fmt::format("GPT: attention heads (default {})", kGptRecipe.model.n_head))
+          ->check(tools::positive),
+      app.add_option("--n-embd", n_embd_flag,
+                     fmt::format("GPT: embedding width, a multiple of --n-head (default {})", kGptRecipe.model.n_embd))
+          ->check(tools::positive),
+      app.add_option("--dropout", dropout, "GPT: dropout of embeddings, attention weights and residual branches")
+          ->check(CLI::Range(0.0, 0.99)),
+      app.add_option("--eval-every", eval_every_flag,
+                     "GPT: steps between validation losses (default: about 10 per run; the last step always)")
+          ->check(tools::positive),
+      app.add_option("--eval-windows", eval_windows,
+                     "GPT: validation windows per evaluation, spread evenly over the split and shared out among "
+                     "the ranks (0: the whole split)")
+          ->check(tools::non_negative),
+      app.add_option("--sample", sample_flag,
+                     fmt::format("GPT: characters to generate after training (default {}; 0: none)",
+                                 kGptRecipe.sample_chars))
+          ->check(tools::non_negative),
+      app.add_option("--temperature", temperature, "GPT sample: divides the logits (below 1: safer, above: wilder)")
+          ->check(tools::positive),
+      app.add_option("--top-k", top_k, "GPT sample: draw among the k likeliest characters only (0: all)")
+          ->check(tools::non_negative),
+      app.add_option("--prompt", prompt, "GPT sample: the text it continues (default a newline)"),
+      app.add_flag("--sample-only", sample_only,
+                   "GPT: with --resume CKPT, print --sample characters from the checkpoint and exit, training "
+                   "nothing (the shape and vocabulary come from the checkpoint; the corpus is not read)"),
+  };
   TANDEM_TOOL_PARSE(app, argc, argv);
 
   int rank = 0;
   try {
+    // --data text and --model gpt go together, and each implies the other (so does --sample-only).
+    if (!model_flag && (sample_only || data_name == "text")) model_flag = "gpt";
+    if (model_flag == "gpt" && data_option->count() == 0) data_name = "text";
     const bool fmnist = data_name == "fashion-mnist";
     const std::string model_name = model_flag.value_or(fmnist ? "cnn" : "mlp");
+    const bool gpt = model_name == "gpt";
     // The recipe fills what the flags leave out. An optimizer stepped in backward has no schedule.
     const TrainRecipe recipe = !fmnist ? kSyntheticRecipe : model_name == "cnn" ? kFmnistCnnRecipe : kFmnistMlpRecipe;
     const int64_t epochs = epochs_flag.value_or(recipe.epochs);
-    const double lr = lr_flag.value_or(recipe.lr);
-    const std::string lr_schedule = lr_schedule_flag.value_or(optimizer_in_backward ? "constant" : recipe.lr_schedule);
-    const int64_t warmup_steps = warmup_flag.value_or(optimizer_in_backward ? 0 : recipe.warmup_steps);
+    const int64_t batch = batch_flag.value_or(gpt ? kGptRecipe.batch : kFmnistBatch);
+    const double lr = lr_flag.value_or(gpt ? kGptRecipe.lr : recipe.lr);
+    const std::string optimizer = optimizer_flag.value_or(gpt ? "adamw" : "sgd");
+    const std::string lr_schedule = lr_schedule_flag.value_or(optimizer_in_backward ? "constant"
+                                                              : gpt                 ? kGptRecipe.lr_schedule
+                                                                                    : recipe.lr_schedule);
+    const int64_t warmup_steps =
+        warmup_flag.value_or(optimizer_in_backward ? 0 : gpt ? kGptRecipe.warmup_steps : recipe.warmup_steps);
+    const double clip_grad = clip_grad_flag.value_or(gpt && !optimizer_in_backward ? kGptRecipe.clip_grad : 0.0);
+    const int64_t sample_chars = sample_flag.value_or(gpt ? kGptRecipe.sample_chars : 0);
     // Fashion-MNIST's own benchmark table lists 91.6% for a two-conv net and 88.3% for an MLP.
     const double target = target_flag ? *target_flag : !fmnist ? 0.95 : model_name == "cnn" ? 0.915 : 0.885;
-    TANDEM_CHECK(fmnist || model_name == "mlp", "[train] --model cnn needs --data fashion-mnist (28x28 images)");
+    TANDEM_CHECK(fmnist || model_name != "cnn", "[train] --model cnn needs --data fashion-mnist (28x28 images)");
+    TANDEM_CHECK(gpt == (data_name == "text"),
+                 "[train] --model gpt trains on --data text, and only it does (got --model {} with --data {})",
+                 model_name, data_name);
+    if (!gpt) {
+      for (const CLI::Option* o : gpt_options)
+        TANDEM_CHECK(o->count() == 0, "[train] {} is the GPT's (--model gpt), not the {}'s", o->get_name(), model_name);
+    }
+    TANDEM_CHECK(!gpt || !target_flag,
+                 "[train] --target is a test accuracy; the GPT reports a validation loss instead");
     TANDEM_CHECK(!optimizer_in_backward || lr_schedule == "constant" && warmup_steps == 0,
                  "[train] --lr-schedule and --warmup-steps need an optimizer the loop steps, not "
                  "--optimizer-in-backward");
+    TANDEM_CHECK(!optimizer_in_backward || clip_grad == 0,
+                 "[train] --clip-grad needs the gradients before the step: --optimizer-in-backward steps each "
+                 "parameter inside backward, so there is nothing left to clip (it runs with --clip-grad 0)");
+    TANDEM_CHECK(!sample_only || !resume.empty(),
+                 "[train] --sample-only samples from a checkpoint: give --resume CKPT");
+    TANDEM_CHECK(sample_chars == 0 || !prompt.empty(),
+                 "[train] --prompt is empty: the sample needs a character to start from");
     if (!trace_path.empty()) trace::start();  // before init: DDP's start-up collectives are on it too
     dist::InitOptions init;
     // A CPU job under a launcher needs no GPU: "auto" would load the CUDA backend to look for one.
@@ -267,9 +406,96 @@ int main(int argc, char** argv) {
     const Device ctrl = world->control_device(device);  // where small collectives' tensors live
     if (threads > 0) set_num_threads(threads);
 
-    // The data: both splits on the CPU; batches move to the device as the loop takes them.
+    // --resume: every rank reads the same file, before the model is built (a GPT's shape and
+    // vocabulary are in it) and before DDP wraps the module, so DDP's start-up broadcast hands out
+    // weights every rank already has.
+    std::string resume_file;
+    nn::TensorDict resumed;
+    if (!resume.empty()) {
+      resume_file = checkpoint_file(resume);
+      resumed = nn::load_safetensors(resume_file);
+    }
+
+    // The GPT's shape: the flags over the recipe, or the checkpoint's (a shape flag that
+    // contradicts it is an error); its vocabulary: the checkpoint's, or the training split's.
+    GptConfig gpt_config = kGptRecipe.model;
+    std::optional<data::CharVocab> saved_vocab;
+    if (gpt) {
+      gpt_config.block_size = block_size_flag.value_or(gpt_config.block_size);
+      gpt_config.n_layer = n_layer_flag.value_or(gpt_config.n_layer);
+      gpt_config.n_head = n_head_flag.value_or(gpt_config.n_head);
+      gpt_config.n_embd = n_embd_flag.value_or(gpt_config.n_embd);
+      gpt_config.dropout = dropout;
+      if (!resume.empty()) {
+        const Tensor* config = resumed.find("gpt.config");
+        const Tensor* vocab = resumed.find("data.vocab");
+        TANDEM_CHECK(config && config->numel() == 6 && vocab,
+                     "[train] --resume: '{}' holds no GPT (no gpt.config and data.vocab): it was not saved by train "
+                     "--model gpt",
+                     resume_file);
+        const std::vector<int64_t> c = config->to(i64).to_vector<int64_t>();
+        auto same = [&](const std::optional<int64_t>& flag, int64_t saved, const char* name) {
+          TANDEM_CHECK(!flag || *flag == saved, "[train] --resume: '{}' holds a GPT with {} {}; this run asks for {}",
+                       resume_file, name, saved, flag.value_or(0));
+        };
+        same(block_size_flag, c[1], "--block-size");
+        same(n_layer_flag, c[2], "--n-layer");
+        same(n_head_flag, c[3], "--n-head");
+        same(n_embd_flag, c[4], "--n-embd");
+        gpt_config = {.vocab_size = c[0], .block_size = c[1], .n_layer = c[2], .n_head = c[3], .n_embd = c[4],
+                      .dropout = dropout, .bias = c[5] != 0};
+        saved_vocab = data::CharVocab::from_tensor(*vocab);
+        TANDEM_CHECK(saved_vocab->size() == gpt_config.vocab_size,
+                     "[train] --resume: '{}' holds a vocabulary of {} ids for a GPT of {}", resume_file,
+                     saved_vocab->size(), gpt_config.vocab_size);
+      }
+    }
+    // Rank 0 prints a sample of the GPT: `sample_chars` characters after the prompt, drawn from
+    // a generator seeded by --seed, so a checkpoint and a seed always give the same text.
+    auto print_sample = [&](Gpt& model, const data::CharVocab& vocab) {
+      if (rank != 0 || sample_chars == 0) return;
+      manual_seed(train_sample_seed(seed));
+      const Tensor ids = generate(model, vocab.encode(prompt).to(device), sample_chars, temperature, top_k);
+      std::fprintf(stdout, "sample (%lld characters, temperature %g, top-k %s, seed %llu):\n%s\n",
+                   static_cast<long long>(sample_chars), temperature,
+                   top_k > 0 ? std::to_string(top_k).c_str() : "off", static_cast<unsigned long long>(seed),
+                   vocab.decode(ids).c_str());
+      std::fflush(stdout);
+    };
+    if (sample_only) {
+      auto model = make_gpt(gpt_config);
+      model->load_state_dict(take_prefixed(resumed, "model."));
+      model->to(device);
+      if (rank == 0) {
+        const Tensor* position = resumed.find("train.position");
+        std::fprintf(stdout,
+                     "train: sampling from %s (GPT %lld layers x %lld heads x %lld, context %lld, vocab %lld%s)\n",
+                     resume_file.c_str(), static_cast<long long>(gpt_config.n_layer),
+                     static_cast<long long>(gpt_config.n_head), static_cast<long long>(gpt_config.n_embd),
+                     static_cast<long long>(gpt_config.block_size), static_cast<long long>(gpt_config.vocab_size),
+                     position ? fmt::format(", step {}", position->to(i64).to_vector<int64_t>()[0]).c_str() : "");
+      }
+      print_sample(*model, *saved_vocab);
+      return 0;
+    }
+
+    // The data: both splits on the CPU; batches move to the device as the loop takes them. The
+    // classifiers' test set, or the GPT's validation windows (stride block_size: no shared target).
     std::shared_ptr<const data::TensorDataset> train_set, test_set;
-    if (fmnist) {
+    std::shared_ptr<const data::TextDataset> text_train, text_val;
+    if (gpt) {
+      const std::string corpus = data::read_text_corpus(text_file);
+      text_train = std::make_shared<const data::TextDataset>(data::TextDataset::from_text(
+          corpus, {.block_size = gpt_config.block_size, .vocab = saved_vocab}, text_file));
+      text_val = std::make_shared<const data::TextDataset>(
+          data::TextDataset::from_text(corpus,
+                                       {.block_size = gpt_config.block_size,
+                                        .split = data::TextSplit::validation,
+                                        .stride = gpt_config.block_size,
+                                        .vocab = text_train->vocab()},
+                                       text_file));
+      gpt_config.vocab_size = text_train->vocab().size();
+    } else if (fmnist) {
       data::FashionMnistOptions fo{.root = data_root};
       train_set = std::make_shared<data::FashionMNIST>(data::Split::train, fo);
       test_set = std::make_shared<data::FashionMNIST>(data::Split::test, fo);
@@ -278,37 +504,80 @@ int main(int argc, char** argv) {
       train_set = std::make_shared<data::TensorDataset>(make_blobs(train_n, features, classes, noise, seed));
       test_set = std::make_shared<data::TensorDataset>(make_blobs(4096, features, classes, noise, seed));
     }
-    data::DataLoader loader(train_set, {.batch_size = batch,
-                                        .seed = train_loader_seed(seed),
-                                        .drop_last = drop_last,
-                                        .num_replicas = world_size,
-                                        .rank = rank});
+    const std::shared_ptr<const data::Dataset> train_data =
+        gpt ? std::shared_ptr<const data::Dataset>(text_train) : std::shared_ptr<const data::Dataset>(train_set);
+    data::DataLoader loader(train_data, {.batch_size = batch,
+                                         .seed = train_loader_seed(seed),
+                                         .drop_last = drop_last,
+                                         .num_replicas = world_size,
+                                         .rank = rank});
     const int64_t batches_per_epoch = loader.num_batches();
     TANDEM_CHECK(batches_per_epoch > 0, "[train] a rank's shard has {} samples: no batch of {}", loader.num_samples(),
                  batch);
-    const int64_t total_steps = steps > 0 ? steps : epochs * batches_per_epoch;
+    const int64_t total_steps = steps > 0             ? steps
+                                : gpt && !epochs_flag ? kGptRecipe.steps
+                                                      : epochs * batches_per_epoch;
+    const int64_t eval_every = eval_every_flag.value_or(std::max<int64_t>(1, total_steps / 10));
     // The CNN takes [N, 1, 28, 28]; the images are [N, 28, 28].
     auto prepare = [&](const Tensor& x) { return model_name == "cnn" ? x.unsqueeze(1).to(device) : x.to(device); };
 
     manual_seed(train_init_seed(seed));
-    std::shared_ptr<nn::Sequential> model = !fmnist              ? make_mlp(features, hidden, classes, static_cast<int>(layers))
-                                            : model_name == "cnn" ? make_fmnist_cnn(channels)
-                                                                  : make_fmnist_mlp();
-    model->to(device);
-    // The optimizer: a plain one stepped by the loop, or one per parameter stepped in backward,
-    // which must be applied before DDP wraps the module (DDP takes the steps over, to run each
-    // after its gradient's reduction).
-    const optim::OptimizerSpec spec = optimizer == "sgd"
-                                          ? optim::OptimizerSpec{optim::SGDOptions{.lr = lr, .momentum = kSgdMomentum}}
-                                          : optim::OptimizerSpec{optim::AdamWOptions{.lr = lr}};
-    std::unique_ptr<optim::Optimizer> opt;
-    std::shared_ptr<optim::InBackwardOptimizers> in_backward;
-    if (optimizer_in_backward) {
-      in_backward = optim::apply_optimizer_in_backward(spec, model->parameters());
-    } else if (optimizer == "sgd") {
-      opt = std::make_unique<optim::SGD>(model->parameters(), std::get<optim::SGDOptions>(spec));
+    std::shared_ptr<Gpt> gpt_model;
+    std::shared_ptr<nn::Module> model;
+    if (gpt) {
+      model = gpt_model = make_gpt(gpt_config);
     } else {
-      opt = std::make_unique<optim::AdamW>(model->parameters(), std::get<optim::AdamWOptions>(spec));
+      model = !fmnist              ? make_mlp(features, hidden, classes, static_cast<int>(layers))
+              : model_name == "cnn" ? make_fmnist_cnn(channels)
+                                    : make_fmnist_mlp();
+    }
+    model->to(device);
+    // The optimizer over parameter groups: a classifier's one (with --weight-decay, when given,
+    // on all of it); the GPT's two, nanoGPT's: weight decay on the matrices and embeddings, none
+    // on the biases and LayerNorms. The loop steps a plain optimizer; in backward each parameter
+    // has its own, which must be applied before DDP wraps the module (DDP takes the steps over,
+    // to run each after its gradient's reduction).
+    auto spec_with = [&](std::optional<double> weight_decay) -> optim::OptimizerSpec {
+      if (optimizer == "sgd") {
+        optim::SGDOptions o{.lr = lr, .momentum = kSgdMomentum};
+        if (weight_decay) o.weight_decay = *weight_decay;
+        return o;
+      }
+      optim::AdamWOptions o{.lr = lr};
+      if (gpt) {
+        o.beta1 = kGptRecipe.beta1;
+        o.beta2 = kGptRecipe.beta2;
+      }
+      if (weight_decay) o.weight_decay = *weight_decay;
+      return o;
+    };
+    struct Group {
+      std::string prefix;  // of its in-backward optimizers' state in a checkpoint
+      TensorList params;
+      optim::OptimizerSpec spec;
+    };
+    std::vector<Group> groups;
+    if (gpt) {
+      const GptParamGroups split = gpt_param_groups(*model);
+      const double weight_decay = weight_decay_flag.value_or(kGptRecipe.weight_decay);
+      groups.push_back({"optimizer.decay.", split.decay, spec_with(weight_decay)});
+      groups.push_back({"optimizer.no_decay.", split.no_decay, spec_with(0.0)});
+    } else {
+      groups.push_back({"optimizer.", model->parameters(), spec_with(weight_decay_flag)});
+    }
+    std::unique_ptr<optim::Optimizer> opt;
+    std::vector<std::pair<std::string, std::shared_ptr<optim::InBackwardOptimizers>>> in_backward;
+    if (optimizer_in_backward) {
+      for (const Group& g : groups)
+        in_backward.emplace_back(g.prefix, optim::apply_optimizer_in_backward(g.spec, g.params));
+    } else if (optimizer == "sgd") {
+      std::vector<optim::SGD::Group> sgd_groups;
+      for (const Group& g : groups) sgd_groups.push_back({g.params, std::get<optim::SGDOptions>(g.spec)});
+      opt = std::make_unique<optim::SGD>(std::move(sgd_groups));
+    } else {
+      std::vector<optim::AdamW::Group> adamw_groups;
+      for (const Group& g : groups) adamw_groups.push_back({g.params, std::get<optim::AdamWOptions>(g.spec)});
+      opt = std::make_unique<optim::AdamW>(std::move(adamw_groups));
     }
     // The schedule, per step: warm-up then the chosen decay over the remaining steps.
     std::shared_ptr<optim::LRScheduler> schedule;
@@ -328,19 +597,17 @@ int main(int argc, char** argv) {
     }
     auto current_lr = [&] { return schedule ? schedule->last_lr()[0] : lr; };
 
-    // --resume: every rank reads the same file before DDP wraps the module, so DDP's start-up
-    // broadcast hands out weights every rank already has.
     Position pos;
     if (!resume.empty()) {
-      const std::string file = checkpoint_file(resume);
-      nn::TensorDict all = nn::load_safetensors(file);
+      const std::string& file = resume_file;
+      const nn::TensorDict& all = resumed;
       const Tensor* position = all.find("train.position");
       const Tensor* rng = all.find("train.rng");
       TANDEM_CHECK(position && position->numel() == 3 && rng && rng->numel() == 2,
                    "[train] --resume: '{}' is not a train checkpoint (no train.position / train.rng)", file);
       model->load_state_dict(take_prefixed(all, "model."));
       if (opt) opt->load_state_dict(take_prefixed(all, "optimizer."));
-      if (in_backward) in_backward->load_state_dict(take_prefixed(all, "optimizer."));
+      for (const auto& [prefix, group] : in_backward) group->load_state_dict(take_prefixed(all, prefix));
       if (schedule) schedule->load_state_dict(take_prefixed(all, "lr_scheduler."));
       auto p = position->to_vector<int64_t>();
       pos = {p[0], p[1], p[2]};
@@ -367,12 +634,18 @@ int main(int argc, char** argv) {
         nn::TensorDict all;
         put_prefixed(all, "model.", model->state_dict());
         if (opt) put_prefixed(all, "optimizer.", opt->state_dict());
-        if (in_backward) put_prefixed(all, "optimizer.", in_backward->state_dict());
+        for (const auto& [prefix, group] : in_backward) put_prefixed(all, prefix, group->state_dict());
         if (schedule) put_prefixed(all, "lr_scheduler.", schedule->state_dict());
         all.insert("train.position", from_vector<int64_t>({next.step, next.epoch, next.batch}));
         all.insert("train.total_steps", from_vector<int64_t>({total_steps}));
         const PhiloxState rng = get_rng_state();
         all.insert("train.rng", from_vector<int64_t>({static_cast<int64_t>(rng.seed), static_cast<int64_t>(rng.offset)}));
+        if (gpt) {
+          const GptConfig& c = gpt_config;
+          all.insert("gpt.config", from_vector<int64_t>({c.vocab_size, c.block_size, c.n_layer, c.n_head, c.n_embd,
+                                                         c.bias ? 1 : 0}));
+          all.insert("data.vocab", text_train->vocab().to_tensor());
+        }
         fs::create_directories(save_dir);
         char name[64];
         std::snprintf(name, sizeof name, "checkpoint-%08lld.safetensors", static_cast<long long>(next.step));
@@ -393,21 +666,56 @@ int main(int argc, char** argv) {
     ddp_options.static_graph = static_graph;
     if (mixed_precision != "off")
       ddp_options.mixed_precision = dist::MixedPrecision{.param_dtype = mixed_precision == "bf16" ? bf16 : f16};
+    if (!delay_allreduce.empty()) {
+      // The hook: the GPT's first block's first parameter, whose gradient is among the last of a
+      // backward, as the embeddings' are; a classifier's first parameter that is not delayed.
+      const std::vector<std::string> names = model->named_parameters().keys();
+      auto delayed = [&](const std::string& n) {
+        return std::find(delay_allreduce.begin(), delay_allreduce.end(), n) != delay_allreduce.end();
+      };
+      auto hook = std::find_if(names.begin(), names.end(), [&](const std::string& n) {
+        return gpt ? n.starts_with("blocks.0.") : !delayed(n);
+      });
+      ddp_options.delay_all_reduce_named_params = delay_allreduce;
+      ddp_options.param_to_hook_all_reduce = hook != names.end() ? *hook : names.front();
+    }
     dist::DistributedDataParallel ddp(model, world, ddp_options);
     if (rank == 0) {
-      std::fprintf(stdout,
-                   "train: %d rank%s (%s, %s); %s, %lld samples; %s; batch %lld per rank, %lld steps "
-                   "(%lld per epoch), %s%s lr %g (%s)%s%s\n",
-                   world_size, world_size == 1 ? "" : "s", info.backend.c_str(), device.str().c_str(),
-                   data_name.c_str(), static_cast<long long>(train_set->size()),
-                   !fmnist ? fmt::format("MLP {}x{}", layers, hidden).c_str()
-                   : model_name == "cnn" ? fmt::format("CNN {}/{} channels", channels, 2 * channels).c_str()
-                                         : "MLP 784-256-128-10",
-                   static_cast<long long>(batch), static_cast<long long>(total_steps),
-                   static_cast<long long>(batches_per_epoch), optimizer.c_str(),
-                   optimizer_in_backward ? " in backward" : "", lr, lr_schedule.c_str(),
-                   static_graph ? "; static graph" : "",
-                   mixed_precision != "off" ? ("; mixed precision " + mixed_precision).c_str() : "");
+      std::string modes = fmt::format("{}{}{}", static_graph ? "; static graph" : "",
+                                      mixed_precision != "off" ? "; mixed precision " + mixed_precision : "",
+                                      delay_allreduce.empty()
+                                          ? std::string()
+                                          : fmt::format("; delayed allreduce of {} (hooked to {})",
+                                                        fmt::join(delay_allreduce, ", "),
+                                                        ddp_options.param_to_hook_all_reduce));
+      if (gpt) {
+        int64_t n_params = 0;
+        for (const Tensor& p : model->parameters()) n_params += p.numel();
+        const GptConfig& c = gpt_config;
+        std::fprintf(stdout, "%s\n",
+                     fmt::format("train: {} rank{} ({}, {}); text {}, {} training / {} validation characters, "
+                                 "vocab {}; GPT {} layers x {} heads x {}, context {}, {:.2f}M parameters; batch {} "
+                                 "per rank, {} steps, {}{} lr {:g} ({}, {} warm-up steps), weight decay {:g}, clip {}{}",
+                                 world_size, world_size == 1 ? "" : "s", info.backend, device.str(), text_file,
+                                 text_train->split_bytes(), text_val->split_bytes(), c.vocab_size, c.n_layer, c.n_head,
+                                 c.n_embd, c.block_size, static_cast<double>(n_params) / 1e6, batch, total_steps,
+                                 optimizer, optimizer_in_backward ? " in backward" : "", lr, lr_schedule, warmup_steps,
+                                 weight_decay_flag.value_or(kGptRecipe.weight_decay),
+                                 clip_grad > 0 ? fmt::format("{:g}", clip_grad) : std::string("off"), modes)
+                         .c_str());
+      } else {
+        std::fprintf(stdout,
+                     "train: %d rank%s (%s, %s); %s, %lld samples; %s; batch %lld per rank, %lld steps "
+                     "(%lld per epoch), %s%s lr %g (%s)%s\n",
+                     world_size, world_size == 1 ? "" : "s", info.backend.c_str(), device.str().c_str(),
+                     data_name.c_str(), static_cast<long long>(train_set->size()),
+                     !fmnist ? fmt::format("MLP {}x{}", layers, hidden).c_str()
+                     : model_name == "cnn" ? fmt::format("CNN {}/{} channels", channels, 2 * channels).c_str()
+                                           : "MLP 784-256-128-10",
+                     static_cast<long long>(batch), static_cast<long long>(total_steps),
+                     static_cast<long long>(batches_per_epoch), optimizer.c_str(),
+                     optimizer_in_backward ? " in backward" : "", lr, lr_schedule.c_str(), modes.c_str());
+      }
     }
 
     // The test set, split across ranks (rank r takes every world_size-th sample), in chunks.
@@ -432,6 +740,31 @@ int main(int argc, char** argv) {
       auto v = sums.to(kCPU).to_vector<double>();
       return {v[0] / v[2], v[1] / v[2]};
     };
+    // The GPT's validation loss in nats per character: the mean cross-entropy over --eval-windows
+    // windows spread evenly over the split (all of them for 0), rank r taking every
+    // world_size-th, in batches of --batch; the sums are added up across the ranks, so every
+    // rank gets the same figure, and any number of ranks evaluates the same windows.
+    auto evaluate_text = [&]() -> double {
+      TANDEM_TRACE_SCOPE("evaluate", "train");
+      NoGradGuard ng;
+      model->eval();
+      const int64_t total = text_val->size();
+      const int64_t n = eval_windows > 0 ? std::min(eval_windows, total) : total;
+      std::vector<int64_t> mine;
+      for (int64_t i = rank; i < n; i += world_size) mine.push_back(i * total / n);
+      double loss_sum = 0, count = 0;
+      for (size_t first = 0; first < mine.size(); first += static_cast<size_t>(batch)) {
+        const size_t k = std::min<size_t>(static_cast<size_t>(batch), mine.size() - first);
+        TensorList b = text_val->get_batch(std::span<const int64_t>(mine.data() + first, k));
+        loss_sum += gpt_loss((*model)(prepare(b[0])), b[1].to(device), nn::Reduction::sum).item<double>();
+        count += static_cast<double>(b[1].numel());
+      }
+      model->train();
+      Tensor sums = from_vector<double>({loss_sum, count}).to(ctrl);
+      world->allreduce(sums, dist::ReduceOp::sum)->wait();
+      auto v = sums.to(kCPU).to_vector<double>();
+      return v[0] / v[1];
+    };
 
     std::ofstream metrics;
     if (rank == 0 && !metrics_path.empty()) {
@@ -442,6 +775,7 @@ int main(int argc, char** argv) {
     const int64_t report_every = log_every > 0 ? log_every : std::max<int64_t>(1, total_steps / (tty ? 100 : 10));
     const double t0 = now_s();
     double last_report_s = t0, loss_value = 0, test_loss = 0, accuracy = -1;
+    std::optional<double> val_loss;  // the GPT's latest
     int64_t last_report_step = pos.step;
     std::optional<double> reached_s;
     double wait_s = 0;  // time the loop waited for the loader
@@ -459,11 +793,15 @@ int main(int argc, char** argv) {
           {
             TANDEM_TRACE_SCOPE("forward + loss", "train");
             Tensor logits = ddp(xb);  // bf16/f16 under mixed precision: the loss is taken in f32
-            loss = nn::cross_entropy(logits.dtype() == f32 ? logits : logits.to(f32), yb);
+            loss = gpt ? gpt_loss(logits, yb) : nn::cross_entropy(logits.dtype() == f32 ? logits : logits.to(f32), yb);
           }
           // Autograd's "backward" span: DDP's buckets launch inside it and its wait ends it. Under
           // --optimizer-in-backward every parameter is stepped there and its .grad set to none.
           loss.backward();
+          if (clip_grad > 0) {  // on the gradients DDP has averaged, the same on every rank
+            TANDEM_TRACE_SCOPE("clip gradients", "train");
+            nn::utils::clip_grad_norm_(model->named_parameters(), clip_grad);
+          }
           if (opt) {
             TANDEM_TRACE_SCOPE("optimizer step", "train");
             opt->step();
@@ -473,14 +811,18 @@ int main(int argc, char** argv) {
         ++pos.step;
         pos.batch = b + 1;
         const bool epoch_done = pos.batch == batches_per_epoch;
-        const bool log = pos.step % report_every == 0 || pos.step == total_steps || epoch_done;
+        const bool evaluates = gpt ? pos.step % eval_every == 0 || pos.step == total_steps
+                                   : epoch_done || pos.step == total_steps;
+        const bool log = pos.step % report_every == 0 || pos.step == total_steps || epoch_done || evaluates;
         std::optional<std::pair<double, double>> eval;
         if (log) {
           Tensor l = loss.detach().to(f64).reshape({1}).to(ctrl);
           world->allreduce(l, dist::ReduceOp::avg)->wait();
           loss_value = l.to(kCPU).item<double>();
         }
-        if (epoch_done || pos.step == total_steps) {
+        if (evaluates && gpt) {
+          val_loss = evaluate_text();
+        } else if (evaluates) {
           eval = evaluate();
           std::tie(test_loss, accuracy) = *eval;
           if (!reached_s && accuracy >= target) {
@@ -496,7 +838,8 @@ int main(int argc, char** argv) {
           const double rate = static_cast<double>((pos.step - last_report_step) * batch * world_size) /
                               std::max(now - last_report_s, 1e-9);
           if (rank == 0)
-            progress(pos.step, total_steps, loss_value, rate, (now - t0) / pos.step * (total_steps - pos.step), tty);
+            progress(pos.step, total_steps, loss_value, val_loss, rate,
+                     (now - t0) / pos.step * (total_steps - pos.step), tty);
           if (metrics.is_open()) {
             const dist::DdpStats st = ddp.stats();
             nlohmann::json row = {{"step", pos.step},
@@ -513,6 +856,7 @@ int main(int argc, char** argv) {
               row["accuracy"] = eval->second;
               row["test_loss"] = eval->first;
             }
+            if (evaluates && gpt) row["val_loss"] = *val_loss;
             metrics << row.dump() << '\n' << std::flush;
           }
           last_report_s = now;
@@ -528,17 +872,28 @@ int main(int argc, char** argv) {
       trace::stop();
       write_trace(*world, ctrl, rank, trace_path);
     }
-    if (accuracy < 0) std::tie(test_loss, accuracy) = evaluate();  // resumed at the very end
+    // Resumed at the very end: nothing was evaluated yet.
+    if (gpt && !val_loss) val_loss = evaluate_text();
+    if (!gpt && accuracy < 0) std::tie(test_loss, accuracy) = evaluate();
     const double elapsed = now_s() - t0;
     if (rank == 0) {
-      std::fprintf(stdout, "final: train loss %.4f, test loss %.4f, test accuracy %.2f%% (target %.2f%%) in %.2fs",
-                   loss_value, test_loss, accuracy * 100, target * 100, elapsed);
-      if (reached_s)
-        std::fprintf(stdout, "; time to accuracy %.1fs\n", *reached_s);
-      else
-        std::fputs("; target not reached\n", stdout);
+      if (gpt) {
+        std::fprintf(stdout, "final: train loss %.4f, validation loss %.4f nats per character (%.3f bits) in %.2fs\n",
+                     loss_value, *val_loss, *val_loss / std::log(2.0), elapsed);
+      } else {
+        std::fprintf(stdout, "final: train loss %.4f, test loss %.4f, test accuracy %.2f%% (target %.2f%%) in %.2fs",
+                     loss_value, test_loss, accuracy * 100, target * 100, elapsed);
+        if (reached_s)
+          std::fprintf(stdout, "; time to accuracy %.1fs\n", *reached_s);
+        else
+          std::fputs("; target not reached\n", stdout);
+      }
       std::fprintf(stdout, "loader wait: %.2fs (%.2f%% of the run)\n", wait_s, 100 * wait_s / std::max(elapsed, 1e-9));
       std::fputs(ddp.stats().str().c_str(), stdout);
+    }
+    if (gpt) {
+      print_sample(*gpt_model, text_train->vocab());
+      return 0;
     }
     return accuracy >= target ? 0 : 1;
   } catch (const Error& e) {
