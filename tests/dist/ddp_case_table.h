@@ -11,6 +11,7 @@
 
 #include "ddp_cases.h"
 #include "ddp_delayed_cases.h"
+#include "ddp_gpt_cases.h"
 #include "ddp_hardening_cases.h"
 #include "ddp_in_backward_cases.h"
 #include "ddp_mixed_precision_cases.h"
@@ -156,5 +157,12 @@ inline void failed_backward_then_training(ProcessGroupPtr g) {
     Step{delayed_static_graph_changes, {1, 2}, Wait::breaks_group})                                                   \
   X("ddp threads: a tied weight (lm_head is wte) is one slot, reduced and stepped once, and trains as one process",   \
     "[ddp][tying]", "ddp mpi: tied weights",                                                                          \
-    Step{tied_weights_all, {1, 2, 3}})
+    Step{tied_weights_all, {1, 2, 3}})                                                                                \
+  /* The modes on train's GPT, each alone and together (ddp_gpt_cases.h). */                                          \
+  X("ddp threads: the GPT in every mode combination without mixed precision trains as one process in f64",            \
+    "[ddp][gpt]", "ddp mpi: the GPT in every mode combination trains as one process",                                 \
+    Step{gpt_modes_f64_all, {2, 3}})                                                                                  \
+  X("ddp threads: the GPT under bf16 mixed precision, alone and with the other modes, tracks f32 training",           \
+    "[ddp][gpt][mixed_precision]", "ddp mpi: the GPT under bf16 mixed precision",                                     \
+    Step{gpt_mixed_precision_all, {1, 2}})
 // clang-format on

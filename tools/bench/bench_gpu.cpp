@@ -8,7 +8,10 @@
 // softmax_bw_* and layernorm_bw_* (8192x8192 rows, f32 and bf16), gemm_bf16_8192 and
 // gemm_f32_4096 (TFLOP/s; f32 without TF32, as PyTorch's default), mlp_step_gpu
 // (tools/train/models.h's MLP, 784-4096-4096-10 at batch 4096, cross-entropy, one SGD momentum
-// step, ms). Each row is timed with CUDA events on the current stream: warm-up first, then the
+// step, ms), sdpa_fwd_bwd_f32 and sdpa_fwd_bwd_bf16 (scaled_dot_product_attention's forward and
+// backward, B 8, H 4, T 512, D 64, causal, the upstream gradient given, ms; the peer is PyTorch
+// 2.x's fused torch.nn.functional.scaled_dot_product_attention, whichever backend it picks).
+// Each row is timed with CUDA events on the current stream: warm-up first, then the
 // median of --runs samples of the mean over several calls. The peer (tools/bench/bench_gpu_peer.py,
 // python3 with torch) runs first, in its own process, so both see an idle GPU. A row whose op
 // fails says why in its note.
@@ -195,6 +198,23 @@ int main(int argc, char** argv) {
     };
     return median_ms(step, quick ? 3 : 10, runs, 3);
   });
+
+  // The fused attention's forward and backward (tests/cuda/test_cuda_attention checks it against
+  // the CPU's): q, k, v [8, 4, 512, 64] of the dtype, causal, the upstream gradient dout given to
+  // backward as PyTorch's peer does (out.backward(dout)), the three gradients cleared before each call.
+  for (Dtype d : {f32, bf16}) {
+    const std::string tag = d == f32 ? "f32" : "bf16";
+    row("sdpa_fwd_bwd_" + tag, "ms", "report", "B 8, H 4, T 512, D 64, causal, " + tag + "; peer: torch SDPA", [&] {
+      const Shape shape{8, 4, 512, 64};
+      Tensor q = gpu_randn(shape, d).requires_grad_(), k = gpu_randn(shape, d).requires_grad_();
+      Tensor v = gpu_randn(shape, d).requires_grad_(), dout = gpu_randn(shape, d);
+      auto step = [&] {
+        for (const Tensor* t : {&q, &k, &v}) t->set_grad(Tensor());
+        scaled_dot_product_attention(q, k, v, Tensor(), 0.0, /*is_causal=*/true).backward(dout);
+      };
+      return median_ms(step, quick ? 3 : 10, runs, 3);
+    });
+  }
 
   if (!no_peer && !peer) fmt::print(stderr, "note: PyTorch-CUDA peer not available (python3 with torch and CUDA)\n");
   bench::print_rows(rows, json);

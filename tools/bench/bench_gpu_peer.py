@@ -2,6 +2,11 @@
 """PyTorch-CUDA peer for tools/bench/bench_gpu: the same work on the same shapes, timed the same way
 (CUDA events, warm-up first, median over runs of the mean over several calls).
 
+sdpa_fwd_bwd_f32 / _bf16: torch.nn.functional.scaled_dot_product_attention (PyTorch 2.x, fused:
+the backend PyTorch picks for the dtype, flash or memory-efficient) forward and backward, q, k, v
+[8, 4, 512, 64] causal, out.backward(dout) with the gradients cleared before each call, as
+bench_gpu's row for Tandem's fused kernel.
+
 Prints one JSON object {row: value} on stdout; a row whose op fails is left out (its error goes
 to stderr). Run by bench_gpu itself: python3 bench_gpu_peer.py RUNS [--quick].
 """
@@ -113,6 +118,19 @@ def mlp_step_gpu():
     return median_ms(step, 3 if quick else 10, 3)
 
 
+def sdpa_fwd_bwd(dtype):
+    torch.manual_seed(0)
+    shape = (8, 4, 512, 64)
+    q, k, v = (torch.randn(shape, device=dev).to(dtype).requires_grad_() for _ in range(3))
+    dout = torch.randn(shape, device=dev).to(dtype)
+    attention = torch.nn.functional.scaled_dot_product_attention
+
+    def step():
+        q.grad = k.grad = v.grad = None
+        attention(q, k, v, is_causal=True).backward(dout)
+    return median_ms(step, 3 if quick else 10, 3)
+
+
 row("copy_bw", copy_bw)
 row("add_bw", add_bw)
 row("cast_bw", cast_bw)
@@ -123,4 +141,6 @@ row("layernorm_bw_bf16", lambda: layernorm_bw(torch.bfloat16))
 row("gemm_bf16_8192", lambda: gemm(8192, torch.bfloat16))
 row("gemm_f32_4096", lambda: gemm(4096, torch.float32))
 row("mlp_step_gpu", mlp_step_gpu)
+row("sdpa_fwd_bwd_f32", lambda: sdpa_fwd_bwd(torch.float32))
+row("sdpa_fwd_bwd_bf16", lambda: sdpa_fwd_bwd(torch.bfloat16))
 print(json.dumps(out))

@@ -19,6 +19,24 @@
       Reports the median ms of 5 runs after the first, and the first run's peak RSS over what the
       inputs take (MiB), as bench_train's sdpa worker does for ours.
 
+  bench_train_peer.py gpt SETUP --world W --steps N --time-after K --total-steps S --warmup WU --lr LR
+                      --batch B --beta1 B1 --beta2 B2 --weight-decay WD --clip C --n-head H [--eval]
+      Train's GPT (tools/train/models.h) in PyTorch, in W processes (gloo DDP when W > 1), with the
+      same module and parameter names, so SETUP's weights load into it: the initial weights
+      ("model.<name>", lm_head.weight tied to wte.weight), the training split's token ids
+      ("train_tokens"), every rank's window starts for the steps ("order.<W>.<rank>": step s takes
+      entries [s B, (s + 1) B), the window being tokens [start, start + T] as train's TextDataset
+      cuts it) and the validation windows train evaluates ("val.x", "val.y"), all written by
+      bench_train. Attention unfused (PyTorch 1.13 has no fused op): q kᵀ · 1/√D, masked_fill of
+      the causal mask, softmax, · v; exact GELU, LayerNorm eps 1e-5, the tied head. Each step:
+      forward, mean cross-entropy, backward, clip_grad_norm_ to C, AdamW (betas B1/B2, eps 1e-8,
+      weight decay WD on the parameters of 2+ dims, none on the others), then the schedule: train's
+      warm-up from lr/10 over WU steps and a cosine to 0 over the other S - WU (LambdaLR). Runs N
+      steps; reports (rank 0) the median ms of the steps after the first K (zero_grad to the
+      schedule's step; the batch is cut before the clock starts), the whole loop's seconds, the
+      first and last steps' losses averaged over the ranks, and with --eval the validation loss
+      (nats per character, the mean over every target of the validation windows).
+
 Run by bench_train itself when PyTorch is present.
 """
 import argparse
@@ -187,6 +205,156 @@ def sdpa():
     return {"ms": ms[len(ms) // 2], "peak_mib": peak, "version": torch.__version__}
 
 
+# ---- train's GPT (tools/train/models.h), module for module, so that its state_dict loads ----
+
+class GptAttention(torch.nn.Module):
+    def __init__(self, n_embd, n_head, block_size):
+        super().__init__()
+        self.n_head = n_head
+        self.c_attn = torch.nn.Linear(n_embd, 3 * n_embd)
+        self.c_proj = torch.nn.Linear(n_embd, n_embd)
+        # A plain attribute, not a buffer: not in the state_dict, not broadcast by DDP.
+        self.causal = torch.ones(block_size, block_size, dtype=torch.bool).tril()
+
+    def forward(self, x):  # [B, T, C] -> [B, T, C]
+        B, T, C = x.shape
+        D = C // self.n_head
+        q, k, v = (t.view(B, T, self.n_head, D).transpose(1, 2) for t in self.c_attn(x).split(C, 2))
+        s = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(D))
+        s = s.masked_fill(~self.causal[:T, :T], float("-inf"))
+        y = torch.softmax(s, -1) @ v  # [B, H, T, D]
+        return self.c_proj(y.transpose(1, 2).reshape(B, T, C))
+
+
+class GptMlp(torch.nn.Module):
+    def __init__(self, n_embd):
+        super().__init__()
+        self.c_fc = torch.nn.Linear(n_embd, 4 * n_embd)
+        self.gelu = torch.nn.GELU()  # exact (erf), as nn::GELU's default
+        self.c_proj = torch.nn.Linear(4 * n_embd, n_embd)
+
+    def forward(self, x):
+        return self.c_proj(self.gelu(self.c_fc(x)))
+
+
+class GptBlock(torch.nn.Module):
+    def __init__(self, n_embd, n_head, block_size):
+        super().__init__()
+        self.ln_1 = torch.nn.LayerNorm(n_embd, eps=1e-5)
+        self.attn = GptAttention(n_embd, n_head, block_size)
+        self.ln_2 = torch.nn.LayerNorm(n_embd, eps=1e-5)
+        self.mlp = GptMlp(n_embd)
+
+    def forward(self, x):
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+class Gpt(torch.nn.Module):
+    def __init__(self, vocab_size, block_size, n_layer, n_head, n_embd):
+        super().__init__()
+        self.wte = torch.nn.Embedding(vocab_size, n_embd)
+        self.wpe = torch.nn.Embedding(block_size, n_embd)
+        self.blocks = torch.nn.ModuleList(GptBlock(n_embd, n_head, block_size) for _ in range(n_layer))
+        self.ln_f = torch.nn.LayerNorm(n_embd, eps=1e-5)
+        self.lm_head = torch.nn.Linear(n_embd, vocab_size, bias=False)
+        self.lm_head.weight = self.wte.weight  # tied
+
+    def forward(self, idx):  # [B, T] -> [B, T, vocab_size]
+        pos = torch.arange(idx.shape[1])
+        x = self.wte(idx) + self.wpe(pos)
+        for block in self.blocks:
+            x = block(x)
+        return self.lm_head(self.ln_f(x))
+
+
+def gpt_from_setup(setup, n_head):
+    state = {k[len("model."):]: v for k, v in setup.items() if k.startswith("model.")}
+    vocab_size, n_embd = state["wte.weight"].shape
+    block_size = state["wpe.weight"].shape[0]
+    n_layer = len({k.split(".")[1] for k in state if k.startswith("blocks.")})
+    model = Gpt(vocab_size, block_size, n_layer, n_head, n_embd)
+    state.setdefault("lm_head.weight", state["wte.weight"])
+    model.load_state_dict(state)  # strict: every name and shape as ours
+    return model
+
+
+def gpt_rank(rank, args, port, queue):
+    torch.set_num_threads(1)
+    world = args.world
+    if world > 1:
+        os.environ["MASTER_ADDR"] = "127.0.0.1"
+        os.environ["MASTER_PORT"] = str(port)
+        dist.init_process_group("gloo", rank=rank, world_size=world)
+    setup = read_safetensors(args.setup)
+    model = gpt_from_setup(setup, args.n_head)
+    tokens = setup["train_tokens"]
+    order = setup[f"order.{world}.{rank}"]
+    T = model.wpe.weight.shape[0]
+    assert len(order) >= args.steps * args.batch, "the setup holds fewer windows than the steps need"
+    net = torch.nn.parallel.DistributedDataParallel(model, broadcast_buffers=False) if world > 1 else model
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
+                             {"params": no_decay, "weight_decay": 0.0}],
+                            lr=args.lr, betas=(args.beta1, args.beta2), eps=1e-8)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: lr_factor(s, args.total_steps, "cosine", args.warmup))
+    ar = torch.arange(T)
+
+    def batch(s):
+        starts = order[s * args.batch:(s + 1) * args.batch].unsqueeze(1)
+        return tokens[starts + ar], tokens[starts + 1 + ar]
+
+    def mean_over_ranks(v):
+        t = torch.tensor([v], dtype=torch.float64)
+        if world > 1:
+            dist.all_reduce(t)
+            t /= world
+        return float(t)
+
+    if world > 1:
+        dist.barrier()
+    ms, losses = [], []
+    t0 = time.perf_counter()
+    for s in range(args.steps):
+        x, y = batch(s)
+        t1 = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        logits = net(x)
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
+        opt.step()
+        sched.step()
+        if s >= args.time_after:
+            ms.append((time.perf_counter() - t1) * 1e3)
+        if s == 0 or s == args.steps - 1:
+            losses.append(float(loss.detach()))
+    train_s = time.perf_counter() - t0
+    first_loss, last_loss = mean_over_ranks(losses[0]), mean_over_ranks(losses[-1])
+    if rank == 0:
+        val_loss = None  # JSON has no NaN
+        if args.eval:
+            vx, vy = setup["val.x"], setup["val.y"]
+            model.eval()
+            total, count = 0.0, 0
+            with torch.no_grad():
+                for i in range(0, len(vx), args.batch):
+                    logits = model(vx[i:i + args.batch])
+                    total += float(torch.nn.functional.cross_entropy(
+                        logits.reshape(-1, logits.shape[-1]), vy[i:i + args.batch].reshape(-1),
+                        reduction="sum"))
+                    count += vy[i:i + args.batch].numel()
+            val_loss = total / count
+        ms.sort()
+        queue.put({"ms": ms[len(ms) // 2] if ms else None, "train_s": train_s, "steps": args.steps,
+                   "first_loss": first_loss, "loss": last_loss, "val_loss": val_loss,
+                   "version": torch.__version__})
+    if world > 1:
+        dist.destroy_process_group()
+
+
 def main():
     if len(sys.argv) > 1 and sys.argv[1] == "sdpa":
         print(json.dumps(sdpa()))
@@ -197,6 +365,25 @@ def main():
         torch.set_num_threads(1)
         bench_cpu_peer.runs = 1
         print(json.dumps({"conv2d_fwd_bwd_ms": bench_cpu_peer.conv2d_fwd_bwd(), "version": torch.__version__}))
+        return
+    if len(sys.argv) > 1 and sys.argv[1] == "gpt":
+        p = argparse.ArgumentParser()
+        p.add_argument("mode", choices=["gpt"])
+        p.add_argument("setup")
+        p.add_argument("--world", type=int, default=1)
+        p.add_argument("--steps", type=int, required=True)
+        p.add_argument("--time-after", type=int, default=0)
+        p.add_argument("--total-steps", type=int, required=True)
+        p.add_argument("--warmup", type=int, required=True)
+        p.add_argument("--lr", type=float, required=True)
+        p.add_argument("--batch", type=int, required=True)
+        p.add_argument("--beta1", type=float, required=True)
+        p.add_argument("--beta2", type=float, required=True)
+        p.add_argument("--weight-decay", type=float, required=True)
+        p.add_argument("--clip", type=float, required=True)
+        p.add_argument("--n-head", type=int, required=True)
+        p.add_argument("--eval", action="store_true")
+        print(json.dumps(run_world(gpt_rank, p.parse_args())))
         return
     p = argparse.ArgumentParser()
     p.add_argument("mode", choices=["train"])
@@ -212,27 +399,30 @@ def main():
     p.add_argument("--std", type=float, required=True)
     p.add_argument("--data-root", required=True)
     p.add_argument("--no-eval", action="store_true")
-    args = p.parse_args()
+    print(json.dumps(run_world(train_rank, p.parse_args())))
+
+
+def run_world(target, args):
+    """target(rank, args, port, queue) in this process (world 1) or in args.world spawned ones; rank
+    0's result."""
     torch.set_num_threads(1)
     if args.world == 1:
         import queue as q
         results = q.Queue()
-        train_rank(0, args, 0, results)
-        print(json.dumps(results.get()))
-        return
+        target(0, args, 0, results)
+        return results.get()
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
-    procs = [ctx.Process(target=train_rank, args=(r, args, port, results)) for r in range(args.world)]
+    procs = [ctx.Process(target=target, args=(r, args, port, results)) for r in range(args.world)]
     for proc in procs:
         proc.start()
     out = results.get(timeout=3600)
     for proc in procs:
         proc.join()
-    print(json.dumps(out))
-
+    return out
 
 if __name__ == "__main__":
     main()
