@@ -1,21 +1,19 @@
 #include "core/detail/attention.h"
 
-#include <cblas.h>
-
 #include <algorithm>
-#include <bit>
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <vector>
 
 #include "core/detail/kernel_tables.h"
+#include "core/detail/matmul.h"
 #include "core/detail/copy.h"
 #include "core/detail/elementwise.h"
+#include "core/detail/fast_math.h"
 #include "core/detail/index.h"
 #include "core/detail/reduce.h"
 #include "core/detail/views.h"
-#include "core/threads.h"
 
 namespace tandem::detail {
 
@@ -47,41 +45,18 @@ Tensor as_4d(const Tensor& t) {
 
 // ---- the CPU kernels ----
 
-// exp for the f32 kernels: 2^n · e^r with r = x - n·ln 2 in [-ln2/2, ln2/2] and a degree-7 Taylor
-// polynomial (relative error below 1e-7). Written without calls or branches so the compiler
-// vectorises the row loops, which std::exp prevents; the softmax's exps are otherwise as costly as
-// its GEMMs. Below -87 (exp underflows f32's normal range) and for -inf (masked) it is exactly 0.
-inline float fast_exp(float x) {
-  const float xc = x > 88.0f ? 88.0f : (x > -87.0f ? x : -87.0f);  // NaN lands on -87: no UB below
-  const float t = xc * 1.44269504088896341f;
-  const float n = (t + 12582912.0f) - 12582912.0f;  // round to nearest: 1.5·2^23 pushes the fraction out
-  const float r = (xc - n * 0.693145751953125f) - n * 1.42860682030941723212e-6f;
-  float p = 1.0f / 5040.0f;
-  p = p * r + 1.0f / 720.0f;
-  p = p * r + 1.0f / 120.0f;
-  p = p * r + 1.0f / 24.0f;
-  p = p * r + 1.0f / 6.0f;
-  p = p * r + 0.5f;
-  p = p * r + 1.0f;
-  p = p * r + 1.0f;
-  const float two_n = std::bit_cast<float>((static_cast<int32_t>(n) + 127) << 23);
-  return x != x ? x : (x < -87.0f ? 0.0f : p * two_n);
-}
+// The f32 kernels' exp is fast_exp (core/detail/fast_math.h): vectorisable, where std::exp is a
+// call per element and the softmax's exps would otherwise cost as much as its GEMMs.
+using detail::fast_exp;                                    // f32 (this namespace would hide it)
 inline double fast_exp(double x) { return std::exp(x); }  // the f64 kernel is for accuracy, not speed
 
-// C = alpha · op(A) · op(B) + beta · C, row-major, through OpenBLAS (the tiles are small enough that
-// it runs them on the calling thread).
+// C = op(A) · op(B) (+ C when accumulate), row-major with leading dims lda/ldb/ldc: a transposed
+// operand is the same memory with its strides swapped (core/detail/matmul.h's host_gemm, BLAS).
 template <class C>
-void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, C alpha, const C* A, int64_t lda, const C* B,
-          int64_t ldb, C beta, C* Cm, int64_t ldc) {
-  const CBLAS_TRANSPOSE ta = trans_a ? CblasTrans : CblasNoTrans, tb = trans_b ? CblasTrans : CblasNoTrans;
-  if constexpr (std::is_same_v<C, float>) {
-    cblas_sgemm(CblasRowMajor, ta, tb, blasint(M), blasint(N), blasint(K), alpha, A, blasint(lda), B, blasint(ldb),
-                beta, Cm, blasint(ldc));
-  } else {
-    cblas_dgemm(CblasRowMajor, ta, tb, blasint(M), blasint(N), blasint(K), alpha, A, blasint(lda), B, blasint(ldb),
-                beta, Cm, blasint(ldc));
-  }
+void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const C* A, int64_t lda, const C* B,
+          int64_t ldb, bool accumulate, C* Cm, int64_t ldc) {
+  host_gemm<C>(M, N, K, A, trans_a ? 1 : lda, trans_a ? lda : 1, B, trans_b ? 1 : ldb, trans_b ? ldb : 1, Cm, ldc,
+               accumulate, kOp);
 }
 
 // Query and key tiles. 64 x 64 keeps a tile's scores (16 KiB in f32) and the Q, K, V tiles it
@@ -173,7 +148,7 @@ void forward_cpu(const AttentionProblem& p, const Tensor& out, const Tensor& lse
         const int64_t jend = key_end(p, i0, nq);
         for (int64_t j0 = 0; j0 < jend; j0 += kKeyTile) {
           const int64_t nk = std::min(kKeyTile, jend - j0);
-          gemm<C>(false, true, nq, nk, E, C(1), q.data() + i0 * E, E, k.data() + j0 * E, E, C(0), s.data(), nk);
+          gemm<C>(false, true, nq, nk, E, q.data() + i0 * E, E, k.data() + j0 * E, E, false, s.data(), nk);
           add_bias<T, C>(p, b, h, i0, nq, j0, nk, s.data());
           if (p.dropout_p > 0) dropout_factors<C>(p, bh, i0, nq, j0, nk, drop.data());
           // The online softmax: the running max m and sum l of each row, the accumulator rescaled
@@ -201,13 +176,14 @@ void forward_cpu(const AttentionProblem& p, const Tensor& out, const Tensor& lse
             if (p.dropout_p > 0)  // the sum l takes every weight; the values only the kept ones
               for (int64_t c = 0; c < nk; ++c) sr[c] *= drop[r * nk + c];
           }
-          gemm<C>(false, false, nq, Ev, nk, C(1), s.data(), nk, v.data() + j0 * Ev, Ev, C(1), acc.data(), Ev);
+          gemm<C>(false, false, nq, Ev, nk, s.data(), nk, v.data() + j0 * Ev, Ev, true, acc.data(), Ev);
         }
         for (int64_t r = 0; r < nq; ++r) {
           T* orow = o + (bh * L + i0 + r) * Ev;
           const bool empty = l[r] == C(0);  // every key masked: output 0, lse +inf (no gradient)
           const C inv = empty ? C(0) : C(1) / l[r];
-          for (int64_t e = 0; e < Ev; ++e) orow[e] = static_cast<T>(acc[r * Ev + e] * inv);
+          // Written as 0 rather than acc · 0: a NaN or inf value of a masked key would make 0 · NaN.
+          for (int64_t e = 0; e < Ev; ++e) orow[e] = static_cast<T>(empty ? C(0) : acc[r * Ev + e] * inv);
           lse_p[bh * L + i0 + r] = empty ? kInf : m[r] + std::log(l[r]);
         }
       }
@@ -246,7 +222,7 @@ void backward_cpu(const AttentionProblem& p, const Tensor& out, const Tensor& ls
         for (int64_t j0 = 0; j0 < jend; j0 += kKeyTile) {
           const int64_t nk = std::min(kKeyTile, jend - j0);
           // The forward's weights, recomputed from the saved logsumexp.
-          gemm<C>(false, true, nq, nk, E, C(1), q.data() + i0 * E, E, k.data() + j0 * E, E, C(0), prob.data(), nk);
+          gemm<C>(false, true, nq, nk, E, q.data() + i0 * E, E, k.data() + j0 * E, E, false, prob.data(), nk);
           add_bias<T, C>(p, b, h, i0, nq, j0, nk, prob.data());
           for (int64_t r = 0; r < nq; ++r) {
             const C lse_r = lse_p[bh * L + i0 + r];  // +inf for a fully masked row: every weight 0
@@ -254,7 +230,7 @@ void backward_cpu(const AttentionProblem& p, const Tensor& out, const Tensor& ls
             for (int64_t c = 0; c < nk; ++c) pr[c] = fast_exp(pr[c] - lse_r);
           }
           // dP = dO · Vᵀ (of the dropped weights; times the dropout factor for the weights themselves).
-          gemm<C>(false, true, nq, nk, Ev, C(1), g.data() + i0 * Ev, Ev, v.data() + j0 * Ev, Ev, C(0), ds.data(), nk);
+          gemm<C>(false, true, nq, nk, Ev, g.data() + i0 * Ev, Ev, v.data() + j0 * Ev, Ev, false, ds.data(), nk);
           if (p.dropout_p > 0) {
             dropout_factors<C>(p, bh, i0, nq, j0, nk, drop.data());
             for (int64_t e = 0; e < nq * nk; ++e) ds[e] *= drop[e];
@@ -267,10 +243,10 @@ void backward_cpu(const AttentionProblem& p, const Tensor& out, const Tensor& ls
           // dV += (P ∘ dropout)ᵀ · dO
           if (p.dropout_p > 0)
             for (int64_t e = 0; e < nq * nk; ++e) prob[e] *= drop[e];
-          gemm<C>(true, false, nk, Ev, nq, C(1), prob.data(), nk, g.data() + i0 * Ev, Ev, C(1), gv.data() + j0 * Ev, Ev);
+          gemm<C>(true, false, nk, Ev, nq, prob.data(), nk, g.data() + i0 * Ev, Ev, true, gv.data() + j0 * Ev, Ev);
           // dQ += dS · K (times scale, at the end); dK += dSᵀ · (scale · Q).
-          gemm<C>(false, false, nq, E, nk, C(1), ds.data(), nk, k.data() + j0 * E, E, C(1), gq.data() + i0 * E, E);
-          gemm<C>(true, false, nk, E, nq, C(1), ds.data(), nk, q.data() + i0 * E, E, C(1), gk.data() + j0 * E, E);
+          gemm<C>(false, false, nq, E, nk, ds.data(), nk, k.data() + j0 * E, E, true, gq.data() + i0 * E, E);
+          gemm<C>(true, false, nk, E, nq, ds.data(), nk, q.data() + i0 * E, E, true, gk.data() + j0 * E, E);
           if (dmask.defined()) {
             T* dm = static_cast<T*>(dmask.data_ptr()) + ((bh * L + i0) * S + j0);
             for (int64_t r = 0; r < nq; ++r)
@@ -297,11 +273,6 @@ AttentionProblem without_empty_head_dim(const AttentionProblem& p) {
   r.q = zeros_of(Shape{p.B(), p.H(), p.L(), 1}, p.q.dtype(), p.q.device(), kOp);
   r.k = zeros_of(Shape{p.B(), p.H(), p.S(), 1}, p.k.dtype(), p.k.device(), kOp);
   return r;
-}
-
-void check_blas_sizes(const AttentionProblem& p) {
-  for (int64_t v : {p.L(), p.S(), p.E(), p.Ev()})
-    TANDEM_CHECK(v <= std::numeric_limits<int>::max(), "[{}] a dim of {} exceeds the BLAS limit", kOp, v);
 }
 
 }  // namespace
@@ -363,6 +334,15 @@ AttentionProblem make_attention_problem(const Tensor& q, const Tensor& k, const 
   return p;
 }
 
+uint64_t attention_dropout_blocks(int64_t B, int64_t H, int64_t L, int64_t S) {
+  int64_t n = 0;
+  const bool overflow =
+      __builtin_mul_overflow(B, H, &n) || __builtin_mul_overflow(n, L, &n) || __builtin_mul_overflow(n, S, &n);
+  TANDEM_CHECK(!overflow, "[{}] dropout over B·H·L·S = {}·{}·{}·{} weights: the count overflows int64", kOp, B, H, L,
+               S);
+  return philox_blocks(n, 1);
+}
+
 AttentionForward attention_forward(const AttentionProblem& p0) {
   const Dtype acc = attention_acc_dtype(p0.q.dtype());
   AttentionForward f;
@@ -378,8 +358,6 @@ AttentionForward attention_forward(const AttentionProblem& p0) {
     device_kernels<AttentionDeviceKernels>(p.q.device(), kOp).forward(p, f.out, f.lse);
     return f;
   }
-  check_blas_sizes(p);
-  get_num_threads();  // settles OpenBLAS's thread count before its first call (see matmul.cpp)
   TANDEM_DISPATCH_FLOATING(p.q.dtype(), kOp, [&] { forward_cpu<scalar_t>(p, f.out, f.lse); });
   return f;
 }
@@ -406,8 +384,6 @@ AttentionGrads attention_backward(const AttentionProblem& p0, const Tensor& out,
     device_kernels<AttentionDeviceKernels>(dev, kOp).backward(p, out, lse, dout, delta, dq, dk, g.dv, g.dmask);
     return g;
   }
-  check_blas_sizes(p);
-  get_num_threads();
   TANDEM_DISPATCH_FLOATING(dt, kOp, [&] { backward_cpu<scalar_t>(p, out, lse, dout, delta, dq, dk, g.dv, g.dmask); });
   return g;
 }

@@ -53,10 +53,10 @@ struct AttentionProblem {
 AttentionProblem make_attention_problem(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask,
                                         double dropout_p, bool is_causal, std::optional<double> scale);
 
-// The Philox blocks one forward reserves for its keep bits (one 32-bit word per element).
-inline uint64_t attention_dropout_blocks(int64_t B, int64_t H, int64_t L, int64_t S) {
-  return philox_blocks(B * H * L * S, 1);
-}
+// The Philox blocks one forward reserves for its keep bits (one 32-bit word per element). Throws
+// "[scaled_dot_product_attention] ..." when B·H·L·S overflows int64 (sizes a stride-0 view can
+// have): no generator range could number its elements.
+uint64_t attention_dropout_blocks(int64_t B, int64_t H, int64_t L, int64_t S);
 
 // keep_ij for element e (see above): the same expression on the host and the device.
 TANDEM_HOST_DEVICE inline bool attention_keep(uint64_t seed, uint64_t offset, uint64_t e, float p) {

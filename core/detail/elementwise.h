@@ -18,6 +18,7 @@
 // The casts and copies (copy_, cast, to_device, ...) live there; the ops here use them, and so
 // does move_cpu_scalars below. Their device kernel is this family's table's `copy`.
 #include "core/detail/copy.h"
+#include "core/detail/fast_math.h"
 #include "core/detail/kernel_tables.h"
 #include "core/macros.h"
 #include "core/tensor.h"
@@ -200,6 +201,11 @@ struct Relu {
 struct Gelu {
   template <class C> TANDEM_HOST_DEVICE C operator()(C x) const {
     constexpr C kSqrt1_2 = C(0.70710678118654752440);
+#if !defined(__CUDA_ARCH__)
+    // f32 on the CPU: the vectorisable erf (PyTorch's own f32 approximation); a call to erff per
+    // element made GELU a fifth of a GPT step.
+    if constexpr (std::is_same_v<C, float>) return 0.5f * x * (1.0f + fast_erf(x * kSqrt1_2));
+#endif
     return C(0.5) * x * (C(1) + std::erf(x * kSqrt1_2));
   }
 };
@@ -271,6 +277,10 @@ struct GeluGradX {
   template <class C> TANDEM_HOST_DEVICE C operator()(C g, C x) const {
     constexpr C kSqrt1_2 = C(0.70710678118654752440);
     constexpr C kInvSqrt2Pi = C(0.39894228040143267794);  // 1 / sqrt(2 pi)
+#if !defined(__CUDA_ARCH__)
+    if constexpr (std::is_same_v<C, float>)  // as Gelu's
+      return g * (0.5f * (1.0f + fast_erf(x * kSqrt1_2)) + x * kInvSqrt2Pi * fast_exp(-0.5f * x * x));
+#endif
     C cdf = C(0.5) * (C(1) + std::erf(x * kSqrt1_2));
     C pdf = kInvSqrt2Pi * std::exp(C(-0.5) * x * x);
     return g * (cdf + x * pdf);

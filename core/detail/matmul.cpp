@@ -506,4 +506,14 @@ std::array<Tensor, 3> linear_backward(const Tensor& grad, const Tensor& x_in, co
   return out;
 }
 
+template <class T>
+void host_gemm(int64_t M, int64_t N, int64_t K, const T* a, int64_t as0, int64_t as1, const T* b, int64_t bs0,
+               int64_t bs1, T* c, int64_t ldc, bool accumulate, const char* op) {
+  gemm_one(M, N, K, a, as0, as1, b, bs0, bs1, c, ldc, accumulate, op);
+}
+template void host_gemm<float>(int64_t, int64_t, int64_t, const float*, int64_t, int64_t, const float*, int64_t,
+                               int64_t, float*, int64_t, bool, const char*);
+template void host_gemm<double>(int64_t, int64_t, int64_t, const double*, int64_t, int64_t, const double*, int64_t,
+                                int64_t, double*, int64_t, bool, const char*);
+
 }  // namespace tandem::detail

@@ -29,6 +29,13 @@ struct MatOperand {
 // products of that dim are summed into it (C must then span c_numel elements to be zeroed).
 // Batch dims that fold into M (B shared across the batch) or into K (C shared) become one GEMM.
 // Every pointer is in `device`'s memory; non-CPU devices go to their MatmulDeviceKernels.
+// One host GEMM, C (row stride ldc, unit column stride) = A·B, plus C when accumulate: A is M x K
+// and B is K x N with any element strides (a transposed operand is swapped strides), through BLAS
+// for f32 and f64. For CPU kernels that multiply tiles of their own (attention).
+template <class T>
+void host_gemm(int64_t M, int64_t N, int64_t K, const T* a, int64_t as0, int64_t as1, const T* b, int64_t bs0,
+               int64_t bs1, T* c, int64_t ldc, bool accumulate, const char* op);
+
 void batched_gemm(Device device, Dtype dtype, const Shape& batch, int64_t M, int64_t N, int64_t K,
                   const MatOperand& a, const MatOperand& b, void* c, const Strides& c_batch_strides, int64_t c_numel,
                   bool accumulate, const char* op);

@@ -419,7 +419,19 @@ def run_world(target, args):
     procs = [ctx.Process(target=target, args=(r, args, port, results)) for r in range(args.world)]
     for proc in procs:
         proc.start()
-    out = results.get(timeout=3600)
+    # A rank that dies leaves the others waiting in gloo (30 minutes by default): poll, and fail
+    # fast with the exit codes instead.
+    import queue as q
+    deadline = time.time() + 3600
+    while True:
+        try:
+            out = results.get(timeout=2)
+            break
+        except q.Empty:
+            if any(p.exitcode not in (None, 0) for p in procs) or time.time() > deadline:
+                for p in procs:
+                    p.terminate()
+                sys.exit(f"bench_train_peer: a rank failed or timed out (exit codes {[p.exitcode for p in procs]})")
     for proc in procs:
         proc.join()
     return out
