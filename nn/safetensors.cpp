@@ -25,6 +25,9 @@ static_assert(std::endian::native == std::endian::little, "safetensors I/O assum
 
 namespace {
 
+// The metadata entry naming tensors written once under another name: {"alias": "name", ...}.
+constexpr const char* kAliasesKey = "tandem.aliases";
+
 // The reference implementation refuses headers above 100 MB; so do we (it also bounds the
 // allocation a corrupt length field can cause).
 constexpr uint64_t kMaxHeaderBytes = 100'000'000;
@@ -210,7 +213,8 @@ TensorDict load_from(uint64_t total_size, const std::function<void(uint64_t, voi
   std::string text(n, '\0');
   read(8, text.data(), n);
   const uint64_t data_start = 8 + n;
-  std::vector<Entry> entries = parse_header(text.data(), text.size(), total_size - data_start, metadata, what);
+  Metadata meta;
+  std::vector<Entry> entries = parse_header(text.data(), text.size(), total_size - data_start, &meta, what);
 
   TensorDict out;
   for (const Entry& e : entries) {
@@ -226,6 +230,21 @@ TensorDict load_from(uint64_t total_size, const std::function<void(uint64_t, voi
     }
     out.insert(e.name, std::move(t));
   }
+  // Names whose tensor is another's (tied weights, written once): the same tensor under both.
+  if (auto it = meta.find(kAliasesKey); it != meta.end()) {
+    const nlohmann::json aliases = nlohmann::json::parse(it->second, nullptr, /*allow_exceptions=*/false);
+    TANDEM_CHECK(aliases.is_object(), "[safetensors] {}: metadata '{}' is not a JSON object of names", what,
+                 kAliasesKey);
+    for (const auto& a : aliases.items()) {
+      TANDEM_CHECK(a.value().is_string() && out.contains(a.value().get<std::string>()),
+                   "[safetensors] {}: alias '{}' names no tensor of the file ({})", what, a.key(), a.value().dump());
+      TANDEM_CHECK(!a.key().empty() && a.key() != "__metadata__" && !out.contains(a.key()),
+                   "[safetensors] {}: alias '{}' is empty, reserved or also a tensor of the file", what, a.key());
+      out.insert(a.key(), out.at(a.value().get<std::string>()));
+    }
+    meta.erase(it);
+  }
+  if (metadata) *metadata = std::move(meta);
   return out;
 }
 
@@ -286,11 +305,33 @@ void remove_stale_temporaries(const std::string& path) {
 
 void write_file(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
                 const Metadata& metadata) {
-  std::vector<Prepared> items = prepare(tensors);
+  TANDEM_CHECK(!metadata.count(kAliasesKey), "[safetensors] metadata key '{}' is reserved (tied tensors' names)",
+               kAliasesKey);
+  // A tensor that appears again under another name (a tied weight: state_dict lists it under every
+  // name, as PyTorch's does) is written once; the other names go to the metadata as aliases, which
+  // the loader turns back into the same tensor. Readers that ignore them (Hugging Face's) see the
+  // first name only, as its save_model writes shared tensors.
+  std::vector<std::pair<std::string, Tensor>> unique;
+  nlohmann::ordered_json aliases = nlohmann::ordered_json::object();
+  for (const auto& [name, t] : tensors) {
+    // The same data: state_dict hands out detached views, so compare what they view, not handles.
+    auto same_data = [&](const Tensor& u) {
+      return t.defined() && u.defined() && t.numel() > 0 && u.data_ptr() == t.data_ptr() &&
+             u.device() == t.device() && u.dtype() == t.dtype() && u.shape() == t.shape() && u.strides() == t.strides();
+    };
+    auto first = std::find_if(unique.begin(), unique.end(), [&](const auto& u) { return same_data(u.second); });
+    if (first != unique.end() && name != first->first) {
+      aliases[name] = first->first;
+    } else {
+      unique.emplace_back(name, t);
+    }
+  }
+  std::vector<Prepared> items = prepare(unique);
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
-  if (!metadata.empty()) {
+  if (!metadata.empty() || !aliases.empty()) {
     nlohmann::ordered_json meta = nlohmann::ordered_json::object();
     for (const auto& [k, v] : metadata) meta[k] = v;
+    if (!aliases.empty()) meta[kAliasesKey] = aliases.dump();
     header["__metadata__"] = meta;
   }
   uint64_t offset = 0;

@@ -1,9 +1,11 @@
 // nn: weight tying (lm_head.weight is wte.weight) through Module::set_parameter: one parameter,
 // two uses. named_parameters, the optimizers (SGD with momentum, AdamW) and the optimizer in
-// backward see it once; state_dict and safetensors files keep both names, as PyTorch's
-// state_dict does, and loading them fills the one tensor. The DDP side is in tests/dist
+// backward see it once; state_dict keeps both names, as PyTorch's does, and loading it fills the
+// one tensor; a safetensors file holds its bytes once, the second name an alias in the metadata. The DDP side is in tests/dist
 // (ddp_cases.h: tied_equivalence).
 #include <catch2/catch.hpp>
+
+#include <fstream>
 
 #include <cmath>
 #include <cstdio>
@@ -207,12 +209,33 @@ TEST_CASE("weight tying: state_dict and safetensors round trips keep both names 
   REQUIRE(dst->lm_head->weight.is_same(dst->wte->weight));
   for (const auto& [name, t] : src->state_dict()) REQUIRE(max_abs_diff(dst->state_dict().at(name), t) == 0);
 
-  // A file holds the tied weight under both names (each with its own bytes).
+  // A file holds the tied weight's bytes once: lm_head.weight is an alias of wte.weight in the
+  // metadata (a reader that ignores it, as Hugging Face's, sees wte.weight only), and loading the
+  // file gives both names, as one tensor.
   const std::string path = temp_path("model");
   nn::save_model(*src, path);
-  auto file = nn::load_safetensors(path);
+  {
+    std::ifstream f(path, std::ios::binary);
+    uint64_t header_len = 0;
+    f.read(reinterpret_cast<char*>(&header_len), 8);
+    std::string header(header_len, '\0');
+    f.read(header.data(), static_cast<std::streamsize>(header_len));
+    f.seekg(0, std::ios::end);
+    const int64_t data_bytes = static_cast<int64_t>(f.tellg()) - 8 - static_cast<int64_t>(header_len);
+    int64_t one_copy = 0;
+    for (const auto& [name, t] : src->named_parameters()) one_copy += t.numel() * static_cast<int64_t>(t.element_size());
+    REQUIRE(data_bytes == one_copy);
+    REQUIRE(header.find("\"lm_head.weight\":{") == std::string::npos);
+    REQUIRE(header.find("tandem.aliases") != std::string::npos);
+  }
+  nn::Metadata meta;
+  auto file = nn::load_safetensors(path, &meta);
   REQUIRE(file.size() == 4);
-  REQUIRE(max_abs_diff(file.at("lm_head.weight"), file.at("wte.weight")) == 0);
+  REQUIRE(file.at("lm_head.weight").is_same(file.at("wte.weight")));
+  REQUIRE(meta.count("tandem.aliases") == 0);  // the loader's own entry, not the caller's metadata
+  REQUIRE(meta.at("format") == "pt");
+  REQUIRE_THROWS_WITH(nn::save_safetensors(path, file, {{"tandem.aliases", "{}"}}),
+                      Catch::Contains("[safetensors] metadata key 'tandem.aliases' is reserved"));
   auto back = make_lm(true, 5);
   auto result = nn::load_model(*back, path);
   REQUIRE(result.missing_keys.empty());

@@ -81,6 +81,7 @@
 #include <chrono>
 #include <cstring>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -350,7 +351,14 @@ int main(int argc, char** argv) {
   };
   TANDEM_TOOL_PARSE(app, argc, argv);
 
+  // Until dist::init the launcher's environment tells the rank, so an error of the option checks
+  // below names the rank that printed it (each rank prints it once).
   int rank = 0;
+  for (const char* var : {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"})
+    if (const char* v = std::getenv(var)) {
+      rank = std::atoi(v);
+      break;
+    }
   try {
     // --data text and --model gpt go together, and each implies the other (so does --sample-only).
     if (!model_flag && (sample_only || data_name == "text")) model_flag = "gpt";
