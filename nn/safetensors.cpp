@@ -313,7 +313,9 @@ void write_file(const std::string& path, const std::vector<std::pair<std::string
   // first name only, as its save_model writes shared tensors.
   std::vector<std::pair<std::string, Tensor>> unique;
   nlohmann::ordered_json aliases = nlohmann::ordered_json::object();
-  for (const auto& [name, t] : tensors) {
+  for (const auto& item : tensors) {
+    const std::string& name = item.first;
+    const Tensor& t = item.second;  // not a structured binding: clang 14 cannot capture one
     // The same data: state_dict hands out detached views, so compare what they view, not handles.
     auto same_data = [&](const Tensor& u) {
       return t.defined() && u.defined() && t.numel() > 0 && u.data_ptr() == t.data_ptr() &&

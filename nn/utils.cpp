@@ -50,6 +50,17 @@ double clip(const TensorList& parameters, const std::function<std::string(size_t
                  "gradient, so there is nothing left to clip. To clip, train it with a plain optimizer: zero_grad(), "
                  "backward(), clip_grad_norm_(), step()",
                  name_of(i), p.shape());
+    // The gradients are scaled in place, all or none: one that could not be must fail here, before
+    // any other is touched.
+    const Tensor g = p.grad();
+    if (!g.defined()) continue;
+    TANDEM_CHECK(is_floating(g.dtype()), "[clip_grad_norm_] parameter {} has {} gradient; only floating gradients can be clipped",
+                 name_of(i), g.dtype());
+    for (int64_t d = 0; d < g.dim(); ++d)
+      TANDEM_CHECK(!(g.stride(d) == 0 && g.size(d) > 1),
+                   "[clip_grad_norm_] parameter {}'s gradient (shape {}, strides {}) is an expanded view whose elements "
+                   "share memory, so it cannot be scaled in place; give the parameter a gradient of its own (clone it)",
+                   name_of(i), g.shape(), g.strides());
   }
   TensorList grads;
   grads.reserve(parameters.size());

@@ -184,6 +184,25 @@ TEST_CASE("clip_grad_norm_: invalid arguments are errors", "[clip_grad]") {
   REQUIRE(vals(p.a.grad()) == std::vector<double>{0.5, -1.25, 2.0, 3.0, -0.75, 1.5});
 }
 
+// fuzz_seq_ops found that an expanded gradient failed in mul_ after the gradients before it had
+// been scaled: now every gradient is checked first, and nothing is scaled when one cannot be.
+TEST_CASE("clip_grad_norm_: a gradient that cannot be scaled in place is an error, and no gradient is scaled",
+          "[clip_grad]") {
+  Params p = make_params();
+  const std::vector<double> a_before = vals(p.a.grad());
+  Tensor b = zeros({3}).requires_grad_();
+  b.set_grad(full({1}, 100.0).expand({3}));  // strides [0]: one element behind three
+  REQUIRE_THROWS_WITH(clip_grad_norm_(TensorList{p.a, b}, 1.0),
+                      Catch::StartsWith("[clip_grad_norm_] parameter 1's gradient (shape [3], strides [0]) is an "
+                                        "expanded view"));
+  REQUIRE(vals(p.a.grad()) == a_before);
+  Tensor c = zeros({2}, i64);
+  c.set_grad(ones({2}, i64));
+  REQUIRE_THROWS_WITH(clip_grad_norm_(TensorList{p.a, c}, 1.0),
+                      "[clip_grad_norm_] parameter 1 has i64 gradient; only floating gradients can be clipped");
+  REQUIRE(vals(p.a.grad()) == a_before);
+}
+
 TEST_CASE("clip_grad_norm_ with an optimizer in backward is an error naming the parameter", "[clip_grad][in_backward]") {
   manual_seed(9);
   nn::Sequential net(nn::Linear(4, 3), nn::ReLU(), nn::Linear(3, 2));

@@ -9,8 +9,9 @@
 #                               hooks from workers): test_autograd test_dist test_ddp test_readme
 #                               test_optim_in_backward
 #   tools/ci/sanitize.sh fuzz   the libFuzzer targets of tools/fuzz/ (fuzz_safetensors, fuzz_idx,
-#                               fuzz_ops, fuzz_collectives), built with clang-14 under ASan + UBSan,
-#                               each run for a fixed number of inputs from its committed seed corpus
+#                               fuzz_ops, fuzz_seq_ops, fuzz_collectives), built with clang-14 under
+#                               ASan + UBSan, each run for a fixed number of inputs from its committed
+#                               seed corpus
 #   tools/ci/sanitize.sh replay the same fuzz build, each target run once on every input committed
 #                               under tools/fuzz/corpus/<name>/ (seeds, every past finding's crash-*,
 #                               the merged corpora of past campaigns): no mutation, no randomness, so
@@ -102,7 +103,7 @@ if [ "$kind" = fuzz ] || [ "$kind" = replay ]; then
   build=${TANDEM_SANITIZE_BUILD_DIR:-$root/build-fuzz}
   fuzz_dir=$root/tools/fuzz
   tests=("${args[@]}")
-  [ ${#tests[@]} -gt 0 ] || tests=(fuzz_safetensors fuzz_idx fuzz_ops fuzz_collectives)
+  [ ${#tests[@]} -gt 0 ] || tests=(fuzz_safetensors fuzz_idx fuzz_ops fuzz_seq_ops fuzz_collectives)
   CC=${CC:-clang-14} CXX=${CXX:-clang++-14} cmake -S "$root" -B "$build" "${common[@]}" \
     -DTANDEM_BUILD_TOOLS=OFF -DTANDEM_BUILD_TESTS=OFF -DTANDEM_FUZZ=ON >/dev/null
   cmake --build "$build" -j "$jobs" --target "${tests[@]}"
@@ -113,7 +114,7 @@ if [ "$kind" = fuzz ] || [ "$kind" = replay ]; then
   export UBSAN_OPTIONS="print_stacktrace=1 halt_on_error=1 suppressions=$UBSAN_SUPPRESSIONS ${UBSAN_OPTIONS:-}"
   # Sanitizer and libFuzzer reports, and the fuzzers' own findings ("fuzz_ops: expectation failed").
   report_pattern='^==[0-9]+==ERROR: (AddressSanitizer|LeakSanitizer|libFuzzer)|runtime error:|^SUMMARY: '
-  report_pattern+='|deadly signal|^fuzz_[a-z]+: '
+  report_pattern+='|deadly signal|^fuzz_[a-z_]+: '
   status=0
   if [ "$kind" = replay ]; then
     for t in "${tests[@]}"; do
