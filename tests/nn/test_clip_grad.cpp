@@ -187,7 +187,7 @@ TEST_CASE("clip_grad_norm_: invalid arguments are errors", "[clip_grad]") {
 // fuzz_seq_ops found that an expanded gradient failed in mul_ after the gradients before it had
 // been scaled: now every gradient is checked first, and nothing is scaled when one cannot be.
 TEST_CASE("clip_grad_norm_: a gradient that cannot be scaled in place is an error, and no gradient is scaled",
-          "[clip_grad]") {
+          "[clip_grad][fuzz]") {
   Params p = make_params();
   const std::vector<double> a_before = vals(p.a.grad());
   Tensor b = zeros({3}).requires_grad_();
