@@ -117,13 +117,18 @@ def lr_factor(step, total, schedule, warmup):
     return 1.0
 
 
-def train_rank(rank, args, port, queue):
+def init_rank(rank, world, port):
+    """One intra-op thread; a gloo group of `world` ranks on localhost when world > 1. Returns world."""
     torch.set_num_threads(1)
-    world = args.world
     if world > 1:
         os.environ["MASTER_ADDR"] = "127.0.0.1"
         os.environ["MASTER_PORT"] = str(port)
         dist.init_process_group("gloo", rank=rank, world_size=world)
+    return world
+
+
+def train_rank(rank, args, port, queue):
+    world = init_rank(rank, args.world, port)
     setup = read_safetensors(args.setup)
     x, y = fashion_mnist(args.data_root, "train", args.mean, args.std)
     model = make_cnn()
@@ -280,12 +285,7 @@ def gpt_from_setup(setup, n_head):
 
 
 def gpt_rank(rank, args, port, queue):
-    torch.set_num_threads(1)
-    world = args.world
-    if world > 1:
-        os.environ["MASTER_ADDR"] = "127.0.0.1"
-        os.environ["MASTER_PORT"] = str(port)
-        dist.init_process_group("gloo", rank=rank, world_size=world)
+    world = init_rank(rank, args.world, port)
     setup = read_safetensors(args.setup)
     model = gpt_from_setup(setup, args.n_head)
     tokens = setup["train_tokens"]
