@@ -427,7 +427,8 @@ __global__ void __launch_bounds__(kThreads)
     for (int x = threadIdx.x; x < t * E; x += kThreads) {
       const int r = x / E, c = x - r * E;
       const int64_t i = q0 + r;
-      if (i < in.L) dq[(bh * in.L + i) * in.E + c] = static_cast<T>(sdq[x] * in.scale);
+      // A fully masked row has no gradient (not 0 · inf where a key holds inf).
+      if (i < in.L) dq[(bh * in.L + i) * in.E + c] = static_cast<T>(slse[r] == dinf<A>() ? A(0) : sdq[x] * in.scale);
     }
   }
 }
@@ -470,6 +471,13 @@ __global__ void __launch_bounds__(kThreads)
       load_rows(sdo, lay.ldv, in.dout, b, h, q0, in.L, t, Ev, A(1));
       load_row_stats(slse, lse, bh, in.L, q0, t, dinf<A>());
       load_row_stats(sdelta, delta, bh, in.L, q0, t, A(0));
+      __syncthreads();
+      // A fully masked row (lse +inf) took no part: zero its q and upstream gradient, so an inf or
+      // NaN there cannot reach dK and dV through 0 · inf (as the CPU does).
+      for (int x = threadIdx.x; x < t * E; x += kThreads)
+        if (slse[x / E] == dinf<A>()) sq[(x / E) * lay.ldq + x % E] = A(0);
+      for (int x = threadIdx.x; x < t * Ev; x += kThreads)
+        if (slse[x / Ev] == dinf<A>()) sdo[(x / Ev) * lay.ldv + x % Ev] = A(0);
       __syncthreads();
       for (int x = threadIdx.x; x < t * t; x += kThreads) {
         const int r = x / t, c = x - r * t;  // r: a query of this tile, c: a key

@@ -232,12 +232,14 @@ TensorDict load_from(uint64_t total_size, const std::function<void(uint64_t, voi
   }
   // Names whose tensor is another's (tied weights, written once): the same tensor under both.
   if (auto it = meta.find(kAliasesKey); it != meta.end()) {
+    check_json_depth(it->second.data(), it->second.size(), what);  // a string inside the header: unchecked so far
     const nlohmann::json aliases = nlohmann::json::parse(it->second, nullptr, /*allow_exceptions=*/false);
     TANDEM_CHECK(aliases.is_object(), "[safetensors] {}: metadata '{}' is not a JSON object of names", what,
                  kAliasesKey);
     for (const auto& a : aliases.items()) {
       TANDEM_CHECK(a.value().is_string() && out.contains(a.value().get<std::string>()),
-                   "[safetensors] {}: alias '{}' names no tensor of the file ({})", what, a.key(), a.value().dump());
+                   "[safetensors] {}: alias '{}' names no tensor of the file (its value is a {})", what, a.key(),
+                   a.value().is_string() ? "name not in the file" : a.value().type_name());
       TANDEM_CHECK(!a.key().empty() && a.key() != "__metadata__" && !out.contains(a.key()),
                    "[safetensors] {}: alias '{}' is empty, reserved or also a tensor of the file", what, a.key());
       out.insert(a.key(), out.at(a.value().get<std::string>()));
@@ -316,6 +318,9 @@ void write_file(const std::string& path, const std::vector<std::pair<std::string
   for (const auto& item : tensors) {
     const std::string& name = item.first;
     const Tensor& t = item.second;  // not a structured binding: clang 14 cannot capture one
+    // Every name is checked here, aliases included (prepare sees only the tensors written).
+    TANDEM_CHECK(!name.empty(), "[safetensors] tensor names must not be empty");
+    TANDEM_CHECK(name != "__metadata__", "[safetensors] '__metadata__' is reserved and cannot name a tensor");
     // The same data: state_dict hands out detached views, so compare what they view, not handles.
     auto same_data = [&](const Tensor& u) {
       return t.defined() && u.defined() && t.numel() > 0 && u.data_ptr() == t.data_ptr() &&

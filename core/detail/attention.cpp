@@ -113,9 +113,18 @@ void dropout_factors(const AttentionProblem& p, int64_t bh, int64_t i0, int64_t 
   const uint64_t L = static_cast<uint64_t>(p.L()), S = static_cast<uint64_t>(p.S());
   for (int64_t r = 0; r < nq; ++r) {
     const uint64_t row = (static_cast<uint64_t>(bh) * L + static_cast<uint64_t>(i0 + r)) * S;
-    for (int64_t c = 0; c < nk; ++c)
-      f[r * nk + c] =
-          attention_keep(p.dropout.seed, p.dropout.offset, row + static_cast<uint64_t>(j0 + c), drop) ? kept : C(0);
+    // attention_keep's bits, one Philox block per four elements rather than one per element: a
+    // block is computed once and its four words used in turn.
+    uint64_t block = ~uint64_t{0};
+    PhiloxCounter bits{};
+    for (int64_t c = 0; c < nk; ++c) {
+      const uint64_t e = row + static_cast<uint64_t>(j0 + c);
+      if (p.dropout.offset + e / 4 != block) {
+        block = p.dropout.offset + e / 4;
+        bits = philox_block(p.dropout.seed, block);
+      }
+      f[r * nk + c] = uniform_f32(bits.w[e % 4]) >= drop ? kept : C(0);
+    }
   }
 }
 
@@ -213,6 +222,13 @@ void backward_cpu(const AttentionProblem& p, const Tensor& out, const Tensor& ls
       load_matrix<T, C>(p.k, b, h, C(1), k.data());
       load_matrix<T, C>(p.v, b, h, C(1), v.data());
       load_matrix<T, C>(dout, b, h, C(1), g.data());
+      // A fully masked row (lse +inf) took no part: its q and upstream gradient are zeroed so that
+      // an inf or NaN in them cannot reach the other rows' gradients through 0 · inf.
+      for (int64_t i = 0; i < L; ++i)
+        if (lse_p[bh * L + i] == std::numeric_limits<C>::infinity()) {
+          std::fill(q.begin() + i * E, q.begin() + (i + 1) * E, C(0));
+          std::fill(g.begin() + i * Ev, g.begin() + (i + 1) * Ev, C(0));
+        }
       std::fill(gq.begin(), gq.end(), C(0));
       std::fill(gk.begin(), gk.end(), C(0));
       std::fill(gv.begin(), gv.end(), C(0));
@@ -238,7 +254,12 @@ void backward_cpu(const AttentionProblem& p, const Tensor& out, const Tensor& ls
           // dS = P ∘ (dP - delta): the gradient of the (scaled, biased) scores.
           for (int64_t r = 0; r < nq; ++r) {
             const C d = delta_p[bh * L + i0 + r];
-            for (int64_t c = 0; c < nk; ++c) ds[r * nk + c] = prob[r * nk + c] * (ds[r * nk + c] - d);
+            // A weight of 0 (a masked key, a fully masked row) has no gradient, even where an inf
+            // or NaN value or upstream gradient would make 0 · (dP - delta) NaN.
+            for (int64_t c = 0; c < nk; ++c) {
+              const C pc = prob[r * nk + c];
+              ds[r * nk + c] = pc == C(0) ? C(0) : pc * (ds[r * nk + c] - d);
+            }
           }
           // dV += (P ∘ dropout)ᵀ · dO
           if (p.dropout_p > 0)
@@ -254,7 +275,10 @@ void backward_cpu(const AttentionProblem& p, const Tensor& out, const Tensor& ls
           }
         }
       }
-      for (int64_t e = 0; e < L * E; ++e) dq_p[bh * L * E + e] = static_cast<T>(gq[e] * scale);
+      for (int64_t e = 0; e < L * E; ++e) {
+        const bool masked_row = lse_p[bh * L + e / E] == std::numeric_limits<C>::infinity();
+        dq_p[bh * L * E + e] = static_cast<T>(masked_row ? C(0) : gq[e] * scale);  // no gradient, not 0 · inf
+      }
       for (int64_t e = 0; e < S * E; ++e) dk_p[bh * S * E + e] = static_cast<T>(gk[e]);
       for (int64_t e = 0; e < S * Ev; ++e) dv_p[bh * S * Ev + e] = static_cast<T>(gv[e]);
     }

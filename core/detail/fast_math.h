@@ -12,8 +12,9 @@
 namespace tandem::detail {
 
 // e^x as 2^n · e^r, r = x - n·ln 2 in [-ln2/2, ln2/2], with a degree-7 Taylor polynomial for e^r
-// (relative error below 2e-7). Exactly 0 below -87 (where f32's normal range ends) and for -inf;
-// +inf and NaN pass through as +inf-like (x > 88 saturates at e^88) and NaN.
+// (relative error below 1e-7 over [-87, 88]). Exactly 0 below -87 (near where f32's normal range
+// ends) and for -inf; NaN stays NaN. Inputs above 88 (+inf included) saturate at e^88 rather than
+// overflow: the callers (softmax-like exponents, which are <= 0) never pass them.
 inline float fast_exp(float x) {
   const float xc = x > 88.0f ? 88.0f : (x > -87.0f ? x : -87.0f);  // NaN lands on -87: no UB below
   const float t = xc * 1.44269504088896341f;
@@ -35,9 +36,10 @@ inline float fast_exp(float x) {
   return x != x ? x : low;
 }
 
-// erf by Abramowitz & Stegun 7.1.26 (absolute error below 1.5e-7): the approximation PyTorch's
-// vectorised CPU erf uses for f32 (its GELU included), so ours agrees with it as closely as
-// glibc's erff would. NaN stays NaN, ±inf gives ±1.
+// erf by Abramowitz & Stegun 7.1.26 (absolute error below 5e-7 evaluated in f32): the
+// approximation PyTorch's vectorised CPU erf uses for f32 (its GELU included). Absolute, not
+// relative: near 0 it is far from erf in relative terms, fine inside GELU (x · (1 + erf)) but not
+// a general erf. NaN stays NaN, ±inf gives ±1.
 inline float fast_erf(float x) {
   const float a = std::fabs(x);
   const float t = 1.0f / (0.3275911f * a + 1.0f);

@@ -769,3 +769,28 @@ TEST_CASE("scaled_dot_product_attention: errors name the op and the shapes", "[a
   REQUIRE_THROWS(sdpa(q, bad_k, v, {Tensor(), 0.5}));
   REQUIRE(get_rng_state().offset == before.offset);
 }
+
+// A fully masked row whose query and upstream gradient are inf: its output is 0 whatever they are, so it
+// sends no gradient back (0 · (dP - delta) with dP = inf must not become NaN). A partially masked
+// row is not special: 0 · inf in P·V gives NaN there, as in PyTorch's composition.
+TEST_CASE("scaled_dot_product_attention: a fully masked row passes no NaN back", "[attention]") {
+  Tensor q0 = randn({1, 1, 2, 3}, f64);
+  q0.select(2, 0).fill_(INFINITY);  // the masked query itself
+  Tensor q = q0.detach().requires_grad_();
+  Tensor k = randn({1, 1, 2, 3}, f64).requires_grad_();
+  Tensor v = randn({1, 1, 2, 3}, f64).requires_grad_();
+  Tensor mask = from_vector<bool>({false, false, true, true}, {2, 2});  // row 0: every key masked
+  Tensor out = scaled_dot_product_attention(q, k, v, mask);
+  REQUIRE(out.select(2, 0).abs().max().item<double>() == 0);
+  Tensor w = randn({1, 1, 2, 3}, f64);
+  w.select(2, 0).fill_(INFINITY);
+  sum(out * w).backward();
+  for (const Tensor* t : {&q, &k, &v})
+    REQUIRE(sum(logical_or(isnan(t->grad()), isinf(t->grad()))).item<int64_t>() == 0);
+  // Row 1 alone: the same gradients as without row 0.
+  Tensor q1 = q.detach().narrow(2, 1, 1).requires_grad_();
+  Tensor k1 = k.detach().requires_grad_(), v1 = v.detach().requires_grad_();
+  sum(scaled_dot_product_attention(q1, k1, v1) * w.narrow(2, 1, 1)).backward();
+  REQUIRE(max(abs(k.grad() - k1.grad())).item<double>() < 1e-14);
+  REQUIRE(max(abs(v.grad() - v1.grad())).item<double>() < 1e-14);
+}

@@ -216,6 +216,18 @@ TEST_CASE("safetensors: malformed files are rejected with a clear error", "[safe
       {image(R"({"t":[1]})", {}), "is not an object"},
       {image(R"({"t":{"dtype":5,"shape":[1],"data_offsets":[0,4]}})", {0, 0, 0, 0}), "non-string dtype"},
       {image("{\"t\":" + std::string(100, '[') + std::string(100, ']') + "}", {}), "nests deeper"},
+      // Tied weights' aliases (written by save_safetensors for tensors that view the same data).
+      {image(R"({"__metadata__":{"tandem.aliases":"{\"b\":\"a\"}"}})", {}), "alias 'b' names no tensor"},
+      {image(R"({"__metadata__":{"tandem.aliases":"[1]"},"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})",
+             {0, 0, 0, 0}),
+       "not a JSON object of names"},
+      {image(R"({"__metadata__":{"tandem.aliases":"{\"a\":\"a\"}"},"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})",
+             {0, 0, 0, 0}),
+       "also a tensor of the file"},
+      // The aliases are JSON inside a JSON string: the depth guard applies to them too (a deep one
+      // would overflow the stack of a recursive parser or printer).
+      {image("{\"__metadata__\":{\"tandem.aliases\":\"{\\\"x\\\":" + std::string(5000, '[') + "\"}}", {}),
+       "nests deeper"},
   };
   for (size_t i = 0; i < cases.size(); ++i) {
     INFO("case " << i << " expecting '" << cases[i].message << "'");

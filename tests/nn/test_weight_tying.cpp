@@ -236,6 +236,9 @@ TEST_CASE("weight tying: state_dict and safetensors round trips keep both names 
   REQUIRE(meta.at("format") == "pt");
   REQUIRE_THROWS_WITH(nn::save_safetensors(path, file, {{"tandem.aliases", "{}"}}),
                       Catch::Contains("[safetensors] metadata key 'tandem.aliases' is reserved"));
+  // A name that would only be an alias is checked as any other (else the file could not be read).
+  nn::TensorDict with_empty{{"a", src->wte->weight}, {"", src->wte->weight}};
+  REQUIRE_THROWS_WITH(nn::save_safetensors(path, with_empty), "[safetensors] tensor names must not be empty");
   auto back = make_lm(true, 5);
   auto result = nn::load_model(*back, path);
   REQUIRE(result.missing_keys.empty());
