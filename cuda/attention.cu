@@ -412,7 +412,9 @@ __global__ void __launch_bounds__(kThreads)
                    .ds;
           if (dmask != nullptr) dmask[(bh * in.L + i) * in.S + j] = static_cast<T>(ds);
         }
-        sds[r * lay.lds + c] = ds;
+        // dQ = dS · (scale · K): the scale goes in before the product, which could overflow
+        // with it outside (tiny scales, huge q and k: the true dQ is finite).
+        sds[r * lay.lds + c] = ds * static_cast<A>(in.scale);
       }
       __syncthreads();
       for (int x = threadIdx.x; x < t * E; x += kThreads) {
@@ -428,7 +430,7 @@ __global__ void __launch_bounds__(kThreads)
       const int r = x / E, c = x - r * E;
       const int64_t i = q0 + r;
       // A fully masked row has no gradient (not 0 · inf where a key holds inf).
-      if (i < in.L) dq[(bh * in.L + i) * in.E + c] = static_cast<T>(slse[r] == dinf<A>() ? A(0) : sdq[x] * in.scale);
+      if (i < in.L) dq[(bh * in.L + i) * in.E + c] = static_cast<T>(slse[r] == dinf<A>() ? A(0) : sdq[x]);
     }
   }
 }

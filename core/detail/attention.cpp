@@ -206,7 +206,7 @@ void backward_cpu(const AttentionProblem& p, const Tensor& out, const Tensor& ls
   using C = std::conditional_t<std::is_same_v<T, double>, double, float>;
   const int64_t B = p.B(), H = p.H(), L = p.L(), S = p.S(), E = p.E(), Ev = p.Ev();
   const C scale = static_cast<C>(p.scale);
-  std::vector<C> q(L * E), k(S * E), v(S * Ev), g(L * Ev);
+  std::vector<C> q(L * E), k(S * E), ks(S * E), v(S * Ev), g(L * Ev);
   std::vector<C> gq(L * E), gk(S * E), gv(S * Ev);
   std::vector<C> prob(kQueryTile * kKeyTile), ds(kQueryTile * kKeyTile);
   std::vector<C> drop(p.dropout_p > 0 ? kQueryTile * kKeyTile : 0);
@@ -220,6 +220,9 @@ void backward_cpu(const AttentionProblem& p, const Tensor& out, const Tensor& ls
       const int64_t bh = b * H + h;
       load_matrix<T, C>(p.q, b, h, scale, q.data());
       load_matrix<T, C>(p.k, b, h, C(1), k.data());
+      // dQ = dS · (scale · K): the scale goes in before the product, which could overflow with it
+      // outside (a tiny scale and huge q and k, whose true dQ is finite). dK = dSᵀ · (scale · Q) alike.
+      for (int64_t e = 0; e < S * E; ++e) ks[e] = k[e] * scale;
       load_matrix<T, C>(p.v, b, h, C(1), v.data());
       load_matrix<T, C>(dout, b, h, C(1), g.data());
       // A fully masked row (lse +inf) took no part: its q and upstream gradient are zeroed so that
@@ -265,8 +268,8 @@ void backward_cpu(const AttentionProblem& p, const Tensor& out, const Tensor& ls
           if (p.dropout_p > 0)
             for (int64_t e = 0; e < nq * nk; ++e) prob[e] *= drop[e];
           gemm<C>(true, false, nk, Ev, nq, prob.data(), nk, g.data() + i0 * Ev, Ev, true, gv.data() + j0 * Ev, Ev);
-          // dQ += dS · K (times scale, at the end); dK += dSᵀ · (scale · Q).
-          gemm<C>(false, false, nq, E, nk, ds.data(), nk, k.data() + j0 * E, E, true, gq.data() + i0 * E, E);
+          // dQ += dS · (scale · K); dK += dSᵀ · (scale · Q).
+          gemm<C>(false, false, nq, E, nk, ds.data(), nk, ks.data() + j0 * E, E, true, gq.data() + i0 * E, E);
           gemm<C>(true, false, nk, E, nq, ds.data(), nk, q.data() + i0 * E, E, true, gk.data() + j0 * E, E);
           if (dmask.defined()) {
             T* dm = static_cast<T*>(dmask.data_ptr()) + ((bh * L + i0) * S + j0);
@@ -277,7 +280,7 @@ void backward_cpu(const AttentionProblem& p, const Tensor& out, const Tensor& ls
       }
       for (int64_t e = 0; e < L * E; ++e) {
         const bool masked_row = lse_p[bh * L + e / E] == std::numeric_limits<C>::infinity();
-        dq_p[bh * L * E + e] = static_cast<T>(masked_row ? C(0) : gq[e] * scale);  // no gradient, not 0 · inf
+        dq_p[bh * L * E + e] = static_cast<T>(masked_row ? C(0) : gq[e]);  // no gradient, not 0 · inf
       }
       for (int64_t e = 0; e < S * E; ++e) dk_p[bh * S * E + e] = static_cast<T>(gk[e]);
       for (int64_t e = 0; e < S * Ev; ++e) dv_p[bh * S * Ev + e] = static_cast<T>(gv[e]);

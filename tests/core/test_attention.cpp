@@ -794,3 +794,25 @@ TEST_CASE("scaled_dot_product_attention: a fully masked row passes no NaN back",
   REQUIRE(max(abs(k.grad() - k1.grad())).item<double>() < 1e-14);
   REQUIRE(max(abs(v.grad() - v1.grad())).item<double>() < 1e-14);
 }
+
+// fuzz_seq_ops' finding: with a tiny scale and huge q and k, dQ = scale · dS · K overflowed in
+// dS · K although dQ itself is finite (the scale was applied last). The gradients of q and k are
+// linear in v, and v's do not depend on it: v · 1e-200 gives the reference at a safe magnitude.
+TEST_CASE("scaled_dot_product_attention: a tiny scale with huge q and k keeps finite gradients", "[attention][fuzz]") {
+  const double s = 1e-300;
+  // Scores s · q·k of order 1 (an unsaturated softmax); dS ~ |v| = 1e200 and |k| = 1e150, so
+  // dS · K ~ 1e350 overflows while dQ = s · dS · K ~ 1e50 does not.
+  Tensor q = (randn({2, 2, 8, 2}, f64) * 1e150).requires_grad_();
+  Tensor k = (randn({2, 2, 8, 2}, f64) * 1e150).requires_grad_();
+  Tensor v = (randn({2, 2, 8, 2}, f64) * 1e200).requires_grad_();
+  Tensor w = randn({2, 2, 8, 2}, f64);
+  sum(scaled_dot_product_attention(q, k, v, {}, 0.0, true, s) * w).backward();
+  Tensor q2 = q.detach().requires_grad_(), k2 = k.detach().requires_grad_();
+  Tensor v2 = (v.detach() * 1e-200).requires_grad_();
+  sum(scaled_dot_product_attention(q2, k2, v2, {}, 0.0, true, s) * w).backward();
+  for (const Tensor* t : {&q, &k, &v})
+    REQUIRE(sum(logical_or(isnan(t->grad()), isinf(t->grad()))).item<int64_t>() == 0);
+  REQUIRE(max(abs(q.grad() - q2.grad() * 1e200)).item<double>() <= 1e-12 * max(abs(q.grad())).item<double>());
+  REQUIRE(max(abs(k.grad() - k2.grad() * 1e200)).item<double>() <= 1e-12 * max(abs(k.grad())).item<double>());
+  REQUIRE(max(abs(v.grad() - v2.grad())).item<double>() <= 1e-12 * max(abs(v.grad())).item<double>());
+}
