@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -290,7 +289,9 @@ void backward_cpu(const AttentionProblem& p, const Tensor& out, const Tensor& ls
 
 // Whether the problem has nothing to attend: no output rows or columns, or no keys (every row is
 // then fully masked: output 0, no gradient).
-bool degenerate(const AttentionProblem& p) { return p.B() * p.H() * p.L() == 0 || p.S() == 0 || p.Ev() == 0; }
+bool degenerate(const AttentionProblem& p) {
+  return p.B() == 0 || p.H() == 0 || p.L() == 0 || p.S() == 0 || p.Ev() == 0;  // no product: sizes may be huge
+}
 
 // A head dim of 0 gives scores of 0 (plus the bias): the kernels get q and k of head dim 1 and
 // value 0, which give the same scores, so they never see an empty GEMM.

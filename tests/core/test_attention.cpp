@@ -816,3 +816,15 @@ TEST_CASE("scaled_dot_product_attention: a tiny scale with huge q and k keeps fi
   REQUIRE(max(abs(k.grad() - k2.grad() * 1e200)).item<double>() <= 1e-12 * max(abs(k.grad())).item<double>());
   REQUIRE(max(abs(v.grad() - v2.grad())).item<double>() <= 1e-12 * max(abs(v.grad())).item<double>());
 }
+
+// Stride-0 views can have sizes whose B·H·L·S overflows int64: dropout cannot number its weights,
+// which is a clear error before anything is drawn or allocated.
+TEST_CASE("scaled_dot_product_attention: dropout over more weights than int64 counts is an error", "[attention]") {
+  const int64_t n = int64_t{1} << 32;
+  Tensor q = zeros({1, 1}).expand({n, 1});
+  const PhiloxState before = get_rng_state();
+  REQUIRE_THROWS_WITH(scaled_dot_product_attention(q, q, q, {}, 0.5),
+                      Catch::StartsWith("[scaled_dot_product_attention] dropout over B·H·L·S") &&
+                          Catch::Contains("overflows int64"));
+  REQUIRE(get_rng_state().offset == before.offset);
+}
