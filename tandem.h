@@ -7,6 +7,7 @@
 #include "core/shape.h"
 #include "core/tensor.h"
 #include "core/threads.h"
+#include "core/parallel.h"
 #include "autograd/engine.h"
 #include "autograd/function.h"
 #include "autograd/grad_mode.h"

@@ -5,6 +5,7 @@
 
 #include "autograd/grad_mode.h"
 #include "autograd/ops.h"
+#include "core/parallel.h"
 #include "core/detail/kernel_tables.h"
 #include "core/detail/optim_kernels.h"
 
@@ -251,10 +252,11 @@ namespace {
 // One pass over contiguous data per parameter: weight decay, momentum, Nesterov and the update
 // fused, with the branches hoisted into template flags so the loop vectorises. Same arithmetic
 // (in the parameter's type) as torch.optim.SGD's sequence of tensor ops.
+// Elementwise, so it runs in chunks on the intra-op threads with the same bits at any count.
 template <class T, bool kDecay, bool kMomentum, bool kFirst, bool kNesterov>
-void sgd_loop(T* __restrict p, const T* __restrict g, T* __restrict buf, int64_t n, T sign, T neg_lr, T wd, T mom,
-              T damp1) {
-  for (int64_t i = 0; i < n; ++i) {
+void sgd_chunk(T* __restrict p, const T* __restrict g, T* __restrict buf, int64_t begin, int64_t end, T sign, T neg_lr,
+               T wd, T mom, T damp1) {
+  for (int64_t i = begin; i < end; ++i) {
     T d = g[i] * sign;
     if constexpr (kDecay) d = d + wd * p[i];
     if constexpr (kMomentum) {
@@ -273,6 +275,13 @@ void sgd_loop(T* __restrict p, const T* __restrict g, T* __restrict buf, int64_t
     }
     p[i] = p[i] + neg_lr * d;
   }
+}
+
+template <class T, bool kDecay, bool kMomentum, bool kFirst, bool kNesterov>
+void sgd_loop(T* p, const T* g, T* buf, int64_t n, T sign, T neg_lr, T wd, T mom, T damp1) {
+  parallel_for(n, kDefaultGrain, [&](int64_t begin, int64_t end) {
+    sgd_chunk<T, kDecay, kMomentum, kFirst, kNesterov>(p, g, buf, begin, end, sign, neg_lr, wd, mom, damp1);
+  });
 }
 
 template <class T>
@@ -424,10 +433,10 @@ namespace {
 // precision, T) of torch's per-op kernels: mul_ then add_ for the moments, addcmul_ as
 // v + (c * g) * g, the denominator sqrt(v) / bc2_sqrt + eps, and addcdiv_ as p + (c * m) / d.
 template <class T, bool kDecoupled, bool kAmsgrad>
-void adam_loop(T* __restrict p, const T* __restrict g, T* __restrict m, T* __restrict v, T* __restrict vmax,
-               int64_t n, T sign, T decay_factor, T l2, T beta1, T one_minus_beta1, T beta2, T one_minus_beta2,
-               T bc2_sqrt, T eps, T neg_step_size) {
-  for (int64_t i = 0; i < n; ++i) {
+void adam_chunk(T* __restrict p, const T* __restrict g, T* __restrict m, T* __restrict v, T* __restrict vmax,
+                int64_t begin, int64_t end, T sign, T decay_factor, T l2, T beta1, T one_minus_beta1, T beta2,
+                T one_minus_beta2, T bc2_sqrt, T eps, T neg_step_size) {
+  for (int64_t i = begin; i < end; ++i) {
     T pi = p[i];
     T gi = g[i] * sign;
     if constexpr (kDecoupled) {
@@ -447,6 +456,16 @@ void adam_loop(T* __restrict p, const T* __restrict g, T* __restrict m, T* __res
     T denom = std::sqrt(vv) / bc2_sqrt + eps;
     p[i] = pi + neg_step_size * mi / denom;
   }
+}
+
+// Elementwise too: chunks on the intra-op threads, the same bits at any count.
+template <class T, bool kDecoupled, bool kAmsgrad>
+void adam_loop(T* p, const T* g, T* m, T* v, T* vmax, int64_t n, T sign, T decay_factor, T l2, T beta1,
+               T one_minus_beta1, T beta2, T one_minus_beta2, T bc2_sqrt, T eps, T neg_step_size) {
+  parallel_for(n, kDefaultGrain, [&](int64_t begin, int64_t end) {
+    adam_chunk<T, kDecoupled, kAmsgrad>(p, g, m, v, vmax, begin, end, sign, decay_factor, l2, beta1, one_minus_beta1,
+                                        beta2, one_minus_beta2, bc2_sqrt, eps, neg_step_size);
+  });
 }
 
 template <class T>

@@ -10,6 +10,7 @@
 #include "core/detail/elementwise.h"
 #include "core/detail/matmul.h"
 #include "core/detail/reduce.h"
+#include "core/parallel.h"
 
 namespace tandem::detail {
 
@@ -82,48 +83,56 @@ void zero_wrapped(T* row, const TapSpan& t, int64_t W) {
   }
 }
 
+// Channels per parallel_for chunk of im2col/col2im: about kDefaultGrain column entries.
+int64_t channels_grain(const Window2d& w) {
+  return std::max<int64_t>(1, kDefaultGrain / std::max<int64_t>(w.kh * w.kw * w.OH * w.OW, 1));
+}
+
 template <class T>
 void im2col_cpu(const T* x, T* col, int64_t C, const Window2d& w) {
   const int64_t ohw = w.OH * w.OW;
   const bool shifted = shifts_plane(w);
-  for (int64_t c = 0; c < C; ++c) {
-    const T* xc = x + c * w.H * w.W;
-    for (int64_t ki = 0; ki < w.kh; ++ki) {
-      for (int64_t kj = 0; kj < w.kw; ++kj) {
-        T* row = col + ((c * w.kh + ki) * w.kw + kj) * ohw;
-        if (shifted) {
-          const TapSpan t = tap_span(w, ki, kj);
-          std::fill(row, row + t.oh_lo * w.W, T(0));
-          std::fill(row + t.oh_hi * w.W, row + ohw, T(0));
-          if (t.oh_lo < t.oh_hi && t.lo < t.hi) {
-            const int64_t first = t.oh_lo * w.W + t.lo, last = (t.oh_hi - 1) * w.W + t.hi;
-            std::memcpy(row + first, xc + first + t.shift, static_cast<size_t>(last - first) * sizeof(T));
-          }
-          zero_wrapped(row, t, w.W);
-          continue;
-        }
-        const int64_t off = kj * w.dw - w.pw;
-        int64_t lo, hi;
-        valid_columns(off, w, lo, hi);
-        for (int64_t oh = 0; oh < w.OH; ++oh) {
-          T* r = row + oh * w.OW;
-          const int64_t ih = oh * w.sh - w.ph + ki * w.dh;
-          if (ih < 0 || ih >= w.H) {
-            std::fill(r, r + w.OW, T(0));
+  // Channels fill disjoint blocks of rows: chunks of them on the intra-op threads.
+  parallel_for(C, channels_grain(w), [&](int64_t c_begin, int64_t c_end) {
+    for (int64_t c = c_begin; c < c_end; ++c) {
+      const T* xc = x + c * w.H * w.W;
+      for (int64_t ki = 0; ki < w.kh; ++ki) {
+        for (int64_t kj = 0; kj < w.kw; ++kj) {
+          T* row = col + ((c * w.kh + ki) * w.kw + kj) * ohw;
+          if (shifted) {
+            const TapSpan t = tap_span(w, ki, kj);
+            std::fill(row, row + t.oh_lo * w.W, T(0));
+            std::fill(row + t.oh_hi * w.W, row + ohw, T(0));
+            if (t.oh_lo < t.oh_hi && t.lo < t.hi) {
+              const int64_t first = t.oh_lo * w.W + t.lo, last = (t.oh_hi - 1) * w.W + t.hi;
+              std::memcpy(row + first, xc + first + t.shift, static_cast<size_t>(last - first) * sizeof(T));
+            }
+            zero_wrapped(row, t, w.W);
             continue;
           }
-          const T* xr = xc + ih * w.W + off;
-          std::fill(r, r + lo, T(0));
-          if (w.sw == 1) {
-            copy_run(r + lo, xr + lo, hi - lo);
-          } else {
-            for (int64_t ow = lo; ow < hi; ++ow) r[ow] = xr[ow * w.sw];
+          const int64_t off = kj * w.dw - w.pw;
+          int64_t lo, hi;
+          valid_columns(off, w, lo, hi);
+          for (int64_t oh = 0; oh < w.OH; ++oh) {
+            T* r = row + oh * w.OW;
+            const int64_t ih = oh * w.sh - w.ph + ki * w.dh;
+            if (ih < 0 || ih >= w.H) {
+              std::fill(r, r + w.OW, T(0));
+              continue;
+            }
+            const T* xr = xc + ih * w.W + off;
+            std::fill(r, r + lo, T(0));
+            if (w.sw == 1) {
+              copy_run(r + lo, xr + lo, hi - lo);
+            } else {
+              for (int64_t ow = lo; ow < hi; ++ow) r[ow] = xr[ow * w.sw];
+            }
+            std::fill(r + hi, r + w.OW, T(0));
           }
-          std::fill(r + hi, r + w.OW, T(0));
         }
       }
     }
-  }
+  });
 }
 
 // `col` is scratch: the shifted path zeroes its entries that fall in the padding.
@@ -131,38 +140,41 @@ template <class T>
 void col2im_cpu(T* col, T* x, int64_t C, const Window2d& w) {
   const int64_t ohw = w.OH * w.OW;
   const bool shifted = shifts_plane(w);
-  std::fill(x, x + C * w.H * w.W, T(0));
-  for (int64_t c = 0; c < C; ++c) {
-    T* xc = x + c * w.H * w.W;
-    for (int64_t ki = 0; ki < w.kh; ++ki) {
-      for (int64_t kj = 0; kj < w.kw; ++kj) {
-        T* row = col + ((c * w.kh + ki) * w.kw + kj) * ohw;
-        if (shifted) {
-          const TapSpan t = tap_span(w, ki, kj);
-          if (t.oh_lo >= t.oh_hi || t.lo >= t.hi) continue;
-          zero_wrapped(row, t, w.W);
-          const int64_t first = t.oh_lo * w.W + t.lo, last = (t.oh_hi - 1) * w.W + t.hi;
-          T* dst = xc + t.shift;
-          for (int64_t d = first; d < last; ++d) dst[d] += row[d];
-          continue;
-        }
-        const int64_t off = kj * w.dw - w.pw;
-        int64_t lo, hi;
-        valid_columns(off, w, lo, hi);
-        for (int64_t oh = 0; oh < w.OH; ++oh) {
-          const int64_t ih = oh * w.sh - w.ph + ki * w.dh;
-          if (ih < 0 || ih >= w.H) continue;
-          const T* r = row + oh * w.OW;
-          T* xr = xc + ih * w.W + off;
-          if (w.sw == 1) {
-            for (int64_t ow = lo; ow < hi; ++ow) xr[ow] += r[ow];
-          } else {
-            for (int64_t ow = lo; ow < hi; ++ow) xr[ow * w.sw] += r[ow];
+  // Each channel adds into its own input plane only: chunks of channels on the intra-op threads.
+  parallel_for(C, channels_grain(w), [&](int64_t c_begin, int64_t c_end) {
+    std::fill(x + c_begin * w.H * w.W, x + c_end * w.H * w.W, T(0));
+    for (int64_t c = c_begin; c < c_end; ++c) {
+      T* xc = x + c * w.H * w.W;
+      for (int64_t ki = 0; ki < w.kh; ++ki) {
+        for (int64_t kj = 0; kj < w.kw; ++kj) {
+          T* row = col + ((c * w.kh + ki) * w.kw + kj) * ohw;
+          if (shifted) {
+            const TapSpan t = tap_span(w, ki, kj);
+            if (t.oh_lo >= t.oh_hi || t.lo >= t.hi) continue;
+            zero_wrapped(row, t, w.W);
+            const int64_t first = t.oh_lo * w.W + t.lo, last = (t.oh_hi - 1) * w.W + t.hi;
+            T* dst = xc + t.shift;
+            for (int64_t d = first; d < last; ++d) dst[d] += row[d];
+            continue;
+          }
+          const int64_t off = kj * w.dw - w.pw;
+          int64_t lo, hi;
+          valid_columns(off, w, lo, hi);
+          for (int64_t oh = 0; oh < w.OH; ++oh) {
+            const int64_t ih = oh * w.sh - w.ph + ki * w.dh;
+            if (ih < 0 || ih >= w.H) continue;
+            const T* r = row + oh * w.OW;
+            T* xr = xc + ih * w.W + off;
+            if (w.sw == 1) {
+              for (int64_t ow = lo; ow < hi; ++ow) xr[ow] += r[ow];
+            } else {
+              for (int64_t ow = lo; ow < hi; ++ow) xr[ow * w.sw] += r[ow];
+            }
           }
         }
       }
     }
-  }
+  });
 }
 
 template <class F>

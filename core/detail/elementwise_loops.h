@@ -4,7 +4,8 @@
 // out's shape. Its fast paths are plain pointer loops the compiler vectorises: all operands
 // contiguous with out's numel, or (two inputs) one of them a single element. Everything else
 // goes through for_each_run, which coalesces dims into 1-D runs; runs that turn out contiguous
-// (or contiguous against a broadcast operand) take the same plain loops.
+// (or contiguous against a broadcast operand) take the same plain loops. The fast path runs in
+// chunks on the intra-op threads (core/parallel.h) past kDefaultGrain elements.
 #pragma once
 
 #include <array>
@@ -15,6 +16,7 @@
 
 #include "core/detail/elementwise.h"
 #include "core/detail/iter.h"
+#include "core/parallel.h"
 
 namespace tandem::detail {
 
@@ -100,7 +102,15 @@ void map(const Tensor& out, const std::array<const Tensor*, sizeof...(In)>& ins,
       }
     }
     if (fast) {
-      return run_1d<Out, In...>(static_cast<char*>(out.data_ptr()), sizeof(Out), p, stride, n, f);
+      // Chunks of the one run on the intra-op threads; each element is computed once, by the
+      // same functor, so the bits do not depend on the thread count.
+      char* o = static_cast<char*>(out.data_ptr());
+      parallel_for(n, kDefaultGrain, [&](int64_t begin, int64_t end) {
+        std::array<const char*, N> q = p;
+        for (size_t j = 0; j < N; ++j) q[j] += stride[j] * begin;
+        run_1d<Out, In...>(o + begin * static_cast<int64_t>(sizeof(Out)), sizeof(Out), q, stride, end - begin, f);
+      });
+      return;
     }
   }
   std::array<const Tensor*, N + 1> all;

@@ -10,6 +10,7 @@
 #include "core/detail/checks.h"
 #include "core/detail/copy.h"
 #include "core/detail/kernel_tables.h"
+#include "core/detail/onednn.h"
 #include "core/detail/reduce.h"
 #include "core/threads.h"
 
@@ -95,6 +96,10 @@ void gemm_one(int64_t M, int64_t N, int64_t K, const T* a, int64_t as0, int64_t 
   if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
     blas_gemm(M, N, K, a, as0, as1, b, bs0, bs1, c, ldc, accumulate, op);
   } else if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>) {
+    // bf16 natively where the CPU multiplies it (oneDNN, AVX512_BF16); both routes sum in f32
+    // and round C once, so they differ only in the order of the f32 sums.
+    if constexpr (std::is_same_v<T, BFloat16>)
+      if (onednn_bf16_gemm(M, N, K, a, as0, as1, b, bs0, bs1, c, ldc, accumulate, op)) return;
     // Through f32: convert, one sgemm, round back once.
     std::vector<float> af(M * K), bf(K * N), cf(M * N);
     copy_matrix(af.data(), a, M, K, as0, as1);

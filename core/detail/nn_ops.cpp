@@ -1,6 +1,8 @@
 #include "core/detail/nn_ops.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -10,6 +12,7 @@
 #include "core/detail/iter.h"
 #include "core/detail/reduce.h"  // pairwise_sum
 #include "core/detail/views.h"
+#include "core/parallel.h"
 
 namespace tandem::detail {
 
@@ -32,6 +35,9 @@ SliceGeometry slice_geometry(const Shape& s, int64_t dim) {
 
 template <class T>
 using A = acc_t<T>;
+
+// Rows per parallel_for chunk when each row holds row_elems elements: about kDefaultGrain elements.
+int64_t rows_grain(int64_t row_elems) { return std::max<int64_t>(1, kDefaultGrain / std::max<int64_t>(row_elems, 1)); }
 
 NnDeviceKernels& device_table(const Tensor& t, const char* op) { return device_kernels<NnDeviceKernels>(t.device(), op); }
 
@@ -61,50 +67,57 @@ Tensor softmax_kernel(const Tensor& a_in, int64_t dim, bool log, const char* op)
     const T* xp = static_cast<const T*>(a.data_ptr());
     T* yp = static_cast<T*>(y.data_ptr());
     const Acc ninf = -std::numeric_limits<Acc>::infinity();
+    // Rows (slices) are independent: chunks of them on the intra-op threads, each with its own
+    // scratch, the same bits at any thread count.
+    const int64_t grain = rows_grain(n * inner);
     if (inner == 1) {
-      std::vector<Acc> e(n);
-      for (int64_t o = 0; o < sg.outer; ++o) {
-        const T* x = xp + o * n;
-        T* out = yp + o * n;
-        Acc m = ninf;
-        for (int64_t j = 0; j < n; ++j) m = std::max(m, static_cast<Acc>(x[j]));
-        Acc s = 0;
-        for (int64_t j = 0; j < n; ++j) {
-          e[j] = static_cast<Acc>(x[j]) - m;
-          s += std::exp(e[j]);
+      parallel_for(sg.outer, grain, [&](int64_t begin, int64_t end) {
+        std::vector<Acc> e(n);
+        for (int64_t o = begin; o < end; ++o) {
+          const T* x = xp + o * n;
+          T* out = yp + o * n;
+          Acc m = ninf;
+          for (int64_t j = 0; j < n; ++j) m = std::max(m, static_cast<Acc>(x[j]));
+          Acc s = 0;
+          for (int64_t j = 0; j < n; ++j) {
+            e[j] = static_cast<Acc>(x[j]) - m;
+            s += std::exp(e[j]);
+          }
+          if (log) {
+            const Acc ls = std::log(s);
+            for (int64_t j = 0; j < n; ++j) out[j] = static_cast<T>(e[j] - ls);
+          } else {
+            const Acc inv = Acc(1) / s;
+            for (int64_t j = 0; j < n; ++j) out[j] = static_cast<T>(std::exp(e[j]) * inv);
+          }
         }
-        if (log) {
-          const Acc ls = std::log(s);
-          for (int64_t j = 0; j < n; ++j) out[j] = static_cast<T>(e[j] - ls);
-        } else {
-          const Acc inv = Acc(1) / s;
-          for (int64_t j = 0; j < n; ++j) out[j] = static_cast<T>(std::exp(e[j]) * inv);
-        }
-      }
+      });
       return;
     }
     // Reducing over a non-innermost dim: sweep whole rows of `inner` so memory stays sequential.
-    std::vector<Acc> m(inner), s(inner);
-    for (int64_t o = 0; o < sg.outer; ++o) {
-      const T* x = xp + o * n * inner;
-      T* out = yp + o * n * inner;
-      std::fill(m.begin(), m.end(), ninf);
-      std::fill(s.begin(), s.end(), Acc(0));
-      for (int64_t j = 0; j < n; ++j)
-        for (int64_t i = 0; i < inner; ++i) m[i] = std::max(m[i], static_cast<Acc>(x[j * inner + i]));
-      for (int64_t j = 0; j < n; ++j)
-        for (int64_t i = 0; i < inner; ++i) s[i] += std::exp(static_cast<Acc>(x[j * inner + i]) - m[i]);
-      if (log) {
-        for (int64_t i = 0; i < inner; ++i) s[i] = m[i] + std::log(s[i]);
+    parallel_for(sg.outer, grain, [&](int64_t begin, int64_t end) {
+      std::vector<Acc> m(inner), s(inner);
+      for (int64_t o = begin; o < end; ++o) {
+        const T* x = xp + o * n * inner;
+        T* out = yp + o * n * inner;
+        std::fill(m.begin(), m.end(), ninf);
+        std::fill(s.begin(), s.end(), Acc(0));
         for (int64_t j = 0; j < n; ++j)
-          for (int64_t i = 0; i < inner; ++i) out[j * inner + i] = static_cast<T>(static_cast<Acc>(x[j * inner + i]) - s[i]);
-      } else {
-        for (int64_t i = 0; i < inner; ++i) s[i] = Acc(1) / s[i];
+          for (int64_t i = 0; i < inner; ++i) m[i] = std::max(m[i], static_cast<Acc>(x[j * inner + i]));
         for (int64_t j = 0; j < n; ++j)
-          for (int64_t i = 0; i < inner; ++i)
-            out[j * inner + i] = static_cast<T>(std::exp(static_cast<Acc>(x[j * inner + i]) - m[i]) * s[i]);
+          for (int64_t i = 0; i < inner; ++i) s[i] += std::exp(static_cast<Acc>(x[j * inner + i]) - m[i]);
+        if (log) {
+          for (int64_t i = 0; i < inner; ++i) s[i] = m[i] + std::log(s[i]);
+          for (int64_t j = 0; j < n; ++j)
+            for (int64_t i = 0; i < inner; ++i) out[j * inner + i] = static_cast<T>(static_cast<Acc>(x[j * inner + i]) - s[i]);
+        } else {
+          for (int64_t i = 0; i < inner; ++i) s[i] = Acc(1) / s[i];
+          for (int64_t j = 0; j < n; ++j)
+            for (int64_t i = 0; i < inner; ++i)
+              out[j * inner + i] = static_cast<T>(std::exp(static_cast<Acc>(x[j * inner + i]) - m[i]) * s[i]);
+        }
       }
-    }
+    });
   });
   return y;
 }
@@ -134,23 +147,25 @@ Tensor softmax_backward_kernel(const Tensor& g_in, const Tensor& y_in, int64_t d
     const T* gp = static_cast<const T*>(g.data_ptr());
     const T* yp = static_cast<const T*>(y.data_ptr());
     T* op_ = static_cast<T*>(gx.data_ptr());
-    std::vector<Acc> s(inner);
-    for (int64_t o = 0; o < sg.outer; ++o) {
-      const int64_t base = o * n * inner;
-      std::fill(s.begin(), s.end(), Acc(0));
-      for (int64_t j = 0; j < n; ++j)
-        for (int64_t i = 0; i < inner; ++i) {
-          const int64_t k = base + j * inner + i;
-          const Acc gk = static_cast<Acc>(gp[k]);
-          s[i] += log ? gk : gk * static_cast<Acc>(yp[k]);
-        }
-      for (int64_t j = 0; j < n; ++j)
-        for (int64_t i = 0; i < inner; ++i) {
-          const int64_t k = base + j * inner + i;
-          const Acc gk = static_cast<Acc>(gp[k]), yk = static_cast<Acc>(yp[k]);
-          op_[k] = static_cast<T>(log ? gk - std::exp(yk) * s[i] : yk * (gk - s[i]));
-        }
-    }
+    parallel_for(sg.outer, rows_grain(n * inner), [&](int64_t begin, int64_t end) {
+      std::vector<Acc> s(inner);
+      for (int64_t o = begin; o < end; ++o) {
+        const int64_t base = o * n * inner;
+        std::fill(s.begin(), s.end(), Acc(0));
+        for (int64_t j = 0; j < n; ++j)
+          for (int64_t i = 0; i < inner; ++i) {
+            const int64_t k = base + j * inner + i;
+            const Acc gk = static_cast<Acc>(gp[k]);
+            s[i] += log ? gk : gk * static_cast<Acc>(yp[k]);
+          }
+        for (int64_t j = 0; j < n; ++j)
+          for (int64_t i = 0; i < inner; ++i) {
+            const int64_t k = base + j * inner + i;
+            const Acc gk = static_cast<Acc>(gp[k]), yk = static_cast<Acc>(yp[k]);
+            op_[k] = static_cast<T>(log ? gk - std::exp(yk) * s[i] : yk * (gk - s[i]));
+          }
+      }
+    });
   });
   return gx;
 }
@@ -197,25 +212,27 @@ LayerNormForward layer_norm_kernel(const Tensor& x_in, const Shape& ns, const Te
     T* yp = static_cast<T*>(r.y.data_ptr());
     Acc* mp = static_cast<Acc*>(r.mean.data_ptr());
     Acc* rp = static_cast<Acc*>(r.rstd.data_ptr());
-    for (int64_t row = 0; row < rows; ++row) {
-      const T* xr = xp + row * D;
-      T* yr = yp + row * D;
-      const Acc mean = pairwise_sum<Acc>(0, D, [xr](int64_t j) { return static_cast<Acc>(xr[j]); }) / Acc(D);
-      const Acc var = pairwise_sum<Acc>(0, D, [xr, mean](int64_t j) {
-                        Acc v = static_cast<Acc>(xr[j]) - mean;
-                        return v * v;
-                      }) /
-                      Acc(D);
-      const Acc rstd = Acc(1) / std::sqrt(var + static_cast<Acc>(eps));
-      mp[row] = mean;
-      rp[row] = rstd;
-      for (int64_t j = 0; j < D; ++j) {
-        Acc v = (static_cast<Acc>(xr[j]) - mean) * rstd;
-        if (wp) v *= static_cast<Acc>(wp[j]);
-        if (bp) v += static_cast<Acc>(bp[j]);
-        yr[j] = static_cast<T>(v);
+    parallel_for(rows, rows_grain(D), [&](int64_t begin, int64_t end) {
+      for (int64_t row = begin; row < end; ++row) {
+        const T* xr = xp + row * D;
+        T* yr = yp + row * D;
+        const Acc mean = pairwise_sum<Acc>(0, D, [xr](int64_t j) { return static_cast<Acc>(xr[j]); }) / Acc(D);
+        const Acc var = pairwise_sum<Acc>(0, D, [xr, mean](int64_t j) {
+                          Acc v = static_cast<Acc>(xr[j]) - mean;
+                          return v * v;
+                        }) /
+                        Acc(D);
+        const Acc rstd = Acc(1) / std::sqrt(var + static_cast<Acc>(eps));
+        mp[row] = mean;
+        rp[row] = rstd;
+        for (int64_t j = 0; j < D; ++j) {
+          Acc v = (static_cast<Acc>(xr[j]) - mean) * rstd;
+          if (wp) v *= static_cast<Acc>(wp[j]);
+          if (bp) v += static_cast<Acc>(bp[j]);
+          yr[j] = static_cast<T>(v);
+        }
       }
-    }
+    });
   });
   return r;
 }
@@ -238,6 +255,13 @@ std::array<Tensor, 3> layer_norm_backward_kernel(const Tensor& g_in, const Tenso
     TANDEM_CHECK(g.dtype() == x.dtype() && g.shape() == x.shape(), "[{}] gradient {} {} does not match input {} {}",
                  op, g.dtype(), g.shape(), x.dtype(), x.shape());
     device_table(x, op).layer_norm_backward(g, x, materialize(mean, op), materialize(rstd, op), w, rows, D, out);
+    return out;
+  }
+  if (rows == 0) {
+    // No row: the weight and bias gradients are zeros, and the scratch below, sized by D, is not
+    // needed (an empty input's normalized dims may be huge: [0, 2^61] normalized over its last dim).
+    for (int k = 1; k < 3; ++k)
+      if (out[k].defined() && out[k].numel() > 0) std::memset(out[k].data_ptr(), 0, static_cast<size_t>(out[k].nbytes()));
     return out;
   }
   TANDEM_DISPATCH_FLOATING(x.dtype(), op, [&] {

@@ -10,6 +10,7 @@
 #include "core/detail/checks.h"
 #include "core/detail/copy.h"
 #include "core/detail/kernel_tables.h"
+#include "core/parallel.h"
 
 namespace tandem::detail {
 
@@ -18,6 +19,9 @@ namespace {
 PoolDeviceKernels& device_table(const Tensor& t, const char* op) {
   return device_kernels<PoolDeviceKernels>(t.device(), op);
 }
+
+// Planes per parallel_for chunk: about kDefaultGrain input elements.
+int64_t planes_grain(const Window2d& w) { return std::max<int64_t>(1, kDefaultGrain / std::max<int64_t>(w.H * w.W, 1)); }
 
 // floor(a / b) for b > 0 (PyTorch's div_rtn).
 int64_t floor_div(int64_t a, int64_t b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
@@ -150,36 +154,39 @@ std::pair<Tensor, Tensor> max_pool2d_kernel(const Tensor& input, const Pool2dArg
     // takes the general walk.
     const bool two_by_two = w.kh == 2 && w.kw == 2 && w.sh == 2 && w.sw == 2 && w.ph == 0 && w.pw == 0 &&
                             w.dh == 1 && w.dw == 1 && 2 * w.OH <= w.H && 2 * w.OW <= w.W;
-    for (int64_t p = 0; p < planes; ++p) {
-      if (!two_by_two) {
-        walk_plane(p);
-        continue;
-      }
-      const T* xs = xp + p * w.H * w.W;
-      T* ys = yp + p * w.OH * w.OW;
-      int64_t* is = ip + p * w.OH * w.OW;
-      int nan = 0;
-      for (int64_t oh = 0; oh < w.OH; ++oh) {
-        const T* top = xs + 2 * oh * w.W;
-        const T* bottom = top + w.W;
-        const int64_t base = 2 * oh * w.W;
-        for (int64_t ow = 0; ow < w.OW; ++ow) {
-          const Acc a = static_cast<Acc>(top[2 * ow]), b = static_cast<Acc>(top[2 * ow + 1]);
-          const Acc c = static_cast<Acc>(bottom[2 * ow]), d = static_cast<Acc>(bottom[2 * ow + 1]);
-          nan |= (a != a) | (b != b) | (c != c) | (d != d);
-          const bool tb = b > a;
-          const Acc ab = tb ? b : a;
-          const bool tc = c > ab;
-          const Acc abc = tc ? c : ab;
-          const bool td = d > abc;
-          ys[oh * w.OW + ow] = static_cast<T>(td ? d : abc);
-          // The winner's offset in the window (0, 1, W, W + 1) by arithmetic: no branch.
-          const int64_t kb = tb, kc = kb + tc * (w.W - kb), kd = kc + td * (w.W + 1 - kc);
-          is[oh * w.OW + ow] = base + 2 * ow + kd;
+    // Planes are independent: chunks of them on the intra-op threads.
+    parallel_for(planes, planes_grain(w), [&](int64_t p_begin, int64_t p_end) {
+      for (int64_t p = p_begin; p < p_end; ++p) {
+        if (!two_by_two) {
+          walk_plane(p);
+          continue;
         }
+        const T* xs = xp + p * w.H * w.W;
+        T* ys = yp + p * w.OH * w.OW;
+        int64_t* is = ip + p * w.OH * w.OW;
+        int nan = 0;
+        for (int64_t oh = 0; oh < w.OH; ++oh) {
+          const T* top = xs + 2 * oh * w.W;
+          const T* bottom = top + w.W;
+          const int64_t base = 2 * oh * w.W;
+          for (int64_t ow = 0; ow < w.OW; ++ow) {
+            const Acc a = static_cast<Acc>(top[2 * ow]), b = static_cast<Acc>(top[2 * ow + 1]);
+            const Acc c = static_cast<Acc>(bottom[2 * ow]), d = static_cast<Acc>(bottom[2 * ow + 1]);
+            nan |= (a != a) | (b != b) | (c != c) | (d != d);
+            const bool tb = b > a;
+            const Acc ab = tb ? b : a;
+            const bool tc = c > ab;
+            const Acc abc = tc ? c : ab;
+            const bool td = d > abc;
+            ys[oh * w.OW + ow] = static_cast<T>(td ? d : abc);
+            // The winner's offset in the window (0, 1, W, W + 1) by arithmetic: no branch.
+            const int64_t kb = tb, kc = kb + tc * (w.W - kb), kd = kc + td * (w.W + 1 - kc);
+            is[oh * w.OW + ow] = base + 2 * ow + kd;
+          }
+        }
+        if (nan) walk_plane(p);  // rewrites the plane by the rule
       }
-      if (nan) walk_plane(p);  // rewrites the plane by the rule
-    }
+    });
   });
   return {out, idx};
 }
@@ -209,15 +216,18 @@ Tensor max_pool2d_backward_kernel(const Tensor& grad, const Tensor& indices, con
     const int64_t* ip = static_cast<const int64_t*>(idx.data_ptr());
     T* xp = static_cast<T*>(gx.data_ptr());
     const int64_t hw = w.H * w.W, ohw = w.OH * w.OW;
-    std::vector<Acc> acc(hw);
-    for (int64_t p = 0; p < planes; ++p) {
-      std::fill(acc.begin(), acc.end(), Acc(0));
-      for (int64_t o = 0; o < ohw; ++o) {
-        const int64_t i = ip[p * ohw + o];
-        if (i >= 0 && i < hw) acc[i] += static_cast<Acc>(gp[p * ohw + o]);
+    // Planes are independent: chunks of them on the intra-op threads, each with its own scratch.
+    parallel_for(planes, planes_grain(w), [&](int64_t p_begin, int64_t p_end) {
+      std::vector<Acc> acc(hw);
+      for (int64_t p = p_begin; p < p_end; ++p) {
+        std::fill(acc.begin(), acc.end(), Acc(0));
+        for (int64_t o = 0; o < ohw; ++o) {
+          const int64_t i = ip[p * ohw + o];
+          if (i >= 0 && i < hw) acc[i] += static_cast<Acc>(gp[p * ohw + o]);
+        }
+        for (int64_t i = 0; i < hw; ++i) xp[p * hw + i] = static_cast<T>(acc[i]);
       }
-      for (int64_t i = 0; i < hw; ++i) xp[p * hw + i] = static_cast<T>(acc[i]);
-    }
+    });
   });
   return gx;
 }

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <limits>
 
+#include "core/detail/onednn.h"  // onednn_bf16_gemm: the oneDNN route on its own
 #include "tandem.h"
 #include "test_util.h"
 
@@ -276,4 +277,65 @@ TEST_CASE("linear and matmul of empty operands whose strides are near INT64_MAX"
   Tensor z = matmul(zeros({2, 0, highest}).select(2, 0), zeros({0, 5}));  // K = 0: zeros
   REQUIRE(z.shape() == Shape{2, 5});
   REQUIRE(z.abs().sum().item<float>() == 0.0f);
+}
+
+TEST_CASE("bf16 GEMM: the oneDNN route and the f32 route agree with the exact product", "[matmul][bf16]") {
+  // Both routes sum exact bf16 products in f32 and round C once, so each is within about one
+  // bf16 rounding of the exact (f64) product; they differ only in the order of the f32 sums.
+  if (!detail::onednn_bf16_available())
+    WARN("oneDNN's bf16 GEMM is not used here (not built in, no AVX512_BF16, or TANDEM_ONEDNN=0): "
+         "only the f32 route is checked");
+  manual_seed(11);
+  struct Case {
+    int64_t M, N, K;
+    bool a_t, b_t, accumulate;
+  };
+  for (Case c : {Case{1, 1, 1, false, false, false}, Case{1, 7, 5, false, false, false}, Case{9, 1, 300, true, false, true},
+                 Case{33, 65, 17, false, true, false}, Case{64, 48, 129, true, true, true},
+                 Case{5, 3, 1, false, false, true}, Case{128, 256, 64, false, true, false}}) {
+    INFO("M " << c.M << " N " << c.N << " K " << c.K << " a_t " << c.a_t << " b_t " << c.b_t << " acc " << c.accumulate);
+    Tensor a = (c.a_t ? randn({c.K, c.M}).t() : randn({c.M, c.K})).to(bf16);
+    Tensor b = (c.b_t ? randn({c.N, c.K}).t() : randn({c.K, c.N})).to(bf16);
+    Tensor c0 = randn({c.M, c.N}).to(bf16);
+    const auto A = vals(a), B = vals(b), C0 = vals(c0);
+    std::vector<double> exact(c.M * c.N), bound(c.M * c.N);
+    for (int64_t i = 0; i < c.M; ++i)
+      for (int64_t j = 0; j < c.N; ++j) {
+        double s = c.accumulate ? C0[i * c.N + j] : 0, m = std::abs(s);
+        for (int64_t k = 0; k < c.K; ++k) {
+          s += A[i * c.K + k] * B[k * c.N + j];
+          m += std::abs(A[i * c.K + k] * B[k * c.N + j]);
+        }
+        exact[i * c.N + j] = s;
+        // one bf16 rounding of the result, plus f32 sums' error
+        bound[i * c.N + j] = std::ldexp(std::abs(s), -8) + (c.K + 1) * std::ldexp(m, -23);
+      }
+    auto check = [&](const Tensor& got) {
+      const auto g = vals(got);
+      for (size_t e = 0; e < g.size(); ++e) {
+        INFO("element " << e << ": got " << g[e] << ", exact " << exact[e]);
+        REQUIRE(std::abs(g[e] - exact[e]) <= bound[e]);
+      }
+    };
+    // The public op: oneDNN where available, else the f32 route.
+    check(c.accumulate ? addmm(c0, a, b) : matmul(a, b));
+    // oneDNN called directly, when it runs here.
+    Tensor out = c0.clone();
+    const bool ran = detail::onednn_bf16_gemm(c.M, c.N, c.K, a.data_ptr<BFloat16>(), a.stride(0), a.stride(1),
+                                              b.data_ptr<BFloat16>(), b.stride(0), b.stride(1), out.data_ptr<BFloat16>(),
+                                              c.N, c.accumulate, "test");
+    if (detail::onednn_bf16_available()) {
+      REQUIRE(ran);
+      check(out);
+    } else {
+      REQUIRE_FALSE(ran);
+    }
+  }
+  // Operands with no unit stride are not oneDNN's: the caller copies them (the f32 route here).
+  Tensor s = randn({8, 8}).to(bf16);
+  Tensor strided = s.slice(0, 0, 8, 2).slice(1, 0, 8, 2);
+  Tensor out = zeros({4, 4}, bf16);
+  REQUIRE_FALSE(detail::onednn_bf16_gemm(4, 4, 4, strided.data_ptr<BFloat16>(), strided.stride(0), strided.stride(1),
+                                         strided.data_ptr<BFloat16>(), strided.stride(0), strided.stride(1),
+                                         out.data_ptr<BFloat16>(), 4, false, "test"));
 }

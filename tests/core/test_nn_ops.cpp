@@ -192,3 +192,19 @@ TEST_CASE("dropout backward multiplies by the saved mask") {
       },
       {leaf(randn({4, 5}, f64))});
 }
+
+TEST_CASE("layer_norm backward of an empty input whose normalized dim is huge", "[layer_norm][fuzz]") {
+  // fuzz_ops (campaign, seed tools/fuzz/corpus/ops/crash-layer-norm-empty-huge-dim): the backward
+  // sized its row scratch by the normalized numel, 2^61 here, and threw std::length_error out of
+  // the library although there is no row to normalise.
+  const int64_t huge = int64_t{1} << 61;
+  Tensor x = zeros({0, huge}).requires_grad_();
+  sum(layer_norm(x, {huge})).backward();
+  REQUIRE(x.grad().shape() == Shape{0, huge});
+  // With weight and bias (a small D, no rows): their gradients are zeros.
+  Tensor x2 = zeros({0, 4}).requires_grad_();
+  Tensor w = ones({4}).requires_grad_(), b = ones({4}).requires_grad_();
+  sum(layer_norm(x2, {4}, w, b)).backward();
+  REQUIRE(w.grad().to_vector<float>() == std::vector<float>(4, 0.0f));
+  REQUIRE(b.grad().to_vector<float>() == std::vector<float>(4, 0.0f));
+}

@@ -2,9 +2,11 @@
 //
 //   bench_cpu [--json] [--runs N] [--no-peer] [--quick]
 //
-// Rows: mlp_step (64x784-512-512-10 MLP, cross-entropy, SGD momentum, one step), tiny_op (one
+// Rows: mlp_step (64x784-512-512-10 MLP, cross-entropy, SGD momentum, one step), mlp_step_2t and
+// cnn_step_2t (that step and one of train's Fashion-MNIST CNN, batch 64, on two threads), tiny_op (one
 // 1-element add recorded and backwarded), matmul_512 / matmul_2048 (f32 GEMM GFLOP/s against
-// OpenBLAS called directly), conv2d_fwd_bwd (a 64x32x28x28 input through a 3x3 conv to 64 channels,
+// OpenBLAS called directly), matmul_bf16 (a 512x1024 by 1024x1024 bf16 GEMM in GFLOP/s beside
+// PyTorch's: oneDNN's AVX512_BF16 kernel on both sides where the CPU has it), conv2d_fwd_bwd (a 64x32x28x28 input through a 3x3 conv to 64 channels,
 // padding 1, forward and backward of the sum), rss_growth (RSS after 20,000 vs 1,000 MLP steps).
 #include "cli.h"
 #include <cblas.h>
@@ -52,6 +54,14 @@ std::pair<double, double> matmul_gflops(int64_t n, int runs) {
   return {flops / ours / 1e9, flops / peer / 1e9};
 }
 
+// GFLOP/s of a 512x1024 by 1024x1024 bf16 matmul (bf16 output, f32 accumulation).
+double matmul_bf16_gflops(int runs) {
+  Tensor a = randn({512, 1024}).to(bf16);
+  Tensor b = randn({1024, 1024}).to(bf16);
+  double s = bench::median_seconds([&] { (void)matmul(a, b); }, 10, runs, 2);
+  return 2.0 * 512 * 1024 * 1024 / s / 1e9;
+}
+
 // tools/train/models.h's ConvBench, in ms.
 double conv2d_fwd_bwd_ms(int runs) {
   ConvBench conv;
@@ -93,8 +103,22 @@ int main(int argc, char** argv) {
     auto [ours, blas] = matmul_gflops(n, runs);
     rows.push_back({fmt::format("matmul_{}", n), ours, blas, "GFLOP/s", "ratio >= 0.9", "peer: cblas_sgemm"});
   }
+  rows.push_back({"matmul_bf16", matmul_bf16_gflops(runs), std::nullopt, "GFLOP/s", "ratio >= 0.9",
+                  "512x1024 by 1024x1024, peer: torch bf16"});
   rows.push_back({"conv2d_fwd_bwd", conv2d_fwd_bwd_ms(runs), std::nullopt, "ms", "ratio <= 1.0",
                   "64x32x28x28, 3x3 to 64, pad 1"});
+  // Two intra-op threads: our kernels' chunks and OpenBLAS's, against torch.set_num_threads(2).
+  set_num_threads(2);
+  {
+    MlpBench mlp(64, 784, 512, 10);
+    double s = bench::median_seconds([&] { mlp.step(); }, 20, runs, 5);
+    rows.push_back({"mlp_step_2t", s * 1e3, std::nullopt, "ms", "ratio <= 0.8", "mlp_step on 2 threads"});
+    CnnBench cnn;
+    s = bench::median_seconds([&] { cnn.step(); }, 5, runs, 2);
+    rows.push_back({"cnn_step_2t", s * 1e3, std::nullopt, "ms", "ratio <= 0.8",
+                    "fmnist CNN, batch 64, SGD m=0.9, 2 threads"});
+  }
+  set_num_threads(1);
   if (!quick) {
     MlpBench mlp(64, 784, 512, 10);
     for (int i = 0; i < 1000; ++i) mlp.step();

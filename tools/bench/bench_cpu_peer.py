@@ -56,6 +56,30 @@ def tiny_op():
     return median_time(chain, 5, 2) / n * 1e6  # us per op
 
 
+def matmul_bf16():
+    torch.manual_seed(0)
+    a = torch.randn(512, 1024).bfloat16()
+    b = torch.randn(1024, 1024).bfloat16()
+    return 2.0 * 512 * 1024 * 1024 / median_time(lambda: torch.matmul(a, b), 10, 2) / 1e9  # GFLOP/s
+
+
+def cnn_step():
+    torch.manual_seed(0)
+    sys.path.insert(0, __file__.rsplit("/", 1)[0])
+    from bench_train_peer import make_cnn
+    model = make_cnn()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    x = torch.randn(64, 1, 28, 28)
+    y = torch.randint(0, 10, (64,))
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+    return median_time(step, 5, 2) * 1e3  # ms
+
+
 def conv2d_fwd_bwd():
     torch.manual_seed(0)
     conv = torch.nn.Conv2d(32, 64, 3, padding=1)
@@ -71,5 +95,9 @@ def conv2d_fwd_bwd():
 if __name__ == "__main__":
     torch.set_num_threads(1)
     runs = int(sys.argv[1]) if len(sys.argv) > 1 else runs
-    out = {"mlp_step": mlp_step(), "tiny_op": tiny_op(), "conv2d_fwd_bwd": conv2d_fwd_bwd()}
+    out = {"mlp_step": mlp_step(), "tiny_op": tiny_op(), "matmul_bf16": matmul_bf16(),
+           "conv2d_fwd_bwd": conv2d_fwd_bwd()}
+    torch.set_num_threads(2)
+    out["mlp_step_2t"] = mlp_step()
+    out["cnn_step_2t"] = cnn_step()
     print(json.dumps(out))

@@ -112,6 +112,22 @@ struct MlpBench {
   }
 };
 
+// One SGD (momentum) step of make_fmnist_cnn on a batch of 64 random images.
+struct CnnBench {
+  std::shared_ptr<tandem::nn::Sequential> model = make_fmnist_cnn();
+  std::unique_ptr<tandem::optim::SGD> opt = std::make_unique<tandem::optim::SGD>(
+      model->parameters(), tandem::optim::SGDOptions{.lr = 0.01, .momentum = kSgdMomentum});
+  tandem::Tensor x = tandem::randn({kFmnistBatch, 1, 28, 28});
+  tandem::Tensor y = tandem::randint(0, 10, {kFmnistBatch});
+  float step() {
+    opt->zero_grad(true);
+    tandem::Tensor loss = tandem::nn::cross_entropy((*model)(x), y);
+    loss.backward();
+    opt->step();
+    return loss.item<float>();
+  }
+};
+
 // ---- A small GPT (nanoGPT's model, at the character level) ----
 //
 // Token and position embeddings, n_layer pre-LayerNorm blocks (causal self-attention, then a 4x
