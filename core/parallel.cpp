@@ -8,7 +8,11 @@
 #include "core/threads.h"
 
 #if TANDEM_HAVE_OPENMP
-#include <omp.h>
+// GNU OpenMP's entry points (declared here rather than through the compiler's omp.h).
+extern "C" int omp_in_parallel();
+extern "C" int omp_get_thread_num();
+extern "C" int omp_get_num_threads();
+extern "C" void omp_set_num_threads(int);
 #endif
 
 // 0: OpenBLAS is sequential, 1: it runs its own pthreads, 2: it runs on OpenMP.
@@ -27,6 +31,8 @@ bool shares_blas_pool() {
   return shares;
 }
 
+thread_local int thread_cap = 0;  // set_thread_intra_op_cap's, for this thread; 0: none
+
 }  // namespace
 
 int parallel_chunk_count(int64_t n, int64_t grain) {
@@ -35,7 +41,7 @@ int parallel_chunk_count(int64_t n, int64_t grain) {
 #if TANDEM_HAVE_OPENMP
   // Nested: the outer loop already uses the threads.
   if (omp_in_parallel() || !shares_blas_pool()) return 1;
-  return static_cast<int>(std::min<int64_t>(get_num_threads(), n / g));
+  return static_cast<int>(std::min<int64_t>(intra_op_threads(), n / g));
 #else
   return 1;
 #endif
@@ -67,6 +73,19 @@ void parallel_chunks(int64_t n, int chunks, ChunkFn fn, void* body) {
 }  // namespace tandem::detail
 
 namespace tandem {
+
+int intra_op_threads() {
+  const int n = get_num_threads();
+  return detail::thread_cap > 0 ? std::min(n, detail::thread_cap) : n;
+}
+
+void set_thread_intra_op_cap(int n) {
+  detail::thread_cap = std::max(n, 0);
+#if TANDEM_HAVE_OPENMP
+  // OpenBLAS's OpenMP build sizes its GEMM teams by the calling thread's OpenMP setting.
+  omp_set_num_threads(intra_op_threads());
+#endif
+}
 
 bool intra_op_parallel() {
 #if TANDEM_HAVE_OPENMP

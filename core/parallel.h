@@ -19,6 +19,12 @@ namespace tandem {
 // build). When false every loop runs serially and only GEMMs use the threads.
 bool intra_op_parallel();
 
+// The threads the calling thread's loops use: get_num_threads(), capped for this thread by
+// set_thread_intra_op_cap. dist::run_threads gives each of its n rank threads get_num_threads() / n
+// (at least 1), so n ranks in one process do not each start a team of every core.
+int intra_op_threads();
+void set_thread_intra_op_cap(int n);  // 0 lifts the cap
+
 // PyTorch's grain for elementwise loops: below 32768 elements a fork/join costs more than it saves.
 constexpr int64_t kDefaultGrain = 32768;
 

@@ -5,6 +5,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <mutex>
+#include <pthread.h>
 #include <thread>
 
 #include "core/error.h"
@@ -29,9 +30,20 @@ int default_threads() {
 std::once_flag threads_once;
 std::atomic<int> num_threads{0};
 
+// GNU OpenMP's pool does not survive fork(): the first parallel region of a child whose parent had
+// run one waits for threads that were not copied. A forked child therefore drops to one thread (our
+// loops, OpenBLAS, oneDNN) at its next kernel, as PyTorch does; set_num_threads may raise it again.
+std::atomic<bool> forked_child{false};
+void on_fork_child() { forked_child.store(true, std::memory_order_relaxed); }
+[[maybe_unused]] const int fork_handler = pthread_atfork(nullptr, nullptr, on_fork_child);
+
 }  // namespace
 
 int get_num_threads() {
+  if (forked_child.load(std::memory_order_relaxed)) [[unlikely]] {
+    forked_child.store(false, std::memory_order_relaxed);
+    set_num_threads(1);
+  }
   std::call_once(threads_once, [] {
     if (num_threads.load() == 0) set_num_threads(default_threads());
   });

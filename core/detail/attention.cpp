@@ -13,6 +13,7 @@
 #include "core/detail/index.h"
 #include "core/detail/reduce.h"
 #include "core/detail/views.h"
+#include "core/parallel.h"
 
 namespace tandem::detail {
 
@@ -137,14 +138,16 @@ void forward_cpu(const AttentionProblem& p, const Tensor& out, const Tensor& lse
   using C = std::conditional_t<std::is_same_v<T, double>, double, float>;
   constexpr C kInf = std::numeric_limits<C>::infinity();
   const int64_t B = p.B(), H = p.H(), L = p.L(), S = p.S(), E = p.E(), Ev = p.Ev();
-  std::vector<C> q(L * E), k(S * E), v(S * Ev);
-  std::vector<C> s(kQueryTile * kKeyTile), drop(p.dropout_p > 0 ? kQueryTile * kKeyTile : 0);
-  std::vector<C> acc(kQueryTile * Ev), m(kQueryTile), l(kQueryTile);
   T* o = static_cast<T*>(out.data_ptr());
   C* lse_p = static_cast<C*>(lse.data_ptr());
-  for (int64_t b = 0; b < B; ++b) {
-    for (int64_t h = 0; h < H; ++h) {
-      const int64_t bh = b * H + h;
+  // Each (batch, head) is a problem of its own: chunks of them on the intra-op threads, each with
+  // its own scratch, the same bits at any thread count.
+  parallel_for(B * H, 1, [&](int64_t bh_begin, int64_t bh_end) {
+    std::vector<C> q(L * E), k(S * E), v(S * Ev);
+    std::vector<C> s(kQueryTile * kKeyTile), drop(p.dropout_p > 0 ? kQueryTile * kKeyTile : 0);
+    std::vector<C> acc(kQueryTile * Ev), m(kQueryTile), l(kQueryTile);
+    for (int64_t bh = bh_begin; bh < bh_end; ++bh) {
+      const int64_t b = bh / H, h = bh % H;
       load_matrix<T, C>(p.q, b, h, static_cast<C>(p.scale), q.data());  // the scale folded into q
       load_matrix<T, C>(p.k, b, h, C(1), k.data());
       load_matrix<T, C>(p.v, b, h, C(1), v.data());
@@ -196,7 +199,7 @@ void forward_cpu(const AttentionProblem& p, const Tensor& out, const Tensor& lse
         }
       }
     }
-  }
+  });
 }
 
 template <class T>
@@ -205,18 +208,19 @@ void backward_cpu(const AttentionProblem& p, const Tensor& out, const Tensor& ls
   using C = std::conditional_t<std::is_same_v<T, double>, double, float>;
   const int64_t B = p.B(), H = p.H(), L = p.L(), S = p.S(), E = p.E(), Ev = p.Ev();
   const C scale = static_cast<C>(p.scale);
-  std::vector<C> q(L * E), k(S * E), ks(S * E), v(S * Ev), g(L * Ev);
-  std::vector<C> gq(L * E), gk(S * E), gv(S * Ev);
-  std::vector<C> prob(kQueryTile * kKeyTile), ds(kQueryTile * kKeyTile);
-  std::vector<C> drop(p.dropout_p > 0 ? kQueryTile * kKeyTile : 0);
   const C* lse_p = static_cast<const C*>(lse.data_ptr());
   const C* delta_p = static_cast<const C*>(delta.data_ptr());
   T* dq_p = static_cast<T*>(dq.data_ptr());
   T* dk_p = static_cast<T*>(dk.data_ptr());
   T* dv_p = static_cast<T*>(dv.data_ptr());
-  for (int64_t b = 0; b < B; ++b) {
-    for (int64_t h = 0; h < H; ++h) {
-      const int64_t bh = b * H + h;
+  // Per (batch, head), as the forward: each writes only its own dq, dk, dv and dmask blocks.
+  parallel_for(B * H, 1, [&](int64_t bh_begin, int64_t bh_end) {
+    std::vector<C> q(L * E), k(S * E), ks(S * E), v(S * Ev), g(L * Ev);
+    std::vector<C> gq(L * E), gk(S * E), gv(S * Ev);
+    std::vector<C> prob(kQueryTile * kKeyTile), ds(kQueryTile * kKeyTile);
+    std::vector<C> drop(p.dropout_p > 0 ? kQueryTile * kKeyTile : 0);
+    for (int64_t bh = bh_begin; bh < bh_end; ++bh) {
+      const int64_t b = bh / H, h = bh % H;
       load_matrix<T, C>(p.q, b, h, scale, q.data());
       load_matrix<T, C>(p.k, b, h, C(1), k.data());
       // dQ = dS · (scale · K): the scale goes in before the product, which could overflow with it
@@ -284,7 +288,7 @@ void backward_cpu(const AttentionProblem& p, const Tensor& out, const Tensor& ls
       for (int64_t e = 0; e < S * E; ++e) dk_p[bh * S * E + e] = static_cast<T>(gk[e]);
       for (int64_t e = 0; e < S * Ev; ++e) dv_p[bh * S * Ev + e] = static_cast<T>(gv[e]);
     }
-  }
+  });
 }
 
 // Whether the problem has nothing to attend: no output rows or columns, or no keys (every row is

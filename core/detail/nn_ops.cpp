@@ -273,39 +273,52 @@ std::array<Tensor, 3> layer_norm_backward_kernel(const Tensor& g_in, const Tenso
     const Acc* mp = static_cast<const Acc*>(mean.data_ptr());
     const Acc* rp = static_cast<const Acc*>(rstd.data_ptr());
     T* dx = need_x ? static_cast<T*>(out[0].data_ptr()) : nullptr;
-    // Weight/bias gradients sum over rows: accumulate blocks of rows, then the blocks, so the
-    // rounding error grows with rows / block + block rather than with rows.
-    constexpr int64_t kBlock = 128;
-    std::vector<Acc> dw(need_w ? D : 0, Acc(0)), db(need_b ? D : 0, Acc(0));
-    std::vector<Acc> bw(dw.size()), bb(db.size());
-    std::vector<Acc> xhat(D), dy(D);
-    for (int64_t r0 = 0; r0 < rows; r0 += kBlock) {
-      std::fill(bw.begin(), bw.end(), Acc(0));
-      std::fill(bb.begin(), bb.end(), Acc(0));
-      const int64_t r1 = std::min(rows, r0 + kBlock);
-      for (int64_t row = r0; row < r1; ++row) {
-        const T* gr = gp + row * D;
-        const T* xr = xp + row * D;
-        const Acc mu = mp[row], rs = rp[row];
-        Acc c1 = 0, c2 = 0;
-        for (int64_t j = 0; j < D; ++j) {
-          const Acc gj = static_cast<Acc>(gr[j]);
-          xhat[j] = (static_cast<Acc>(xr[j]) - mu) * rs;
-          dy[j] = wp ? gj * static_cast<Acc>(wp[j]) : gj;
-          c1 += dy[j] * xhat[j];
-          c2 += dy[j];
-          if (need_w) bw[j] += gj * xhat[j];
-          if (need_b) bb[j] += gj;
+    // Weight/bias gradients sum over rows: accumulate blocks of rows, then the blocks in order, so
+    // the rounding error grows with rows / block + block rather than with rows. The blocks of a
+    // wave run on the intra-op threads, each into its own partial sums, which are then added in
+    // block order: the bits do not depend on the thread count. A wave bounds the partials' memory.
+    constexpr int64_t kBlock = 128, kWave = 64;
+    const int64_t nw = need_w ? D : 0, nb = need_b ? D : 0;
+    std::vector<Acc> dw(nw, Acc(0)), db(nb, Acc(0));
+    const int64_t blocks = (rows + kBlock - 1) / kBlock;
+    std::vector<Acc> partial(static_cast<size_t>(std::min(blocks, kWave) * (nw + nb)));
+    for (int64_t w0 = 0; w0 < blocks; w0 += kWave) {
+      const int64_t wave = std::min(kWave, blocks - w0);
+      parallel_for(wave, std::max<int64_t>(1, rows_grain(kBlock * D)), [&](int64_t k_begin, int64_t k_end) {
+        std::vector<Acc> xhat(D), dy(D);
+        for (int64_t k = k_begin; k < k_end; ++k) {
+          Acc* bw = partial.data() + k * (nw + nb);
+          Acc* bb = bw + nw;
+          std::fill(bw, bw + nw + nb, Acc(0));
+          const int64_t r0 = (w0 + k) * kBlock, r1 = std::min(rows, r0 + kBlock);
+          for (int64_t row = r0; row < r1; ++row) {
+            const T* gr = gp + row * D;
+            const T* xr = xp + row * D;
+            const Acc mu = mp[row], rs = rp[row];
+            Acc c1 = 0, c2 = 0;
+            for (int64_t j = 0; j < D; ++j) {
+              const Acc gj = static_cast<Acc>(gr[j]);
+              xhat[j] = (static_cast<Acc>(xr[j]) - mu) * rs;
+              dy[j] = wp ? gj * static_cast<Acc>(wp[j]) : gj;
+              c1 += dy[j] * xhat[j];
+              c2 += dy[j];
+              if (need_w) bw[j] += gj * xhat[j];
+              if (need_b) bb[j] += gj;
+            }
+            if (dx) {
+              c1 /= Acc(D);
+              c2 /= Acc(D);
+              T* dr = dx + row * D;
+              for (int64_t j = 0; j < D; ++j) dr[j] = static_cast<T>(rs * (dy[j] - c2 - xhat[j] * c1));
+            }
+          }
         }
-        if (dx) {
-          c1 /= Acc(D);
-          c2 /= Acc(D);
-          T* dr = dx + row * D;
-          for (int64_t j = 0; j < D; ++j) dr[j] = static_cast<T>(rs * (dy[j] - c2 - xhat[j] * c1));
-        }
+      });
+      for (int64_t k = 0; k < wave; ++k) {
+        const Acc* bw = partial.data() + k * (nw + nb);
+        for (int64_t j = 0; j < nw; ++j) dw[j] += bw[j];
+        for (int64_t j = 0; j < nb; ++j) db[j] += bw[nw + j];
       }
-      for (size_t j = 0; j < dw.size(); ++j) dw[j] += bw[j];
-      for (size_t j = 0; j < db.size(); ++j) db[j] += bb[j];
     }
     if (need_w) {
       T* o = static_cast<T*>(out[1].data_ptr());

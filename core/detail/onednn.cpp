@@ -6,10 +6,12 @@
 
 #include "core/detail/matmul.h"
 #include "core/error.h"
-#include "core/threads.h"
+#include "core/parallel.h"
 
 #if TANDEM_HAVE_ONEDNN
 #include <oneapi/dnnl/dnnl.hpp>
+#include <memory>
+#include <mutex>
 #include <unordered_map>
 
 // GNU OpenMP's team size, which oneDNN's parallel regions use (declared here: omp.h is the
@@ -55,20 +57,39 @@ struct Gemm {
   dnnl::memory::desc a, b, c;
   dnnl::matmul matmul;  // empty: no bf16 kernel for this problem (the portable route, without asking again)
 };
+std::mutex creation_mutex;  // see thread_gemms
+
 struct ThreadGemms {
   dnnl::engine engine{dnnl::engine::kind::cpu, 0};
   dnnl::stream stream{engine};
   std::unordered_map<GemmKey, Gemm, GemmKeyHash> primitives;
+  // Released under the creation lock too, at the thread's exit.
+  ~ThreadGemms() {
+    std::lock_guard lock(creation_mutex);
+    primitives.clear();
+    stream = dnnl::stream();
+    engine = dnnl::engine();
+  }
 };
 constexpr size_t kMaxCachedPrimitives = 256;
 
+// Engines and primitives are created through oneDNN's process-wide state (its primitive cache,
+// whose lock and entries are set up lazily inside libdnnl, where ThreadSanitizer sees no
+// synchronisation): one creation at a time, under a lock of ours. Creations are rare: an engine per
+// thread, a primitive per shape per thread.
+
 ThreadGemms& thread_gemms() {
-  thread_local ThreadGemms gemms;
-  return gemms;
+  thread_local std::unique_ptr<ThreadGemms> gemms;
+  if (!gemms) {
+    std::lock_guard lock(creation_mutex);
+    gemms = std::make_unique<ThreadGemms>();
+  }
+  return *gemms;
 }
 
 // The matmul is empty when oneDNN has only its reference (scalar) kernel or none for this problem.
 Gemm make_gemm(const dnnl::engine& engine, const GemmKey& k) {
+  std::lock_guard lock(creation_mutex);
   using dt = dnnl::memory::data_type;
   Gemm g;
   g.a = dnnl::memory::desc({k.M, k.K}, dt::bf16, dnnl::memory::dims{k.as0, k.as1});
@@ -116,13 +137,16 @@ bool onednn_bf16_gemm(int64_t M, int64_t N, int64_t K, const BFloat16* a, int64_
   ThreadGemms& gemms = thread_gemms();
   auto it = gemms.primitives.find(key);
   if (it == gemms.primitives.end()) {
-    if (gemms.primitives.size() >= kMaxCachedPrimitives) gemms.primitives.clear();
+    if (gemms.primitives.size() >= kMaxCachedPrimitives) {
+      std::lock_guard lock(creation_mutex);
+      gemms.primitives.clear();
+    }
     it = gemms.primitives.emplace(key, make_gemm(gemms.engine, key)).first;
   }
   const Gemm& gemm = it->second;
   if (!gemm.matmul) return false;
   // oneDNN's OpenMP regions use the calling thread's team size: Tandem's intra-op thread count.
-  const int threads = get_num_threads();
+  const int threads = intra_op_threads();
   if (omp_get_max_threads() != threads) omp_set_num_threads(threads);
   try {
     dnnl::memory am(gemm.a, gemms.engine, const_cast<BFloat16*>(a));

@@ -9,6 +9,8 @@
 #include <thread>
 #include <tuple>
 
+#include "core/parallel.h"
+#include "core/threads.h"
 #include "dist/detail/host_staging.h"
 #include "dist/detail/queued_group.h"
 #include "dist/detail/reduce_kernels.h"
@@ -382,7 +384,9 @@ void run_threads(int n, const std::function<void(ProcessGroup&)>& fn, const Thre
   std::vector<std::thread> threads;
   threads.reserve(n);
   for (int r = 0; r < n; ++r) {
-    threads.emplace_back([&, r] {
+    threads.emplace_back([&, r, cap = std::max(1, get_num_threads() / n)] {
+      // The ranks share the process's cores: each runs its kernels on its share of them.
+      set_thread_intra_op_cap(cap);
       try {
         fn(*groups[r]);
       } catch (const std::exception& e) {

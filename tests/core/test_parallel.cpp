@@ -34,16 +34,18 @@ TEST_CASE("parallel_for covers every index once, in chunks of at least the grain
   for (int64_t n : {int64_t{0}, int64_t{1}, int64_t{99}, int64_t{100}, int64_t{1000}, int64_t{100003}}) {
     INFO("n " << n);
     std::vector<std::atomic<int>> hits(static_cast<size_t>(n));
-    std::atomic<int> chunks{0};
+    std::atomic<int> chunks{0}, empty_chunks{0};
     std::atomic<int64_t> shortest{INT64_MAX};
+    // Catch2's assertions are not thread-safe: the chunks only count, the checks come after.
     parallel_for(n, 50, [&](int64_t begin, int64_t end) {
-      REQUIRE(begin < end);
+      if (begin >= end) ++empty_chunks;
       ++chunks;
       int64_t len = end - begin, s = shortest.load();
       while (len < s && !shortest.compare_exchange_weak(s, len)) {
       }
       for (int64_t i = begin; i < end; ++i) ++hits[static_cast<size_t>(i)];
     });
+    REQUIRE(empty_chunks == 0);
     for (int64_t i = 0; i < n; ++i) REQUIRE(hits[static_cast<size_t>(i)] == 1);
     if (n < 100 || !intra_op_parallel()) {
       REQUIRE(chunks == (n > 0 ? 1 : 0));  // under two grains (or no pool): one serial call
@@ -64,10 +66,16 @@ TEST_CASE("parallel_for: a chunk's exception reaches the caller after every chun
                                      ++ended;
                                    }),
                       "[test] chunk 0 failed");
-  // Nested loops run serially inside the outer chunk (no second team).
-  std::atomic<int> inner_chunks{0};
-  parallel_for(400, 100, [&](int64_t, int64_t) { parallel_for(400, 100, [&](int64_t, int64_t) { ++inner_chunks; }); });
-  REQUIRE(inner_chunks >= 1);
+  // The other chunks (three in all when the pool runs) ran to their end before the rethrow.
+  REQUIRE(ended == (intra_op_parallel() ? 2 : 0));
+  // Nested loops run serially inside the outer chunk (no second team): one inner call per outer chunk.
+  std::atomic<int> outer_chunks{0}, inner_chunks{0};
+  parallel_for(400, 100, [&](int64_t, int64_t) {
+    ++outer_chunks;
+    parallel_for(400, 100, [&](int64_t, int64_t) { ++inner_chunks; });
+  });
+  REQUIRE(outer_chunks == (intra_op_parallel() ? 3 : 1));
+  REQUIRE(inner_chunks == outer_chunks);
 }
 
 TEST_CASE("parallel kernels give the same bits at one thread and at several", "[parallel]") {
@@ -123,4 +131,58 @@ TEST_CASE("SGD and Adam steps give the same bits at one thread and at several", 
     INFO((adam ? "AdamW" : "SGD"));
     REQUIRE(same_bits(train(1, adam), train(3, adam)));
   }
+}
+
+TEST_CASE("nn kernels and their gradients give the same bits at one thread and at several", "[parallel]") {
+  // Each case is big enough to be split (several grains, several (batch, head) pairs, channels,
+  // planes and layer-norm blocks); its forward and every input gradient are compared.
+  auto run = [](int threads_n) {
+    ThreadCount threads(threads_n);
+    manual_seed(21);
+    std::vector<Tensor> out;
+    auto grads = [&](const Tensor& y, std::vector<Tensor> inputs) {
+      out.push_back(y.detach().contiguous());
+      sum(y * randn(y.shape())).backward();
+      for (Tensor& t : inputs) out.push_back(t.grad().contiguous());
+    };
+    Tensor a = randn({300, 400}).requires_grad_();
+    grads(softmax(a, 1), {a});
+    Tensor a2 = randn({400, 300}).requires_grad_();
+    grads(log_softmax(a2, 0), {a2});
+    Tensor x = randn({1000, 96}).requires_grad_(), w = randn({96}).requires_grad_(), b = randn({96}).requires_grad_();
+    grads(layer_norm(x, {96}, w, b), {x, w, b});
+    Tensor q = randn({2, 3, 70, 16}).requires_grad_(), k = randn({2, 3, 90, 16}).requires_grad_(),
+           v = randn({2, 3, 90, 8}).requires_grad_();
+    grads(scaled_dot_product_attention(q, k, v, Tensor(), 0.0, true), {q, k, v});
+    Tensor img = randn({2, 8, 40, 40}).requires_grad_(), kw = randn({16, 8, 3, 3}).requires_grad_();
+    grads(conv2d(img, kw, Tensor(), 1, 1), {img, kw});
+    Tensor planes = randn({4, 16, 48, 48}).requires_grad_();
+    grads(max_pool2d(planes, 2), {planes});
+    return out;
+  };
+  const std::vector<Tensor> one = run(1), several = run(3);
+  REQUIRE(one.size() == several.size());
+  for (size_t i = 0; i < one.size(); ++i) {
+    INFO("result " << i);
+    REQUIRE(same_bits(one[i], several[i]));
+  }
+}
+
+TEST_CASE("a thread's intra-op cap bounds its chunks; rank threads of run_threads get a share", "[parallel]") {
+  ThreadCount threads(4);
+  std::atomic<int> chunks{0};
+  std::thread capped([&] {
+    set_thread_intra_op_cap(2);
+    parallel_for(100000, 100, [&](int64_t, int64_t) { ++chunks; });
+  });
+  capped.join();
+  REQUIRE(chunks == (intra_op_parallel() ? 2 : 1));
+  REQUIRE(intra_op_threads() == 4);  // the cap was the other thread's
+  std::atomic<int> most{0};
+  dist::run_threads(2, [&](dist::ProcessGroup&) {
+    int mine = intra_op_threads(), seen = most.load();
+    while (mine > seen && !most.compare_exchange_weak(seen, mine)) {
+    }
+  });
+  REQUIRE(most == 2);  // 4 threads over 2 ranks
 }

@@ -3,7 +3,7 @@
 # already present are left alone, and apt is not touched at all when nothing is missing.
 set -euo pipefail
 packages=(build-essential cmake pkg-config ccache catch2 libopenblas-dev libopenmpi-dev openmpi-bin
-          libdnnl-dev  # oneDNN: bf16 GEMMs on CPUs with AVX512_BF16 (core/detail/onednn.cpp)
+          libdnnl-dev ocl-icd-opencl-dev  # oneDNN: bf16 GEMMs on AVX512_BF16 CPUs (core/detail/onednn.cpp); its CMake package needs OpenCL
           libopenblas0-openmp  # OpenBLAS on GNU OpenMP: one thread pool with our kernels (core/parallel.cpp)
           nlohmann-json3-dev libfmt-dev libcli11-dev python3 zlib1g-dev
           dataset-fashion-mnist  # /usr/share/datasets/fashion-mnist: data::FashionMNIST and its test
