@@ -2,7 +2,12 @@
 // caller, and the same bits at one thread as at several.
 #include <catch2/catch.hpp>
 
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <thread>
 #include <vector>
@@ -185,4 +190,33 @@ TEST_CASE("a thread's intra-op cap bounds its chunks; rank threads of run_thread
     }
   });
   REQUIRE(most == 2);  // 4 threads over 2 ranks
+}
+
+TEST_CASE("a forked child runs its kernels on one thread instead of waiting for its parent's pool",
+          "[parallel]") {
+  // GNU OpenMP's worker threads are not copied by fork(): a parallel region in the child would wait
+  // for them forever (as would OpenBLAS's OpenMP GEMMs). The child drops to one thread instead.
+  ThreadCount threads(2);
+  Tensor a = randn({4 * kDefaultGrain});
+  Tensor warm = a + a;  // the parent's team exists now
+  Tensor g = matmul(randn({256, 256}), randn({256, 256}));
+  const pid_t pid = fork();
+  if (pid == 0) {
+    const bool ok = (a * 2 + 1).numel() == a.numel() && matmul(g, g).numel() == g.numel() && get_num_threads() == 1;
+    _exit(ok ? 0 : 1);
+  }
+  REQUIRE(pid > 0);
+  int status = 0;
+  bool ended = false;
+  for (int i = 0; i < 300 && !ended; ++i) {  // 30 s
+    ended = waitpid(pid, &status, WNOHANG) == pid;
+    if (!ended) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  if (!ended) {
+    kill(pid, SIGKILL);
+    waitpid(pid, &status, 0);
+  }
+  REQUIRE(ended);
+  REQUIRE(WIFEXITED(status));
+  REQUIRE(WEXITSTATUS(status) == 0);
 }
