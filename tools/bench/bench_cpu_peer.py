@@ -10,6 +10,8 @@ import time
 
 import torch
 
+sys.path.insert(0, __file__.rsplit("/", 1)[0])  # the other peers' models
+
 runs = 5  # samples per row; the command line's first argument (bench_train imports the rows)
 
 
@@ -25,22 +27,22 @@ def median_time(fn, iters, warmup):
     return statistics.median(samples)
 
 
-def mlp_step():
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(
-        torch.nn.Linear(784, 512), torch.nn.ReLU(),
-        torch.nn.Linear(512, 512), torch.nn.ReLU(),
-        torch.nn.Linear(512, 10))
+def sgd_step_ms(model, x, y, iters, warmup):
+    """Median ms of one SGD (momentum 0.9) cross-entropy step of model on (x, y)."""
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    x = torch.randn(64, 784)
-    y = torch.randint(0, 10, (64,))
 
     def step():
         opt.zero_grad(set_to_none=True)
         loss = torch.nn.functional.cross_entropy(model(x), y)
         loss.backward()
         opt.step()
-    return median_time(step, 20, 5) * 1e3  # ms
+    return median_time(step, iters, warmup) * 1e3
+
+
+def mlp_step():
+    from bench_ddp_peer import make  # the same MLP and batch (seed 0)
+    model, x, y = make()
+    return sgd_step_ms(model, x, y, 20, 5)
 
 
 def tiny_op():
@@ -65,19 +67,8 @@ def matmul_bf16():
 
 def cnn_step():
     torch.manual_seed(0)
-    sys.path.insert(0, __file__.rsplit("/", 1)[0])
     from bench_train_peer import make_cnn
-    model = make_cnn()
-    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    x = torch.randn(64, 1, 28, 28)
-    y = torch.randint(0, 10, (64,))
-
-    def step():
-        opt.zero_grad(set_to_none=True)
-        loss = torch.nn.functional.cross_entropy(model(x), y)
-        loss.backward()
-        opt.step()
-    return median_time(step, 5, 2) * 1e3  # ms
+    return sgd_step_ms(make_cnn(), torch.randn(64, 1, 28, 28), torch.randint(0, 10, (64,)), 5, 2)
 
 
 def conv2d_fwd_bwd():

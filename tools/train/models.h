@@ -92,40 +92,39 @@ struct ConvBench {
   }
 };
 
-struct MlpBench {
+// One SGD (momentum 0.9) step of a classifier on a fixed random batch: the CPU benchmarks' unit.
+struct ClassifierBench {
   std::shared_ptr<tandem::nn::Sequential> model;
   std::unique_ptr<tandem::optim::SGD> opt;
   tandem::Tensor x, y;
 
-  MlpBench(int64_t batch, int64_t in, int64_t hidden, int64_t out) {
-    model = make_mlp(in, hidden, out);
-    opt = std::make_unique<tandem::optim::SGD>(model->parameters(), tandem::optim::SGDOptions{.lr = 0.01, .momentum = 0.9});
-    x = tandem::randn({batch, in});
-    y = tandem::randint(0, out, {batch});
-  }
   float step() {
     opt->zero_grad(true);
     tandem::Tensor loss = tandem::nn::cross_entropy((*model)(x), y);
     loss.backward();
     opt->step();
     return loss.item<float>();
+  }
+
+ protected:
+  // The random draws in this order: the model's (made by the caller), then x, then y.
+  void init(std::shared_ptr<tandem::nn::Sequential> m, const tandem::Shape& x_shape, int64_t classes) {
+    model = std::move(m);
+    opt = std::make_unique<tandem::optim::SGD>(model->parameters(),
+                                               tandem::optim::SGDOptions{.lr = 0.01, .momentum = kSgdMomentum});
+    x = tandem::randn(x_shape);
+    y = tandem::randint(0, classes, {x_shape[0]});
   }
 };
 
-// One SGD (momentum) step of make_fmnist_cnn on a batch of 64 random images.
-struct CnnBench {
-  std::shared_ptr<tandem::nn::Sequential> model = make_fmnist_cnn();
-  std::unique_ptr<tandem::optim::SGD> opt = std::make_unique<tandem::optim::SGD>(
-      model->parameters(), tandem::optim::SGDOptions{.lr = 0.01, .momentum = kSgdMomentum});
-  tandem::Tensor x = tandem::randn({kFmnistBatch, 1, 28, 28});
-  tandem::Tensor y = tandem::randint(0, 10, {kFmnistBatch});
-  float step() {
-    opt->zero_grad(true);
-    tandem::Tensor loss = tandem::nn::cross_entropy((*model)(x), y);
-    loss.backward();
-    opt->step();
-    return loss.item<float>();
-  }
+// make_mlp(in, hidden, out) on a batch of `batch` random rows.
+struct MlpBench : ClassifierBench {
+  MlpBench(int64_t batch, int64_t in, int64_t hidden, int64_t out) { init(make_mlp(in, hidden, out), {batch, in}, out); }
+};
+
+// make_fmnist_cnn on a batch of 64 random images.
+struct CnnBench : ClassifierBench {
+  CnnBench() { init(make_fmnist_cnn(), {kFmnistBatch, 1, 28, 28}, 10); }
 };
 
 // ---- A small GPT (nanoGPT's model, at the character level) ----
