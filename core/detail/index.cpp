@@ -112,6 +112,18 @@ void add_slices(const Tensor& out, int64_t dim, const std::vector<int64_t>& idx,
 template <class Body>
 void walk_indexed(const Tensor& base, int64_t dim, const Tensor& index, const Tensor& other, const Shape& shape_for_error,
                   const char* op, Body&& body) {
+  if (index.numel() == 0) return;  // nothing to visit
+  if (base.numel() == 0) {
+    // index's other dims are bounded by base's, so an empty base with a non-empty index has size 0
+    // along dim: every index value is out of range. No view of base is made: an empty tensor's
+    // offset and strides address nothing and may be near INT64_MAX (the address rule, core/shape.h),
+    // and a view shaped like index would claim elements at them. The error names the first value.
+    int64_t first = 0;
+    dispatch_index(index.dtype(), op, [&](auto tag) {
+      first = static_cast<int64_t>(*static_cast<const decltype(tag)*>(index.data_ptr()));
+    });
+    throw Error(index_error_message(IndexCheck::for_dim(op, dim, base.size(dim), shape_for_error), first, -1));
+  }
   Strides st = base.strides();
   const int64_t jump = dim_step_bytes(base, dim);
   st[dim] = 0;  // the dim walked by the index values, not by the iterator

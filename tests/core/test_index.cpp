@@ -511,3 +511,18 @@ TEST_CASE("indexing along a dim whose stride is near INT64_MAX", "[index][fuzz]"
   REQUIRE(gather(e, 0, none).shape() == Shape{0, 0});
   REQUIRE(index_select(e, 0, none.flatten()).shape() == Shape{0, highest});
 }
+
+// Found by the fuzz_ops campaign (corpus/ops/crash-gather-empty-huge-offset): gather from an empty
+// view at an offset near INT64_MAX, along its size-0 dim, with a non-empty index. The walk made a
+// view of the input shaped like the index, which claimed elements at that offset, and data_ptr()
+// overflowed (UBSan) before the index value was found out of range. Now the error comes first.
+TEST_CASE("gather and scatter_add into an empty view at a huge offset with a non-empty index", "[index][fuzz]") {
+  const int64_t highest = std::numeric_limits<int64_t>::max();
+  Tensor e = zeros({1048576, 0, highest});
+  Tensor v = e.slice(0, 1, 2);  // [1, 0, highest] at offset highest
+  REQUIRE(v.storage_offset() == highest);
+  Tensor index = i64v({0}, {1, 1, 1});
+  REQUIRE_THROWS_WITH(gather(v, 1, index), Contains("[gather]") && Contains("index 0") && Contains("dim 1 of size 0"));
+  REQUIRE_THROWS_WITH(scatter_add(v, 1, index, ones({1, 1, 1})),
+                      Contains("[scatter_add]") && Contains("index 0") && Contains("size 0"));
+}
