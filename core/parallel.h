@@ -28,6 +28,12 @@ void set_thread_intra_op_cap(int n);  // 0 lifts the cap
 // PyTorch's grain for elementwise loops: below 32768 elements a fork/join costs more than it saves.
 constexpr int64_t kDefaultGrain = 32768;
 
+// The grain, in units (rows, channels, planes), for a loop whose units hold elems_per_unit
+// elements each: about kDefaultGrain elements per chunk, and at least one unit.
+constexpr int64_t units_per_grain(int64_t elems_per_unit) {
+  return elems_per_unit >= kDefaultGrain ? 1 : kDefaultGrain / (elems_per_unit > 0 ? elems_per_unit : 1);
+}
+
 namespace detail {
 using ChunkFn = void (*)(void* body, int64_t begin, int64_t end);
 // Runs fn(body, b, e) over chunks of [0, n), on the OpenMP pool when chunks > 1. An exception

@@ -83,17 +83,12 @@ void zero_wrapped(T* row, const TapSpan& t, int64_t W) {
   }
 }
 
-// Channels per parallel_for chunk of im2col/col2im: about kDefaultGrain column entries.
-int64_t channels_grain(const Window2d& w) {
-  return std::max<int64_t>(1, kDefaultGrain / std::max<int64_t>(w.kh * w.kw * w.OH * w.OW, 1));
-}
-
 template <class T>
 void im2col_cpu(const T* x, T* col, int64_t C, const Window2d& w) {
   const int64_t ohw = w.OH * w.OW;
   const bool shifted = shifts_plane(w);
   // Channels fill disjoint blocks of rows: chunks of them on the intra-op threads.
-  parallel_for(C, channels_grain(w), [&](int64_t c_begin, int64_t c_end) {
+  parallel_for(C, units_per_grain(w.kh * w.kw * w.OH * w.OW), [&](int64_t c_begin, int64_t c_end) {
     for (int64_t c = c_begin; c < c_end; ++c) {
       const T* xc = x + c * w.H * w.W;
       for (int64_t ki = 0; ki < w.kh; ++ki) {
@@ -141,7 +136,7 @@ void col2im_cpu(T* col, T* x, int64_t C, const Window2d& w) {
   const int64_t ohw = w.OH * w.OW;
   const bool shifted = shifts_plane(w);
   // Each channel adds into its own input plane only: chunks of channels on the intra-op threads.
-  parallel_for(C, channels_grain(w), [&](int64_t c_begin, int64_t c_end) {
+  parallel_for(C, units_per_grain(w.kh * w.kw * w.OH * w.OW), [&](int64_t c_begin, int64_t c_end) {
     std::fill(x + c_begin * w.H * w.W, x + c_end * w.H * w.W, T(0));
     for (int64_t c = c_begin; c < c_end; ++c) {
       T* xc = x + c * w.H * w.W;

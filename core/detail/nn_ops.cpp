@@ -36,9 +36,6 @@ SliceGeometry slice_geometry(const Shape& s, int64_t dim) {
 template <class T>
 using A = acc_t<T>;
 
-// Rows per parallel_for chunk when each row holds row_elems elements: about kDefaultGrain elements.
-int64_t rows_grain(int64_t row_elems) { return std::max<int64_t>(1, kDefaultGrain / std::max<int64_t>(row_elems, 1)); }
-
 NnDeviceKernels& device_table(const Tensor& t, const char* op) { return device_kernels<NnDeviceKernels>(t.device(), op); }
 
 }  // namespace
@@ -69,7 +66,7 @@ Tensor softmax_kernel(const Tensor& a_in, int64_t dim, bool log, const char* op)
     const Acc ninf = -std::numeric_limits<Acc>::infinity();
     // Rows (slices) are independent: chunks of them on the intra-op threads, each with its own
     // scratch, the same bits at any thread count.
-    const int64_t grain = rows_grain(n * inner);
+    const int64_t grain = units_per_grain(n * inner);
     if (inner == 1) {
       parallel_for(sg.outer, grain, [&](int64_t begin, int64_t end) {
         std::vector<Acc> e(n);
@@ -147,7 +144,7 @@ Tensor softmax_backward_kernel(const Tensor& g_in, const Tensor& y_in, int64_t d
     const T* gp = static_cast<const T*>(g.data_ptr());
     const T* yp = static_cast<const T*>(y.data_ptr());
     T* op_ = static_cast<T*>(gx.data_ptr());
-    parallel_for(sg.outer, rows_grain(n * inner), [&](int64_t begin, int64_t end) {
+    parallel_for(sg.outer, units_per_grain(n * inner), [&](int64_t begin, int64_t end) {
       std::vector<Acc> s(inner);
       for (int64_t o = begin; o < end; ++o) {
         const int64_t base = o * n * inner;
@@ -212,7 +209,7 @@ LayerNormForward layer_norm_kernel(const Tensor& x_in, const Shape& ns, const Te
     T* yp = static_cast<T*>(r.y.data_ptr());
     Acc* mp = static_cast<Acc*>(r.mean.data_ptr());
     Acc* rp = static_cast<Acc*>(r.rstd.data_ptr());
-    parallel_for(rows, rows_grain(D), [&](int64_t begin, int64_t end) {
+    parallel_for(rows, units_per_grain(D), [&](int64_t begin, int64_t end) {
       for (int64_t row = begin; row < end; ++row) {
         const T* xr = xp + row * D;
         T* yr = yp + row * D;
@@ -284,7 +281,7 @@ std::array<Tensor, 3> layer_norm_backward_kernel(const Tensor& g_in, const Tenso
     std::vector<Acc> partial(static_cast<size_t>(std::min(blocks, kWave) * (nw + nb)));
     for (int64_t w0 = 0; w0 < blocks; w0 += kWave) {
       const int64_t wave = std::min(kWave, blocks - w0);
-      parallel_for(wave, std::max<int64_t>(1, rows_grain(kBlock * D)), [&](int64_t k_begin, int64_t k_end) {
+      parallel_for(wave, units_per_grain(kBlock * D), [&](int64_t k_begin, int64_t k_end) {
         std::vector<Acc> xhat(D), dy(D);
         for (int64_t k = k_begin; k < k_end; ++k) {
           Acc* bw = partial.data() + k * (nw + nb);

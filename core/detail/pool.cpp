@@ -20,9 +20,6 @@ PoolDeviceKernels& device_table(const Tensor& t, const char* op) {
   return device_kernels<PoolDeviceKernels>(t.device(), op);
 }
 
-// Planes per parallel_for chunk: about kDefaultGrain input elements.
-int64_t planes_grain(const Window2d& w) { return std::max<int64_t>(1, kDefaultGrain / std::max<int64_t>(w.H * w.W, 1)); }
-
 // floor(a / b) for b > 0 (PyTorch's div_rtn).
 int64_t floor_div(int64_t a, int64_t b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
 
@@ -155,7 +152,7 @@ std::pair<Tensor, Tensor> max_pool2d_kernel(const Tensor& input, const Pool2dArg
     const bool two_by_two = w.kh == 2 && w.kw == 2 && w.sh == 2 && w.sw == 2 && w.ph == 0 && w.pw == 0 &&
                             w.dh == 1 && w.dw == 1 && 2 * w.OH <= w.H && 2 * w.OW <= w.W;
     // Planes are independent: chunks of them on the intra-op threads.
-    parallel_for(planes, planes_grain(w), [&](int64_t p_begin, int64_t p_end) {
+    parallel_for(planes, units_per_grain(w.H * w.W), [&](int64_t p_begin, int64_t p_end) {
       for (int64_t p = p_begin; p < p_end; ++p) {
         if (!two_by_two) {
           walk_plane(p);
@@ -217,7 +214,7 @@ Tensor max_pool2d_backward_kernel(const Tensor& grad, const Tensor& indices, con
     T* xp = static_cast<T*>(gx.data_ptr());
     const int64_t hw = w.H * w.W, ohw = w.OH * w.OW;
     // Planes are independent: chunks of them on the intra-op threads, each with its own scratch.
-    parallel_for(planes, planes_grain(w), [&](int64_t p_begin, int64_t p_end) {
+    parallel_for(planes, units_per_grain(w.H * w.W), [&](int64_t p_begin, int64_t p_end) {
       std::vector<Acc> acc(hw);
       for (int64_t p = p_begin; p < p_end; ++p) {
         std::fill(acc.begin(), acc.end(), Acc(0));
