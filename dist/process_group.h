@@ -35,6 +35,18 @@ std::string_view reduce_op_name(ReduceOp op);
 class Work;
 using WorkPtr = std::shared_ptr<Work>;
 
+// An operation that advances only while some thread polls it: a group in caller-progress mode
+// (ProcessGroup::progress_mode) leaves its operations to the threads that wait for them or call
+// ProcessGroup::poll. Work::wait() polls the source of its operation instead of sleeping.
+class WorkProgress {
+ public:
+  // idle: nothing this thread can advance now (the operation runs elsewhere, or is queued behind
+  // one that does); busy: another thread is advancing it this moment; progressed: this call did.
+  enum class Poll { idle, busy, progressed };
+  virtual ~WorkProgress() = default;
+  virtual Poll poll() = 0;
+};
+
 // The handle of one asynchronous operation: completes with result tensors or fails with an
 // exception, which wait() rethrows. Continuations added with then() run once it completes (on the
 // thread that completes it, usually the communication thread, or at once if already complete).
@@ -79,8 +91,14 @@ class Work : public std::enable_shared_from_this<Work> {
   void order_on_device(TensorList result, std::function<void()> make_current_stream_wait);
   bool is_device_ordered() const { return static_cast<bool>(stream_wait_); }
 
+  // What advances the operation when nobody else does (see WorkProgress): set by the backend once,
+  // before the Work is handed out; then() passes it on to the Works it makes.
+  void set_progress(std::shared_ptr<WorkProgress> progress) { progress_ = std::move(progress); }
+
  private:
   void finish(TensorList result, std::exception_ptr error);
+  // Blocks until done or `until`; false at `until`. Polls the progress source while it can.
+  bool block(std::unique_lock<std::mutex>& lock, const std::chrono::steady_clock::time_point* until) const;
 
   std::string description_;
   mutable std::mutex mutex_;
@@ -90,6 +108,7 @@ class Work : public std::enable_shared_from_this<Work> {
   TensorList result_;  // for a device-ordered Work: set at launch, never changed
   std::vector<std::function<void()>> continuations_;
   std::function<void()> stream_wait_;  // order_on_device
+  std::shared_ptr<WorkProgress> progress_;  // immutable once handed out
 };
 
 struct AllToAllSplits {
@@ -139,6 +158,15 @@ class ProcessGroup {
   // Whether, under a BlockingIssueGuard, a collective on tensors of `device` has finished when
   // its call returns. False for the nccl group's CUDA tensors: they are ordered on the device.
   virtual bool supports_blocking_issue(Device device) const { return true; }
+  // How operations advance while the caller computes. "thread": a communication thread runs them.
+  // "caller": they advance only when a thread polls them (poll(), Work::wait()), with the
+  // communication thread polling once a millisecond when nobody does; the mpi groups use it where
+  // the rank has no core to spare for a communication thread (TANDEM_DIST_PROGRESS, README).
+  virtual std::string_view progress_mode() const { return "thread"; }
+  // Advances this group's operations by a step without blocking (a few microseconds; nothing to do
+  // in "thread" mode). DDP calls it from every gradient hook; a loop that issues its own collectives
+  // and computes before waiting may call it between its steps.
+  virtual void poll() {}
 
   // In place: every rank ends with the reduction of all ranks' tensors.
   virtual WorkPtr allreduce(const Tensor& tensor, ReduceOp op = ReduceOp::sum) = 0;

@@ -4,6 +4,7 @@
 #include "dist/detail/comm_thread.h"
 
 #include <atomic>
+#include <thread>
 
 namespace tandem::dist {
 
@@ -64,7 +65,7 @@ void Work::wait() const {
                  "deadlock; chain it with then() instead", description_);
     CountedWait counted;
     trace::Scope span([&] { return "wait " + description_; }, "dist");  // only a wait that blocks
-    cv_.wait(lock, [&] { return done_; });
+    block(lock, nullptr);
   }
   if (error_) std::rethrow_exception(error_);
 }
@@ -81,11 +82,36 @@ void Work::wait(Milliseconds timeout) const {
                  "deadlock; chain it with then() instead", description_);
     CountedWait counted;
     trace::Scope span([&] { return "wait " + description_; }, "dist");
-    if (!cv_.wait_for(lock, timeout, [&] { return done_; })) {
+    const auto until = std::chrono::steady_clock::now() + timeout;
+    if (!block(lock, &until)) {
       fail("[dist] wait on {} timed out after {} ms (the operation is still running)", description_, timeout.count());
     }
   }
   if (error_) std::rethrow_exception(error_);
+}
+
+bool Work::block(std::unique_lock<std::mutex>& lock, const std::chrono::steady_clock::time_point* until) const {
+  while (!done_) {
+    if (until && std::chrono::steady_clock::now() >= *until) return false;
+    if (!progress_) {
+      if (until) {
+        cv_.wait_until(lock, *until);
+      } else {
+        cv_.wait(lock);
+      }
+      continue;
+    }
+    // Caller progress: this thread advances the operation (the group's turn is its own while it
+    // polls), as MPI_Wait would; a thread already doing so is about to finish a step.
+    lock.unlock();
+    const WorkProgress::Poll polled = progress_->poll();
+    if (polled == WorkProgress::Poll::busy) std::this_thread::yield();
+    lock.lock();
+    // idle: the operation runs on the communication thread, or waits behind one that does; its
+    // completion notifies, and the short sleep also covers it becoming pollable.
+    if (polled == WorkProgress::Poll::idle && !done_) cv_.wait_for(lock, std::chrono::microseconds(100));
+  }
+  return true;
 }
 
 bool Work::is_completed() const {
@@ -111,6 +137,7 @@ const TensorList& Work::result() const {
 WorkPtr Work::then(std::function<TensorList(Work&)> fn) {
   TANDEM_CHECK(fn != nullptr, "[dist] then() on {} needs a function", description_);
   auto next = std::make_shared<Work>(description_ + " (then)");
+  next->progress_ = progress_;  // it completes when this does: waiting on it advances this
   auto self = shared_from_this();
   auto run = [self, next, fn = std::move(fn)] {
     if (self->error_) {

@@ -327,6 +327,21 @@ TEST_CASE("README dist", "[readme]") {
     REQUIRE(pg->broadcast(params, 0)->is_completed());
   }
   REQUIRE(loss_sum.to_vector<float>() == std::vector<float>{3.0f});
+  {
+    // Who advances a collective: this world of one runs "thread" mode, where poll() has nothing
+    // to do (the mpi suites run the example's pattern in caller mode, dist_cases.h).
+    REQUIRE((pg->progress_mode() == "thread" || pg->progress_mode() == "caller"));
+    Tensor grads = ones({64});
+    auto w = pg->allreduce(grads);
+    double acc = 0;
+    for (int chunk = 0; chunk < 4; ++chunk) {
+      acc += chunk;  // process(chunk)
+      pg->poll();
+    }
+    w->wait();
+    REQUIRE(grads.to_vector<float>() == std::vector<float>(64, 1.0f));
+    REQUIRE(acc == 6);
+  }
 }
 
 TEST_CASE("README DistributedDataParallel", "[readme]") {

@@ -481,6 +481,7 @@ DdpStats DistributedDataParallel::stats() const {
   }
   s.forward_ms = forward_ms_;
   s.world_size = group_->size();
+  s.progress = std::string(group_->progress_mode());
   return s;
 }
 
@@ -497,6 +498,7 @@ std::string DdpStats::str() const {
   if (!delayed_parameters.empty())
     modes.push_back(fmt::format("delayed allreduce of {} ({} allreduces)", fmt::join(delayed_parameters, ", "),
                                 delayed_allreduces));
+  if (progress == "caller") modes.push_back("caller progress (buckets advance at gradient hooks and in the wait)");
   if (!modes.empty()) s += fmt::format("  modes: {}\n", fmt::join(modes, "; "));
   s += fmt::format("  buckets (MiB, launch order): [{}]\n", fmt::join(sizes, ", "));
   s += fmt::format("  rebuilt buckets (MiB):       [{}]\n", fmt::join(rebuilt, ", "));

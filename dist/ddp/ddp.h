@@ -97,6 +97,7 @@ struct DdpStats : ReducerStats {
   std::string mixed_precision;  // "param bf16, reduce bf16, buffers f32" when on
   std::vector<std::string> delayed_parameters;  // delay_all_reduce_named_params
   int64_t delayed_allreduces = 0;               // their allreduces so far
+  std::string progress = "thread";  // the group's progress_mode(): who advances the buckets
   std::string str() const;  // a readable multi-line summary
 };
 

@@ -3,14 +3,59 @@
 #include <fmt/format.h>
 
 #include <map>
+#include <optional>
 
 #include "core/trace.h"
 #include "dist/detail/comm_thread.h"
 
 namespace tandem::dist {
 
+namespace {
+thread_local bool tls_polling = false;  // this thread is inside a pending op's poll
+
+int64_t now_ns() { return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count(); }
+
+// Continuations of an op completed by a poll run as on the communication thread: a wait() inside
+// one is reported instead of deadlocking, and what one issues is queued.
+class AsCommThread {
+ public:
+  AsCommThread() : was_(on_comm_thread()) { set_on_comm_thread(true); }
+  ~AsCommThread() { set_on_comm_thread(was_); }
+  AsCommThread(const AsCommThread&) = delete;
+  AsCommThread& operator=(const AsCommThread&) = delete;
+
+ private:
+  bool was_;
+};
+}  // namespace
+
+// The op a caller-progress group leaves to its pollers. `mutex` is the right to advance it: a
+// poll that finds it taken returns at once.
+struct QueuedGroup::Pending final : WorkProgress {
+  std::mutex mutex;
+  QueuedGroup* group = nullptr;  // cleared (under mutex) once the group stops
+  std::optional<Op> op;          // under mutex
+  std::atomic<bool> active{false};  // op is set: read without the mutex
+  std::atomic<int64_t> last_poll_ns{0};
+
+  Poll poll() override {
+    if (tls_polling || !active.load(std::memory_order_acquire)) return Poll::idle;
+    std::unique_lock lock(mutex, std::try_to_lock);
+    if (!lock.owns_lock()) return Poll::busy;
+    if (group == nullptr || !op) return Poll::idle;
+    struct Polling {
+      Polling() { tls_polling = true; }
+      ~Polling() { tls_polling = false; }
+    } polling;
+    return group->progress_pending(*this);
+  }
+};
+
 QueuedGroup::QueuedGroup(int rank, int size, std::string name, std::shared_ptr<BrokenState> broken)
-    : GroupBase(rank, size, std::move(name), default_timeout(), default_debug_checks(), std::move(broken)) {}
+    : GroupBase(rank, size, std::move(name), default_timeout(), default_debug_checks(), std::move(broken)),
+      pending_(std::make_shared<Pending>()) {
+  pending_->group = this;
+}
 
 QueuedGroup::~QueuedGroup() { stop_comm_thread(); }
 
@@ -22,6 +67,9 @@ WorkPtr QueuedGroup::issue(Op op) {
   // its end here; inline starts a small one and hands it over if the peers are late.
   const bool blocking = !on_comm_thread() && blocking_issue_requested();
   const bool may_inline = !blocking && !on_comm_thread() && inline_issue_allowed() && can_start(op);
+  // Caller progress: an op that can start begins here even under an AsyncIssueGuard (one poll, no
+  // spinning) and stays pending on the group.
+  const bool may_pend = caller_progress_ && !blocking && !on_comm_thread() && can_start(op);
   WorkPtr work;
   bool run_here = false;
   {
@@ -31,16 +79,17 @@ WorkPtr QueuedGroup::issue(Op op) {
     op.timeout = timeout();
     std::string what = describe(op);
     op.work = std::make_shared<Work>(what);
+    if (caller_progress_) op.work->set_progress(pending_);
     work = op.work;
     {
       std::lock_guard lock(queue_mutex_);
       broken().check(what);
       TANDEM_CHECK(!stopping_, "[dist] cannot run {}: the group is shut down", what);
-      run_here = (blocking || may_inline) && queue_.empty() && !busy_;
+      run_here = (blocking || may_inline || may_pend) && queue_.empty() && !busy_;
       if (run_here) {
         busy_ = true;  // the group's turn is ours: later ops queue behind this one
       } else {
-        if (!thread_.joinable()) thread_ = std::thread([this] { run_loop(); });
+        start_thread_locked();
         queue_.push_back(std::move(op));
       }
     }
@@ -52,9 +101,13 @@ WorkPtr QueuedGroup::issue(Op op) {
   } else if (blocking) {
     run_blocking(op);
   } else {
-    run_inline(std::move(op));
+    run_inline(std::move(op), may_inline ? kInlineBudget : std::chrono::microseconds(0));
   }
   return work;
+}
+
+void QueuedGroup::start_thread_locked() {
+  if (!thread_.joinable()) thread_ = std::thread([this] { run_loop(); });
 }
 
 void QueuedGroup::run_blocking(Op& op) {
@@ -85,24 +138,25 @@ void QueuedGroup::wait_quietly(const Work& work) {
   }
 }
 
-void QueuedGroup::run_inline(Op op) {
+void QueuedGroup::run_inline(Op op, std::chrono::microseconds budget) {
   // On the issuing thread's track: the start and the polls (the communication thread's track
   // shows the rest when the peers are late).
   TANDEM_TRACE_SCOPE(op_kind_name(op.kind).data(), "comm");
   op.deadline = Clock::now() + op.timeout;
   try {
     std::unique_ptr<StartedOp> started = start(op);
-    const auto budget_end = std::min(Clock::now() + kInlineBudget, op.deadline);
+    const auto budget_end = std::min(Clock::now() + budget, op.deadline);
     bool done = started->progress();
     // The clock is read every 16 polls: reading it costs about as much as one poll.
-    for (uint32_t polls = 1; !done; ++polls) {
+    for (uint32_t polls = 1; !done && budget.count() > 0; ++polls) {
       if ((polls & 15) == 0 && Clock::now() >= budget_end) break;
       done = started->progress();
     }
     if (!done) {
+      op.started = std::move(started);
+      if (caller_progress_) return make_pending(std::move(op));  // the pollers finish it
       // The peers are not there yet: the communication thread finishes it (ahead of anything
       // queued meanwhile, which was issued later) and this call returns.
-      op.started = std::move(started);
       {
         std::lock_guard lock(queue_mutex_);
         TANDEM_CHECK(!stopping_, "[dist] {} was abandoned: the group was shut down while it ran",
@@ -129,6 +183,96 @@ void QueuedGroup::run_inline(Op op) {
   if (queued) queue_cv_.notify_one();
 }
 
+void QueuedGroup::make_pending(Op op) {
+  {
+    std::lock_guard lock(pending_->mutex);
+    pending_->op.emplace(std::move(op));
+    pending_->last_poll_ns.store(now_ns());
+    pending_->active.store(true, std::memory_order_release);
+  }
+  bool stopping = false;
+  {
+    std::lock_guard lock(queue_mutex_);
+    stopping = stopping_;
+    if (!stopping) start_thread_locked();  // it polls when the callers do not
+  }
+  queue_cv_.notify_one();
+  // Shut down meanwhile, with no thread left to poll: this thread finishes it (or it times out).
+  if (stopping)
+    while (pending_->poll() != WorkProgress::Poll::idle) std::this_thread::yield();
+}
+
+WorkProgress::Poll QueuedGroup::progress_pending(Pending& p) {
+  while (p.op) {
+    p.last_poll_ns.store(now_ns(), std::memory_order_relaxed);
+    bool done = false;
+    std::exception_ptr error;
+    try {
+      done = p.op->started->progress();
+      if (!done && Clock::now() >= p.op->deadline) pending_timeout(*p.op);
+    } catch (...) {
+      error = std::current_exception();
+    }
+    if (!done && !error) return WorkProgress::Poll::progressed;
+    Op finished = std::move(*p.op);
+    p.op.reset();
+    finished.started.reset();  // frees what a failed op left posted
+    wait_for_earlier_completions();
+    {
+      AsCommThread as_comm_thread;
+      if (error) {
+        fail_op(finished, error);
+      } else {
+        try {
+          complete(finished);
+        } catch (...) {
+          fail_op(finished, std::current_exception());
+        }
+      }
+    }
+    // The turn passes to the next queued op if it can start here, else back to the group.
+    for (;;) {
+      bool queued = false;
+      {
+        std::lock_guard lock(queue_mutex_);
+        if (!queue_.empty() && !broken().is_broken() && !queue_.front().started && can_start(queue_.front())) {
+          p.op.emplace(std::move(queue_.front()));
+          queue_.pop_front();
+        } else {
+          busy_ = false;
+          p.active.store(false, std::memory_order_release);
+          queued = !queue_.empty();
+        }
+      }
+      if (!p.op) {
+        if (queued) queue_cv_.notify_one();
+        return WorkProgress::Poll::progressed;
+      }
+      p.op->deadline = Clock::now() + p.op->timeout;
+      try {
+        p.op->started = start(*p.op);
+        break;  // progressed by the loop above
+      } catch (...) {
+        Op failed = std::move(*p.op);
+        p.op.reset();
+        AsCommThread as_comm_thread;
+        fail_op(failed, std::current_exception());
+      }
+    }
+  }
+  return WorkProgress::Poll::idle;
+}
+
+void QueuedGroup::poll() {
+  if (caller_progress_) pending_->poll();
+}
+
+void QueuedGroup::pending_timeout(const Op& op) {
+  throw TimeoutError(fmt::format("[dist] {} timed out after {} ms; the group is broken", describe(op),
+                                 op.timeout.count()),
+                     false);
+}
+
 void QueuedGroup::wait_for_earlier_completions() const {
   // The op before this one gave its turn back and is marking its Work (finish_queued), which
   // includes running its continuations: usually a moment.
@@ -142,6 +286,9 @@ void QueuedGroup::stop_comm_thread() {
   }
   queue_cv_.notify_all();
   if (thread_.joinable() && std::this_thread::get_id() != thread_.get_id()) thread_.join();
+  // Nothing is pending any more (the thread finished it): the Works' polls end here.
+  std::lock_guard lock(pending_->mutex);
+  if (!pending_->op) pending_->group = nullptr;
 }
 
 void QueuedGroup::run_loop() {
@@ -150,18 +297,47 @@ void QueuedGroup::run_loop() {
   for (;;) {
     Op op;
     bool broken_group = false;
+    bool pend = false;
     {
       std::unique_lock lock(queue_mutex_);
-      // busy_: an issuing thread is running an op inline; what is queued comes after it.
-      queue_cv_.wait(lock, [&] { return (stopping_ && !busy_) || (!queue_.empty() && !busy_); });
-      if (queue_.empty()) return;  // stopping and drained
+      // busy_: an issuing thread is running an op inline, or an op is pending (caller progress);
+      // what is queued comes after it.
+      for (;;) {
+        if (!queue_.empty() && !busy_) break;
+        if (stopping_ && !busy_) return;  // stopping and drained
+        if (!pending_->active.load(std::memory_order_acquire)) {
+          queue_cv_.wait(lock);
+          continue;
+        }
+        // Caller progress: poll for the callers once they have not for kStallPoll (at once when
+        // stopping: the op must end, by its deadline at the latest).
+        const auto interval = stopping_ ? std::chrono::microseconds(50) : kStallPoll;
+        queue_cv_.wait_for(lock, interval);
+        const int64_t idle_ns = now_ns() - pending_->last_poll_ns.load(std::memory_order_relaxed);
+        if (stopping_ || idle_ns >= std::chrono::nanoseconds(interval).count()) {
+          lock.unlock();
+          pending_->poll();
+          lock.lock();
+        }
+      }
       op = std::move(queue_.front());
       queue_.pop_front();
       broken_group = broken().is_broken();
+      pend = caller_progress_ && !broken_group && !op.started && can_start(op);
       busy_ = true;
     }
     if (broken_group) {
       finish_queued(op, std::make_exception_ptr(Error(broken().message(op.work->description()))));
+    } else if (pend) {
+      // Caller progress: started here, advanced by whoever polls.
+      op.deadline = Clock::now() + op.timeout;
+      try {
+        op.started = start(op);
+      } catch (...) {
+        finish_queued(op, std::current_exception());
+        continue;
+      }
+      make_pending(std::move(op));
     } else {
       run_one(op);
     }

@@ -75,6 +75,9 @@ class QueuedGroup : public GroupBase {
   using GroupBase::describe;
   std::string describe(const Op& op) const { return describe(op.kind, op.seq, op.root, op.tag); }
 
+  std::string_view progress_mode() const override { return caller_progress_ ? "caller" : "thread"; }
+  void poll() override;
+
  protected:
   // Runs `op` on the communication thread; returns when done or throws. An op with `started` set
   // was begun by start() and only needs finishing.
@@ -92,7 +95,19 @@ class QueuedGroup : public GroupBase {
   static constexpr std::chrono::microseconds kInlineBudget{25};
   // Whether execute() compares fingerprints even without debug checks (threads: they are free).
   virtual bool always_fingerprints() const { return false; }
-  // Backends call this first in their destructor so the thread stops before their state dies.
+  // Caller-progress mode (set before the first operation): an op that can_start() and does not
+  // finish at once stays with the group, holding its turn, and advances when a thread polls it
+  // (poll(), or Work::wait() on it or on a then() of it); the communication thread polls it only
+  // when nobody has for kStallPoll, and still runs the ops that cannot start. For ranks whose cores
+  // are all computing: a communication thread there shares a core with the compute thread and
+  // runs only when the scheduler lets it. A pending op past its deadline fails with
+  // pending_timeout(op).
+  void set_caller_progress(bool on) { caller_progress_ = on; }
+  bool caller_progress() const { return caller_progress_; }
+  static constexpr std::chrono::microseconds kStallPoll{1000};
+  [[noreturn]] virtual void pending_timeout(const Op& op);
+  // Backends call this first in their destructor so the thread stops before their state dies
+  // (a pending op is finished, or fails at its deadline, first).
   void stop_comm_thread();
   // new_group: execute() hands the new group (nullptr on non-members) back to the caller.
   void publish_created(const Op& op, ProcessGroupPtr group);
@@ -102,7 +117,9 @@ class QueuedGroup : public GroupBase {
   WorkPtr issue_p2p(OpKind kind, const char* what, const char* peer_name, const Tensor& tensor, int peer, int tag);
   void run_loop();
   void run_one(Op& op);
-  void run_inline(Op op);
+  // Starts op and polls it for `budget`; if the peers are late, the communication thread (or in
+  // caller-progress mode the pollers) finish it.
+  void run_inline(Op op, std::chrono::microseconds budget);
   // Under a BlockingIssueGuard: the issuing thread runs op from start to end (the group's turn
   // is already its own), or waits for the queued op to finish.
   void run_blocking(Op& op);
@@ -113,6 +130,11 @@ class QueuedGroup : public GroupBase {
   // The communication thread's end of an op: gives the turn back, then completes or fails it.
   void finish_queued(Op& op, std::exception_ptr error);
   void wait_for_earlier_completions() const;
+  // Caller progress (see set_caller_progress).
+  struct Pending;
+  void make_pending(Op op);  // the turn is ours; op is started
+  WorkProgress::Poll progress_pending(Pending& p);  // p.mutex held
+  void start_thread_locked();  // queue_mutex_ held
 
   std::mutex issue_mutex_;  // sequence numbers follow queue order
 
@@ -124,6 +146,8 @@ class QueuedGroup : public GroupBase {
   std::atomic<int> unmarked_{0};  // ops whose turn ended but whose Work is not yet marked
   std::thread thread_;
   std::map<const Work*, ProcessGroupPtr> created_;
+  bool caller_progress_ = false;
+  std::shared_ptr<Pending> pending_;  // shared with the Works (their WorkProgress)
 };
 
 }  // namespace tandem::dist

@@ -32,6 +32,7 @@ class MpiGroup final : public QueuedGroup {
       : QueuedGroup(comm_rank(comm), comm_size(comm), std::move(name),
                     std::make_shared<BrokenState>(/*peers_are_processes=*/true)),
         comm_(comm), coll_(comm, rank(), size()) {
+    set_caller_progress(mpi_caller_progress());
     TANDEM_MPI_CHECK(MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN));
     TANDEM_MPI_CHECK(MPI_Comm_dup(comm, &p2p_));
     TANDEM_MPI_CHECK(MPI_Comm_dup(comm, &debug_));
@@ -221,17 +222,20 @@ class MpiGroup final : public QueuedGroup {
     if (!allreduce_buffer(coll_, static_cast<char*>(data), count, dt, op.reduce, op.deadline)) collective_timeout(op);
   }
 
-  // The issuing thread's fast path (QueuedGroup::start): one small CPU tensor, no debug exchange.
+  // The issuing thread's fast path (QueuedGroup::start): one CPU tensor, no debug exchange; a
+  // small one only, unless the pollers advance it (caller progress).
   bool can_start(const Op& op) const override {
     if (op.kind != OpKind::allreduce || op.debug) return false;
     const Tensor& t = op.inputs[0];
-    return t.is_cpu() && t.nbytes() <= kInlineAllreduceBytes;
+    return t.is_cpu() && (caller_progress() || t.nbytes() <= kInlineAllreduceBytes);
   }
 
   std::unique_ptr<StartedOp> start(Op& op) override {
     const Tensor& t = op.inputs[0];
-    return std::make_unique<SmallAllreduce>(coll_, op.reduce, static_cast<char*>(t.data_ptr()), t.numel(), t.dtype());
+    return start_allreduce(coll_, static_cast<char*>(t.data_ptr()), t.numel(), t.dtype(), op.reduce);
   }
+
+  void pending_timeout(const Op& op) override { collective_timeout(op); }
 
   // Polls an op the issuing thread started to completion; a TimeoutError at the deadline.
   void finish(const Op& op, StartedOp& started) {

@@ -429,6 +429,56 @@ inline void late_peer(ProcessGroup& pg) {
   }
 }
 
+// Caller progress (a group whose progress_mode() is "caller"; the mpi group where the rank has no
+// core to spare): ops that start on the issuing thread stay pending on the group and advance when
+// a thread polls. Nobody waiting, the communication thread's stall polls still finish them; with
+// poll() alone, a mix of pending ops (the ring and recursive doubling) and one the communication
+// thread runs (a broadcast) completes in issue order with the right values; a wait() on a then()
+// of a pending op advances it. In "thread" mode there is nothing to check beyond the other cases.
+inline void caller_progress(ProcessGroup& pg) {
+  using namespace std::chrono;
+  const int n = pg.size(), r = pg.rank();
+  if (n == 1 || pg.progress_mode() != "caller") return;
+  auto sum_input = [&](int64_t numel) {
+    return make({numel}, f32, [&](int64_t i) { return contribution(ReduceOp::sum, f32, r, i); });
+  };
+  auto expect_sum = [&](const Tensor& t, const std::string& what) {
+    expect_values(t, [&](int64_t i) { return expected_reduction(ReduceOp::sum, f32, n, i); }, what, 0);
+  };
+  AsyncIssueGuard async_issue;
+  {
+    // Nobody polls: the communication thread does, once a millisecond.
+    Tensor big = sum_input(300'000), small = sum_input(100);
+    WorkPtr wb = pg.allreduce(big), ws = pg.allreduce(small);
+    const auto deadline = steady_clock::now() + seconds(10);
+    while (!ws->is_completed() && steady_clock::now() < deadline) std::this_thread::sleep_for(milliseconds(1));
+    expect(wb->is_completed() && ws->is_completed(), "pending allreduces nobody polled did not complete in 10 s");
+    expect_sum(big, "stall-polled ring allreduce");
+    expect_sum(small, "stall-polled small allreduce");
+  }
+  {
+    Tensor a = sum_input(200'000), c = sum_input(70'000), d = sum_input(33);
+    Tensor b = make({1000}, f32, [&](int64_t i) { return r == 0 ? static_cast<double>(i) : -1.0; });
+    WorkPtr wa = pg.allreduce(a), wbc = pg.broadcast(b, 0), wc = pg.allreduce(c), wd = pg.allreduce(d);
+    const auto deadline = steady_clock::now() + seconds(10);
+    while (!wd->is_completed() && steady_clock::now() < deadline) pg.poll();
+    expect(wd->is_completed(), "polling did not complete the last of four collectives in 10 s");
+    expect(wa->is_completed() && wbc->is_completed() && wc->is_completed(),
+           "the last collective completed before an earlier one");
+    for (const WorkPtr& w : {wa, wbc, wc, wd}) w->wait();
+    expect_sum(a, "polled ring allreduce");
+    expect_sum(c, "polled ring allreduce behind a broadcast");
+    expect_sum(d, "polled small allreduce");
+    expect_values(b, [](int64_t i) { return static_cast<double>(i); }, "broadcast between pending allreduces", 0);
+  }
+  {
+    Tensor big = sum_input(150'000);
+    WorkPtr w = pg.allreduce(big)->then([](Work& done) { return done.result(); });
+    w->wait();
+    expect_sum(big, "allreduce waited through then()");
+  }
+}
+
 // Under a BlockingIssueGuard every collective has finished when its call returns: ops of every
 // kind and size (the ring too) complete with the right values; an op issued while the group is
 // busy with one a late peer holds up queues behind it and the call waits for both; an

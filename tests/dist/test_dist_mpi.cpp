@@ -60,6 +60,10 @@ TEST_CASE("dist mpi: a small allreduce with a late peer returns at once, and com
   run_case([](ProcessGroup& g) { late_peer(g); });
 }
 
+TEST_CASE("dist mpi: caller progress: pending collectives advance when polled, in issue order", "[dist_mpi]") {
+  run_case([](ProcessGroup& g) { caller_progress(g); });
+}
+
 TEST_CASE("dist mpi: a BlockingIssueGuard finishes each collective before the call returns", "[dist_mpi]") {
   run_case([](ProcessGroup& g) { blocking_issue(g); });
 }

@@ -9,6 +9,8 @@
 //   ddp_floor_np2         the same local step (no DDP, no communication) run by both ranks at once, vs our
 //                         single-process step: the machine's own contention; ddp_step_np2 / ddp_floor_np2 is
 //                         what DDP itself costs
+//   ddp_mpi_floor_np2     the DDP step vs the local step followed by a blocking MPI_Allreduce of each bucket's bytes
+//                         (raw MPI, no overlap): what the communication costs at that point of the step
 //   ddp_vs_torch_np2      the same DDP step vs PyTorch DDP (gloo, 2 ranks, same per-rank batch)
 //   optim_in_bwd_np2      the same DDP step with SGD (momentum 0.9) stepped in backward vs DDP + step()
 //   bucketing_gain        200 Linear(32, 32) layers: backward+comm time with one bucket per parameter / bucketed
@@ -21,6 +23,7 @@
 // The three DDP-step variants and the floor run in the same two processes, in interleaved batches
 // of 20 steps with a barrier before each. Each peak RSS is a fresh process (group) of its own.
 #include "cli.h"
+#include <mpi.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -77,13 +80,27 @@ nlohmann::json ddp_steps(dist::ProcessGroupPtr g, int runs) {
   };
   auto local_step = [&] { local.step(); };
   auto in_bwd_step = [&] { nn::cross_entropy(ddp_in_bwd(in_bwd.x), in_bwd.y).backward(); };  // no zero_grad, no step()
+  // The floor with communication: the same local step, then as many bytes as DDP's buckets hold
+  // through one blocking MPI_Allreduce each (no overlap, no copies into buckets): what MPI itself
+  // costs at that point of the step, on these two cores.
+  manual_seed(0);
+  MlpBench raw(64, 784, 512, 10);
+  std::vector<Tensor> raw_buckets;
+  for (int64_t bytes : ddp.stats().bucket_bytes) raw_buckets.push_back(zeros({bytes / 4}));
+  auto mpi_floor_step = [&] {
+    raw.step();
+    for (Tensor& t : raw_buckets)
+      MPI_Allreduce(MPI_IN_PLACE, t.data_ptr(), static_cast<int>(t.numel()), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+  };
   // Every rank must run the same number of steps: fixed iterations, no time-based loop.
-  auto ms = bench::median_seconds_interleaved({ddp_step, local_step, in_bwd_step}, 20, runs, 5,
+  auto ms = bench::median_seconds_interleaved({ddp_step, local_step, in_bwd_step, mpi_floor_step}, 20, runs, 5,
                                               [&] { g->barrier()->wait(); });
   nlohmann::json out;
   out["ddp_step_ms"] = ms[0] * 1e3;
   out["local_step_ms"] = ms[1] * 1e3;
   out["in_bwd_step_ms"] = ms[2] * 1e3;
+  out["mpi_floor_step_ms"] = ms[3] * 1e3;
+  out["progress"] = std::string(g->progress_mode());
   out["max_param_diff"] = std::max(max_abs_diff(with_step.model->parameters(), local.model->parameters()),
                                    max_abs_diff(with_step.model->parameters(), in_bwd.model->parameters()));
   if (std::getenv("TANDEM_BENCH_VERBOSE") && g->rank() == 0)
@@ -278,6 +295,12 @@ int main(int argc, char** argv) {
                     fmt::format("2 processes' local steps at once (no comm) vs 1 alone; DDP's own cost "
                                 "ddp_step / floor = {:.3f} (goal <= 1.15)",
                                 ddp_ms / local_ms)});
+    const double mpi_floor_ms = figure(ddp, "mpi_floor_step_ms");
+    rows.push_back({"ddp_mpi_floor_np2", ddp_ms, mpi_floor_ms, "ms", "report",
+                    fmt::format("DDP step vs the same local step then a blocking MPI_Allreduce per bucket's bytes "
+                                "(MPI's own cost there: {:.3f} x the floor); progress mode {}",
+                                mpi_floor_ms / local_ms,
+                                ddp ? (*ddp)["progress"].get<std::string>() : std::string("?"))});
 
     std::optional<nlohmann::json> torch;
     if (!no_peer)

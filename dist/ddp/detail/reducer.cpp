@@ -269,6 +269,8 @@ void Reducer::adopt(const autograd::GraphTask& task, size_t forwards_reached) {
 }
 
 void Reducer::on_grad_ready(size_t param) {
+  // In caller-progress mode the buckets in flight advance here, between backward's kernels.
+  group_->poll();
   if (!expect_hooks_) {
     local_used_[param] = 1;  // inside no_sync: used in any micro-batch counts as used
     return;

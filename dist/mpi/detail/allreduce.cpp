@@ -19,27 +19,6 @@ constexpr size_t kRingMinBytes = 64 * 1024;
 constexpr size_t kRingChunkBytes = 32 * 1024;
 bool use_ring(size_t bytes, int n) { return bytes >= std::max(kRingMinBytes, kRingChunkBytes * static_cast<size_t>(n)); }
 
-// Sends `send_bytes` to `to` and receives `recv_bytes` from `from` (in MPI_BYTE pieces that fit an
-// int); false at the deadline.
-bool exchange(CollectiveComm& c, const char* send, size_t send_bytes, int to, char* recv, size_t recv_bytes, int from,
-              Clock::time_point deadline) {
-  std::vector<MPI_Request> reqs;
-  {
-    auto lk = mpi_runtime().lock();
-    for (size_t off = 0; off < recv_bytes; off += kMaxMessage) {
-      reqs.emplace_back();
-      int len = static_cast<int>(std::min(kMaxMessage, recv_bytes - off));
-      TANDEM_MPI_CHECK(MPI_Irecv(recv + off, len, MPI_BYTE, from, kAllreduceTag, c.comm(), &reqs.back()));
-    }
-    for (size_t off = 0; off < send_bytes; off += kMaxMessage) {
-      reqs.emplace_back();
-      int len = static_cast<int>(std::min(kMaxMessage, send_bytes - off));
-      TANDEM_MPI_CHECK(MPI_Isend(send + off, len, MPI_BYTE, to, kAllreduceTag, c.comm(), &reqs.back()));
-    }
-  }
-  return reqs.empty() || wait_requests(reqs.data(), static_cast<int>(reqs.size()), deadline, send_bytes + recv_bytes);
-}
-
 }  // namespace
 
 bool wait_requests(MPI_Request* reqs, int n, Clock::time_point deadline, size_t bytes) {
@@ -61,38 +40,91 @@ void divide_buffer(void* p, int64_t n, Dtype dt, int divisor) {
   TANDEM_DISPATCH_FLOATING(dt, "allreduce", [&] { detail::divide_by(static_cast<scalar_t*>(p), n, divisor); });
 }
 
-bool allreduce_buffer(CollectiveComm& c, char* data, int64_t count, Dtype dt, ReduceOp reduce, Clock::time_point deadline) {
-  const int n = c.size();
-  if (n == 1 || count == 0) return true;
-  if (use_ring(count * itemsize(dt), n) && count >= n) {
-    if (!ring_allreduce(c, data, count, dt, reduce, deadline)) return false;
-    if (reduce == ReduceOp::avg) divide_buffer(data, count, dt, n);
-    return true;
-  }
-  SmallAllreduce small(c, reduce, data, count, dt);
-  return poll_until(deadline, 0, [&] { return small.progress(); });
+std::unique_ptr<StartedOp> start_allreduce(CollectiveComm& c, char* data, int64_t count, Dtype dt, ReduceOp reduce) {
+  if (c.size() > 1 && count >= c.size() && use_ring(count * itemsize(dt), c.size()))
+    return std::make_unique<RingAllreduce>(c, reduce, data, count, dt);
+  return std::make_unique<SmallAllreduce>(c, reduce, data, count, dt);
 }
 
-bool ring_allreduce(CollectiveComm& c, char* data, int64_t count, Dtype dt, ReduceOp reduce,
-                    Clock::time_point deadline) {
-  const int n = c.size(), r = c.rank();
-  const size_t item = itemsize(dt);
-  auto lo = [&](int k) { return count * k / n; };
-  auto len = [&](int k) { return lo(k + 1) - lo(k); };
+bool allreduce_buffer(CollectiveComm& c, char* data, int64_t count, Dtype dt, ReduceOp reduce, Clock::time_point deadline) {
+  if (c.size() == 1 || count == 0) return true;
+  std::unique_ptr<StartedOp> op = start_allreduce(c, data, count, dt, reduce);
+  return poll_until(deadline, count * itemsize(dt), [&] { return op->progress(); });
+}
+
+// ---- RingAllreduce ----
+
+RingAllreduce::RingAllreduce(CollectiveComm& c, ReduceOp reduce, char* data, int64_t count, Dtype dt)
+    : c_(c), reduce_(reduce), data_(data), count_(count), dt_(dt), item_(itemsize(dt)) {
+  tmp_ = c.scratch(1, static_cast<size_t>(count / c.size() + 1) * item_);
+  post_step();
+}
+
+RingAllreduce::~RingAllreduce() {
+  // Only after a failure: free what is still posted (the group is broken by then).
+  for (MPI_Request& r : reqs_)
+    if (r != MPI_REQUEST_NULL) MPI_Request_free(&r);
+}
+
+// Step s < n-1 of the reduce-scatter sends chunk (r - s) and receives chunk (r - s - 1) into the
+// scratch, to be added to ours; step s of the allgather sends the finished chunk (r + 1 - s) and
+// receives chunk (r - s) in place.
+void RingAllreduce::chunks(int& send, int& recv) const {
+  const int n = c_.size(), r = c_.rank();
+  const int s = step_ < n - 1 ? step_ : step_ - (n - 1);
+  const int shift = step_ < n - 1 ? 0 : 1;
+  send = ((r + shift - s) % n + n) % n;
+  recv = ((r + shift - s - 1) % n + n) % n;
+}
+
+void RingAllreduce::post_step() {
+  const int n = c_.size(), r = c_.rank();
   const int right = (r + 1) % n, left = (r + n - 1) % n;
-  char* tmp = c.scratch(1, (count / n + 1) * item);
-  for (int s = 0; s < n - 1; ++s) {
-    int send_c = ((r - s) % n + n) % n, recv_c = ((r - s - 1) % n + n) % n;
-    if (!exchange(c, data + lo(send_c) * item, len(send_c) * item, right, tmp, len(recv_c) * item, left, deadline))
-      return false;
-    reduce_local(data + lo(recv_c) * item, tmp, len(recv_c), dt, reduce);
+  int send_c = 0, recv_c = 0;
+  chunks(send_c, recv_c);
+  const bool reducing = step_ < n - 1;
+  const char* send = data_ + lo(send_c) * item_;
+  char* recv = reducing ? tmp_ : data_ + lo(recv_c) * item_;
+  const size_t send_bytes = static_cast<size_t>(len(send_c)) * item_;
+  const size_t recv_bytes = static_cast<size_t>(len(recv_c)) * item_;
+  reqs_.clear();
+  auto lk = mpi_runtime().lock();
+  // In pieces that fit an int count.
+  for (size_t off = 0; off < recv_bytes; off += kMaxMessage) {
+    reqs_.push_back(MPI_REQUEST_NULL);
+    const int piece = static_cast<int>(std::min(kMaxMessage, recv_bytes - off));
+    TANDEM_MPI_CHECK(MPI_Irecv(recv + off, piece, MPI_BYTE, left, kAllreduceTag, c_.comm(), &reqs_.back()));
   }
-  for (int s = 0; s < n - 1; ++s) {
-    int send_c = ((r + 1 - s) % n + n) % n, recv_c = ((r - s) % n + n) % n;
-    if (!exchange(c, data + lo(send_c) * item, len(send_c) * item, right, data + lo(recv_c) * item,
-                  len(recv_c) * item, left, deadline))
-      return false;
+  for (size_t off = 0; off < send_bytes; off += kMaxMessage) {
+    reqs_.push_back(MPI_REQUEST_NULL);
+    const int piece = static_cast<int>(std::min(kMaxMessage, send_bytes - off));
+    TANDEM_MPI_CHECK(MPI_Isend(send + off, piece, MPI_BYTE, right, kAllreduceTag, c_.comm(), &reqs_.back()));
   }
+}
+
+bool RingAllreduce::progress() {
+  if (done_) return true;
+  if (!reqs_.empty()) {
+    int flag = 0;
+    {
+      auto lk = mpi_runtime().lock();
+      TANDEM_MPI_CHECK(MPI_Testall(static_cast<int>(reqs_.size()), reqs_.data(), &flag, MPI_STATUSES_IGNORE));
+    }
+    if (!flag) return false;
+  }
+  const int n = c_.size();
+  if (step_ < n - 1) {
+    int send_c = 0, recv_c = 0;
+    chunks(send_c, recv_c);
+    reduce_local(data_ + lo(recv_c) * item_, tmp_, len(recv_c), dt_, reduce_);
+  }
+  if (++step_ < 2 * (n - 1)) {
+    post_step();
+    return false;
+  }
+  reqs_.clear();
+  if (reduce_ == ReduceOp::avg) divide_buffer(data_, count_, dt_, n);
+  done_ = true;
   return true;
 }
 

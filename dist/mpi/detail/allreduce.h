@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <thread>
 #include <vector>
 
@@ -96,13 +97,41 @@ class CollectiveComm {
   std::vector<char> scratch_[2];  // [0] for the group's packing, [1] for the algorithms
 };
 
-// In place over the group: the ring for large buffers (use_ring), else SmallAllreduce run to its
-// end. False when the deadline passed first (the group is then broken: requests stay posted).
+// In place over the group, run to its end on the calling thread (start_allreduce polled with a
+// Backoff). False when the deadline passed first (the group is then broken: requests stay posted).
 bool allreduce_buffer(CollectiveComm& c, char* data, int64_t count, Dtype dt, ReduceOp reduce, Clock::time_point deadline);
-// Ring reduce-scatter then ring allgather: each rank sends 2 (n-1)/n of the buffer. No division
-// for avg (allreduce does it).
-bool ring_allreduce(CollectiveComm& c, char* data, int64_t count, Dtype dt, ReduceOp reduce,
-                    Clock::time_point deadline);
+// Begins an in-place allreduce without blocking: the ring for large buffers (from 64 KiB, and
+// 32 KiB a rank), else SmallAllreduce. avg divides at the end.
+std::unique_ptr<StartedOp> start_allreduce(CollectiveComm& c, char* data, int64_t count, Dtype dt, ReduceOp reduce);
+
+// Ring reduce-scatter then ring allgather, as a StartedOp: each rank sends 2 (n-1)/n of the buffer
+// in 2 (n-1) steps. Each progress() tests the step's messages and, once they are in, adds the
+// received chunk (reduce-scatter) and posts the next step, so any thread that polls it advances
+// it: the communication thread, or in caller-progress mode the compute thread at DDP's gradient
+// hooks (QueuedGroup::poll). Needs count >= group size.
+class RingAllreduce final : public StartedOp {
+ public:
+  RingAllreduce(CollectiveComm& c, ReduceOp reduce, char* data, int64_t count, Dtype dt);
+  ~RingAllreduce() override;
+  bool progress() override;
+
+ private:
+  void post_step();
+  void chunks(int& send, int& recv) const;  // the chunks step_ sends and receives
+  int64_t lo(int k) const { return count_ * k / c_.size(); }
+  int64_t len(int k) const { return lo(k + 1) - lo(k); }
+
+  CollectiveComm& c_;
+  ReduceOp reduce_;
+  char* data_;
+  char* tmp_;  // the received chunk during the reduce-scatter
+  int64_t count_;
+  Dtype dt_;
+  size_t item_;
+  int step_ = 0;  // 0 .. n-2 reduce-scatter, n-1 .. 2n-3 allgather
+  bool done_ = false;
+  std::vector<MPI_Request> reqs_;
+};
 
 // An allreduce too small for the ring, as a StartedOp, so the issuing thread can begin it and the
 // communication thread finish it. With a power-of-two group, recursive doubling: log2(n) rounds,

@@ -1,7 +1,14 @@
 #include "dist/mpi/detail/runtime.h"
 
+#include <sched.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <climits>
 #include <cstdlib>
+#include <string>
+
+#include "core/threads.h"
 
 #include "dist/detail/reduce_kernels.h"
 
@@ -55,6 +62,27 @@ void ensure_mpi_initialized() {
     TANDEM_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &rt.exit_comm));  // inherits MPI_ERRORS_RETURN
   }
   rt.initialized = true;
+}
+
+bool mpi_caller_progress() {
+  static const bool caller = [] {
+    const char* env = std::getenv("TANDEM_DIST_PROGRESS");
+    const std::string mode = env ? env : "";
+    if (mode == "caller") return true;
+    if (mode == "thread") return false;
+    TANDEM_CHECK(mode.empty() || mode == "auto", "[dist] TANDEM_DIST_PROGRESS must be auto, caller or thread, got '{}'",
+                 mode);
+    cpu_set_t mask;
+    CPU_ZERO(&mask);
+    if (sched_getaffinity(0, sizeof mask, &mask) != 0) return false;
+    const int cores = CPU_COUNT(&mask);
+    const long online = sysconf(_SC_NPROCESSORS_ONLN);
+    // Unbound (a mask of every core): the node's ranks share it.
+    const int sharing = cores >= online ? std::max(1, mpi_runtime().info.local_size) : 1;
+    const int spare = cores - sharing * get_num_threads();
+    return spare < sharing;
+  }();
+  return caller;
 }
 
 MPI_Datatype mpi_type(Dtype d) {

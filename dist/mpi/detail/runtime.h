@@ -46,6 +46,13 @@ MpiRuntime& mpi_runtime();  // never destroyed: groups may outlive static destru
 // Initialises MPI on first use (or adopts the program's MPI); throws once it was finalised.
 void ensure_mpi_initialized();
 
+// Whether the mpi groups run in caller-progress mode (QueuedGroup::set_caller_progress), decided
+// once: TANDEM_DIST_PROGRESS=caller or thread, or by default (auto) caller when the rank has no
+// core to spare for a communication thread: its affinity mask holds no more cores than its
+// intra-op threads (a mask of every core is shared by the node's ranks: then no more than their
+// threads together, plus fewer than one core each).
+bool mpi_caller_progress();
+
 MPI_Datatype mpi_type(Dtype d);  // f16/bf16 travel as their bit patterns (MPI_UINT16_T)
 MPI_Op mpi_op(ReduceOp r, Dtype d);  // avg is a sum here: the caller divides
 // v as an MPI count (an int), or "[mpi] <what> of <v> exceeds MPI's int count limit".
