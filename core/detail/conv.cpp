@@ -9,6 +9,7 @@
 #include "core/detail/kernel_tables.h"
 #include "core/detail/elementwise.h"
 #include "core/detail/matmul.h"
+#include "core/detail/onednn.h"
 #include "core/detail/reduce.h"
 #include "core/parallel.h"
 
@@ -348,6 +349,13 @@ Tensor conv2d_kernel(const Tensor& input, const Tensor& weight, const Tensor& bi
   const Tensor x = materialize(input, op), w = materialize(weight, op);
   Tensor out = make_empty(Shape{g.N, g.O, g.win.OH, g.win.OW}, x.dtype(), x.device(), op);
   if (out.numel() == 0) return out;
+  if (x.is_cpu() && x.dtype() == f32) {
+    const Tensor b = bias.defined() ? materialize(bias, op) : Tensor();
+    if (onednn_conv2d_forward(g, static_cast<const float*>(x.data_ptr()), static_cast<const float*>(w.data_ptr()),
+                              b.defined() ? static_cast<const float*>(b.data_ptr()) : nullptr,
+                              static_cast<float*>(out.data_ptr())))
+      return out;
+  }
   // Every output plane starts as its channel's bias; the GEMMs add to it (beta = 1). The CPU
   // fills each chunk's planes just before its GEMM, while they are in cache.
   const bool has_bias = bias.defined();
@@ -413,6 +421,14 @@ std::array<Tensor, 3> conv2d_backward_kernel(const Tensor& grad, const Tensor& i
     if (gx.defined()) detail::fill(gx, 0, op);
     if (gw.defined()) detail::fill(gw, 0, op);
     return {gx, gw, out[2]};
+  }
+  if (x.is_cpu() && dt == f32) {
+    // oneDNN's direct kernels where they take this geometry; im2col + GEMM for the rest.
+    if (onednn_conv2d_backward(g, static_cast<const float*>(gy.data_ptr()), static_cast<const float*>(x.data_ptr()),
+                               static_cast<const float*>(w.data_ptr()),
+                               need_input ? static_cast<float*>(gx.data_ptr()) : nullptr,
+                               need_weight ? static_cast<float*>(gw.data_ptr()) : nullptr))
+      return {gx, gw, out[2]};
   }
   const int64_t chunk = chunk_samples(g, x);
   Tensor col;

@@ -1,4 +1,4 @@
-// bf16 GEMM through oneDNN (see core/detail/onednn.h).
+// bf16 GEMM and f32 convolution through oneDNN (see core/detail/onednn.h).
 #include "core/detail/onednn.h"
 
 #include <cstdlib>
@@ -26,8 +26,13 @@ namespace tandem::detail {
 
 namespace {
 
+bool onednn_switched_off() {
+  const char* env = std::getenv("TANDEM_ONEDNN");
+  return env && std::strcmp(env, "0") == 0;
+}
+
 bool cpu_has_bf16_gemm() {
-  if (const char* env = std::getenv("TANDEM_ONEDNN"); env && std::strcmp(env, "0") == 0) return false;
+  if (onednn_switched_off()) return false;
   try {
     // The ISA values are nested bit sets: a CPU has an ISA when it has all of its bits. Without
     // AVX512_BF16 oneDNN would emulate bf16 and lose to the f32 sgemm route.
@@ -59,14 +64,72 @@ struct Gemm {
 };
 std::mutex creation_mutex;  // see thread_gemms
 
+// A convolution's geometry, and its primitives: the forward made at first use, the backward
+// ones at their first use (from the forward's descriptor, as oneDNN asks).
+struct ConvKey {
+  int64_t N, C, H, W, O, kh, kw, sh, sw, ph, pw, dh, dw, groups;
+  bool bias;
+  bool operator==(const ConvKey&) const = default;
+};
+struct ConvKeyHash {
+  size_t operator()(const ConvKey& k) const {
+    size_t h = std::hash<bool>()(k.bias);
+    for (int64_t v : {k.N, k.C, k.H, k.W, k.O, k.kh, k.kw, k.sh, k.sw, k.ph, k.pw, k.dh, k.dw, k.groups})
+      h = h * 1000003u ^ std::hash<int64_t>()(v);
+    return h;
+  }
+};
+struct Conv {
+  bool usable = false;  // false: oneDNN rejected the geometry or offers only its reference kernel
+  dnnl::memory::desc x, w, b, y;  // the caller's plain layouts
+  dnnl::convolution_forward::primitive_desc fwd_pd;
+  dnnl::convolution_forward fwd;
+  int bwd_data_state = 0, bwd_weights_state = 0;  // 0 not tried, 1 made, -1 unusable
+  dnnl::convolution_backward_data::primitive_desc bwd_data_pd;
+  dnnl::convolution_backward_data bwd_data;
+  dnnl::convolution_backward_weights::primitive_desc bwd_weights_pd;
+  dnnl::convolution_backward_weights bwd_weights;
+};
+
+// A thread's buffer for one role of the convolutions' operands in oneDNN's blocked layouts,
+// grown to the largest it has held and reused: fresh pages on every call (the reorders' targets
+// are as large as the activations) cost more page faults than the blocked kernels save.
+class Workspace {
+ public:
+  Workspace() = default;
+  Workspace(const Workspace&) = delete;
+  Workspace& operator=(const Workspace&) = delete;
+  ~Workspace() { std::free(data_); }
+  void* get(size_t bytes) {
+    if (bytes > bytes_) {
+      std::free(data_);
+      data_ = nullptr;
+      bytes_ = 0;
+      const size_t rounded = (bytes + 63) / 64 * 64;
+      data_ = std::aligned_alloc(64, rounded);
+      if (data_ == nullptr) fail("[conv2d] out of memory for a {}-byte oneDNN workspace", rounded);
+      bytes_ = rounded;
+    }
+    return data_;
+  }
+
+ private:
+  void* data_ = nullptr;
+  size_t bytes_ = 0;
+};
+enum WorkspaceRole { kSrc, kWeights, kDst, kDiffDst, kDiffSrc, kDiffWeights, kRoles };
+
 struct ThreadGemms {
   dnnl::engine engine{dnnl::engine::kind::cpu, 0};
   dnnl::stream stream{engine};
   std::unordered_map<GemmKey, Gemm, GemmKeyHash> primitives;
+  std::unordered_map<ConvKey, Conv, ConvKeyHash> convs;
+  Workspace workspace[kRoles];
   // Released under the creation lock too, at the thread's exit.
   ~ThreadGemms() {
     std::lock_guard lock(creation_mutex);
     primitives.clear();
+    convs.clear();
     stream = dnnl::stream();
     engine = dnnl::engine();
   }
@@ -109,7 +172,214 @@ Gemm make_gemm(const dnnl::engine& engine, const GemmKey& k) {
   return g;
 }
 
+// oneDNN's OpenMP regions use the calling thread's team size: Tandem's intra-op thread count.
+void match_team_size() {
+  const int threads = intra_op_threads();
+  if (omp_get_max_threads() != threads) omp_set_num_threads(threads);
+}
+
+bool is_reference(const char* impl) { return std::strncmp(impl, "ref", 3) == 0; }
+
+// The right padding that gives PyTorch's output size (floor division): may be negative, which
+// oneDNN takes for its direct kernels or rejects (then im2col runs).
+dnnl::memory::dims conv_padding_r(const ConvKey& k, int64_t OH, int64_t OW) {
+  return {(OH - 1) * k.sh + (k.kh - 1) * k.dh + 1 - k.H - k.ph, (OW - 1) * k.sw + (k.kw - 1) * k.dw + 1 - k.W - k.pw};
+}
+
+Conv make_conv(const dnnl::engine& engine, const ConvKey& k, int64_t OH, int64_t OW) {
+  std::lock_guard lock(creation_mutex);
+  using dt = dnnl::memory::data_type;
+  using tag = dnnl::memory::format_tag;
+  Conv c;
+  c.x = dnnl::memory::desc({k.N, k.C, k.H, k.W}, dt::f32, tag::nchw);
+  c.y = dnnl::memory::desc({k.N, k.O, OH, OW}, dt::f32, tag::nchw);
+  c.w = k.groups == 1 ? dnnl::memory::desc({k.O, k.C, k.kh, k.kw}, dt::f32, tag::oihw)
+                      : dnnl::memory::desc({k.groups, k.O / k.groups, k.C / k.groups, k.kh, k.kw}, dt::f32, tag::goihw);
+  c.b = dnnl::memory::desc({k.O}, dt::f32, tag::x);
+  // format_tag::any: oneDNN picks the blocked layouts its fastest kernel reads.
+  const dnnl::memory::desc xa({k.N, k.C, k.H, k.W}, dt::f32, tag::any), ya({k.N, k.O, OH, OW}, dt::f32, tag::any),
+      wa(c.w.dims(), dt::f32, tag::any);
+  try {
+    const dnnl::memory::dims strides{k.sh, k.sw}, dilation{k.dh - 1, k.dw - 1}, pad_l{k.ph, k.pw},
+        pad_r = conv_padding_r(k, OH, OW);
+    const auto desc = k.bias ? dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training,
+                                                               dnnl::algorithm::convolution_direct, xa, wa, c.b, ya,
+                                                               strides, dilation, pad_l, pad_r)
+                             : dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training,
+                                                               dnnl::algorithm::convolution_direct, xa, wa, ya, strides,
+                                                               dilation, pad_l, pad_r);
+    c.fwd_pd = dnnl::convolution_forward::primitive_desc(desc, engine);
+    if (!is_reference(c.fwd_pd.impl_info_str())) {
+      c.fwd = dnnl::convolution_forward(c.fwd_pd);
+      c.usable = true;
+    }
+  } catch (const dnnl::error&) {
+  }
+  return c;
+}
+
+void make_conv_backward_data(const dnnl::engine& engine, const ConvKey& k, Conv& c) {
+  std::lock_guard lock(creation_mutex);
+  c.bwd_data_state = -1;
+  try {
+    const auto& y = c.y;
+    const int64_t OH = y.dims()[2], OW = y.dims()[3];
+    using dt = dnnl::memory::data_type;
+    using tag = dnnl::memory::format_tag;
+    const dnnl::memory::desc xa(c.x.dims(), dt::f32, tag::any), ya(y.dims(), dt::f32, tag::any),
+        wa(c.w.dims(), dt::f32, tag::any);
+    const dnnl::convolution_backward_data::desc desc(dnnl::algorithm::convolution_direct, xa, wa, ya, {k.sh, k.sw},
+                                                     {k.dh - 1, k.dw - 1}, {k.ph, k.pw}, conv_padding_r(k, OH, OW));
+    c.bwd_data_pd = dnnl::convolution_backward_data::primitive_desc(desc, engine, c.fwd_pd);
+    if (is_reference(c.bwd_data_pd.impl_info_str())) return;
+    c.bwd_data = dnnl::convolution_backward_data(c.bwd_data_pd);
+    c.bwd_data_state = 1;
+  } catch (const dnnl::error&) {
+  }
+}
+
+void make_conv_backward_weights(const dnnl::engine& engine, const ConvKey& k, Conv& c) {
+  std::lock_guard lock(creation_mutex);
+  c.bwd_weights_state = -1;
+  try {
+    const auto& y = c.y;
+    const int64_t OH = y.dims()[2], OW = y.dims()[3];
+    using dt = dnnl::memory::data_type;
+    using tag = dnnl::memory::format_tag;
+    const dnnl::memory::desc xa(c.x.dims(), dt::f32, tag::any), ya(y.dims(), dt::f32, tag::any),
+        wa(c.w.dims(), dt::f32, tag::any);
+    const dnnl::convolution_backward_weights::desc desc(dnnl::algorithm::convolution_direct, xa, wa, ya, {k.sh, k.sw},
+                                                        {k.dh - 1, k.dw - 1}, {k.ph, k.pw},
+                                                        conv_padding_r(k, OH, OW));
+    c.bwd_weights_pd = dnnl::convolution_backward_weights::primitive_desc(desc, engine, c.fwd_pd);
+    if (is_reference(c.bwd_weights_pd.impl_info_str())) return;
+    c.bwd_weights = dnnl::convolution_backward_weights(c.bwd_weights_pd);
+    c.bwd_weights_state = 1;
+  } catch (const dnnl::error&) {
+  }
+}
+
+ConvKey conv_key(const Conv2dGeometry& g, bool bias) {
+  const Window2d& w = g.win;
+  return ConvKey{g.N, g.C, w.H, w.W, g.O, w.kh, w.kw, w.sh, w.sw, w.ph, w.pw, w.dh, w.dw, g.groups, bias};
+}
+
+// The cached convolution for g (made on first use), or null when oneDNN does not take it.
+Conv* find_conv(ThreadGemms& t, const Conv2dGeometry& g, bool bias) {
+  if (!onednn_conv_available()) return nullptr;
+  const Window2d& w = g.win;
+  if (g.N <= 0 || g.C <= 0 || g.O <= 0 || w.H <= 0 || w.W <= 0 || w.OH <= 0 || w.OW <= 0) return nullptr;
+  const ConvKey key = conv_key(g, bias);
+  auto it = t.convs.find(key);
+  if (it == t.convs.end()) {
+    if (t.convs.size() >= kMaxCachedPrimitives) {
+      std::lock_guard lock(creation_mutex);
+      t.convs.clear();
+    }
+    it = t.convs.emplace(key, make_conv(t.engine, key, w.OH, w.OW)).first;
+  }
+  return it->second.usable ? &it->second : nullptr;
+}
+
+// `user` as `want` describes it: itself when the layouts agree, else a reordered copy in the
+// thread's workspace for `role`.
+dnnl::memory in_layout(ThreadGemms& t, const dnnl::memory& user, const dnnl::memory::desc& want, WorkspaceRole role) {
+  if (user.get_desc() == want) return user;
+  dnnl::memory m(want, t.engine, t.workspace[role].get(want.get_size()));
+  dnnl::reorder(user, m).execute(t.stream, const_cast<dnnl::memory&>(user), m);
+  return m;
+}
+
+// Where a primitive writes `user`: itself when the layouts agree, else the workspace for `role`,
+// copied back by out_of_layout.
+dnnl::memory out_layout(ThreadGemms& t, const dnnl::memory& user, const dnnl::memory::desc& have, WorkspaceRole role) {
+  return user.get_desc() == have ? user : dnnl::memory(have, t.engine, t.workspace[role].get(have.get_size()));
+}
+void out_of_layout(ThreadGemms& t, dnnl::memory& inner, dnnl::memory& user) {
+  if (inner.get_desc() != user.get_desc()) dnnl::reorder(inner, user).execute(t.stream, inner, user);
+}
+
+[[noreturn]] void conv_failed(const char* what, const Conv2dGeometry& g, const dnnl::error& e) {
+  fail("[conv2d] oneDNN's {} failed for input [{}, {}, {}, {}] and {} output channels: {} (status {})", what, g.N, g.C,
+       g.win.H, g.win.W, g.O, e.what(), static_cast<int>(e.status));
+}
+
 }  // namespace
+
+thread_local int64_t conv_runs = 0;
+
+bool onednn_conv_available() {
+  static const bool available = !onednn_switched_off();
+  return available;
+}
+
+int64_t onednn_conv_runs() { return conv_runs; }
+
+bool onednn_conv2d_forward(const Conv2dGeometry& g, const float* x, const float* w, const float* bias, float* y) {
+  ThreadGemms& t = thread_gemms();
+  Conv* c = find_conv(t, g, bias != nullptr);
+  if (!c) return false;
+  match_team_size();
+  try {
+    dnnl::memory xm(c->x, t.engine, const_cast<float*>(x)), wm(c->w, t.engine, const_cast<float*>(w)),
+        ym(c->y, t.engine, y);
+    dnnl::memory xi = in_layout(t, xm, c->fwd_pd.src_desc(), kSrc),
+                 wi = in_layout(t, wm, c->fwd_pd.weights_desc(), kWeights);
+    dnnl::memory yi = out_layout(t, ym, c->fwd_pd.dst_desc(), kDst);
+    std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_SRC, xi}, {DNNL_ARG_WEIGHTS, wi}, {DNNL_ARG_DST, yi}};
+    if (bias) args.emplace(DNNL_ARG_BIAS, dnnl::memory(c->b, t.engine, const_cast<float*>(bias)));
+    c->fwd.execute(t.stream, args);
+    out_of_layout(t, yi, ym);
+    t.stream.wait();
+  } catch (const dnnl::error& e) {
+    conv_failed("convolution", g, e);
+  }
+  ++conv_runs;
+  return true;
+}
+
+bool onednn_conv2d_backward(const Conv2dGeometry& g, const float* gy, const float* x, const float* w, float* gx,
+                            float* gw) {
+  ThreadGemms& t = thread_gemms();
+  Conv* c = find_conv(t, g, false);
+  if (!c) return false;
+  if (gx && c->bwd_data_state == 0) make_conv_backward_data(t.engine, conv_key(g, false), *c);
+  if (gw && c->bwd_weights_state == 0) make_conv_backward_weights(t.engine, conv_key(g, false), *c);
+  if ((gx && c->bwd_data_state < 0) || (gw && c->bwd_weights_state < 0)) return false;
+  match_team_size();
+  try {
+    dnnl::memory gym(c->y, t.engine, const_cast<float*>(gy));
+    // Both gradients read the output gradient, usually in the same blocked layout: reordered once.
+    dnnl::memory gyi;
+    auto diff_dst = [&](const dnnl::memory::desc& want) {
+      if (!gyi || gyi.get_desc() != want) gyi = in_layout(t, gym, want, kDiffDst);
+      return gyi;
+    };
+    if (gx) {
+      dnnl::memory wm(c->w, t.engine, const_cast<float*>(w)), gxm(c->x, t.engine, gx);
+      dnnl::memory wi = in_layout(t, wm, c->bwd_data_pd.weights_desc(), kWeights);
+      dnnl::memory gxi = out_layout(t, gxm, c->bwd_data_pd.diff_src_desc(), kDiffSrc);
+      c->bwd_data.execute(t.stream, {{DNNL_ARG_DIFF_DST, diff_dst(c->bwd_data_pd.diff_dst_desc())},
+                                     {DNNL_ARG_WEIGHTS, wi},
+                                     {DNNL_ARG_DIFF_SRC, gxi}});
+      out_of_layout(t, gxi, gxm);
+    }
+    if (gw) {
+      dnnl::memory xm(c->x, t.engine, const_cast<float*>(x)), gwm(c->w, t.engine, gw);
+      dnnl::memory xi = in_layout(t, xm, c->bwd_weights_pd.src_desc(), kSrc);
+      dnnl::memory gwi = out_layout(t, gwm, c->bwd_weights_pd.diff_weights_desc(), kDiffWeights);
+      c->bwd_weights.execute(t.stream, {{DNNL_ARG_DIFF_DST, diff_dst(c->bwd_weights_pd.diff_dst_desc())},
+                                        {DNNL_ARG_SRC, xi},
+                                        {DNNL_ARG_DIFF_WEIGHTS, gwi}});
+      out_of_layout(t, gwi, gwm);
+    }
+    t.stream.wait();
+  } catch (const dnnl::error& e) {
+    conv_failed("convolution gradient", g, e);
+  }
+  ++conv_runs;
+  return true;
+}
 
 bool onednn_bf16_available() {
   static const bool available = cpu_has_bf16_gemm();
@@ -145,9 +415,7 @@ bool onednn_bf16_gemm(int64_t M, int64_t N, int64_t K, const BFloat16* a, int64_
   }
   const Gemm& gemm = it->second;
   if (!gemm.matmul) return false;
-  // oneDNN's OpenMP regions use the calling thread's team size: Tandem's intra-op thread count.
-  const int threads = intra_op_threads();
-  if (omp_get_max_threads() != threads) omp_set_num_threads(threads);
+  match_team_size();
   try {
     dnnl::memory am(gemm.a, gemms.engine, const_cast<BFloat16*>(a));
     dnnl::memory bm(gemm.b, gemms.engine, const_cast<BFloat16*>(b));
@@ -162,6 +430,13 @@ bool onednn_bf16_gemm(int64_t M, int64_t N, int64_t K, const BFloat16* a, int64_
 }
 
 #else  // no oneDNN: always the portable route
+
+bool onednn_conv_available() { return false; }
+int64_t onednn_conv_runs() { return 0; }
+bool onednn_conv2d_forward(const Conv2dGeometry&, const float*, const float*, const float*, float*) { return false; }
+bool onednn_conv2d_backward(const Conv2dGeometry&, const float*, const float*, const float*, float*, float*) {
+  return false;
+}
 
 bool onednn_bf16_available() { return false; }
 

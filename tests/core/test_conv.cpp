@@ -7,6 +7,7 @@
 #include <limits>
 #include <string>
 
+#include "core/detail/onednn.h"
 #include "tandem.h"
 #include "test_util.h"
 
@@ -203,6 +204,43 @@ TEST_CASE("conv2d matches the 7-loop definition", "[conv]") {
   require_close(vals(conv2d(x, w, b, 1, 1)), naive_conv2d(x, w, b, 1, 1, 1, 1), 1e-12);
   // An empty batch gives an empty output of the right shape.
   REQUIRE(conv2d(zeros({0, 3, 5, 5}), zeros({2, 3, 3, 3})).shape() == Shape{0, 2, 3, 3});
+}
+
+TEST_CASE("conv2d's f32 gradients (oneDNN's kernels where built) match the f64 im2col path", "[conv]") {
+  // f32 runs on oneDNN's direct kernels where the build has oneDNN and it takes the geometry
+  // (strides, dilation, groups, a negative right padding), f64 on im2col + GEMM: every geometry's
+  // forward and gradients must agree. One larger case reaches oneDNN's blocked (16-channel) layouts.
+  manual_seed(13);
+  std::vector<ConvCase> cases(std::begin(kConvCases), std::end(kConvCases));
+  cases.push_back({{3, 32, 12, 10}, {48, 32, 3, 3}, true, 1, 1, 1, 1});
+  cases.push_back({{2, 32, 11, 11}, {32, 16, 3, 3}, true, 2, 0, 1, 2});
+  cases.push_back({{2, 32, 9, 12}, {16, 32, 3, 2}, false, {1, 2}, {2, 1}, {2, 1}, 1});
+  for (const ConvCase& c : cases) {
+    INFO("x " << fmt::format("{}", c.x) << " w " << fmt::format("{}", c.w) << " groups " << c.groups);
+    Tensor x = randn(c.x, f64), w = randn(c.w, f64), b = c.bias ? randn({c.w[0]}, f64) : Tensor();
+    auto grads = [&](Dtype dt) {
+      Tensor xl = leaf(x.detach().to(dt)), wl = leaf(w.detach().to(dt)), bl = c.bias ? leaf(b.detach().to(dt)) : Tensor();
+      Tensor y = conv2d(xl, wl, bl, c.stride, c.padding, c.dilation, c.groups);
+      sum(y * seq(y.shape(), 0.17, 0.2).to(dt)).backward();
+      TensorList out{y, xl.grad(), wl.grad()};
+      if (c.bias) out.push_back(bl.grad());
+      return out;
+    };
+    const TensorList want = grads(f64);
+    const int64_t runs_before = detail::onednn_conv_runs();
+    const TensorList got = grads(f32);
+    const int64_t onednn_runs = detail::onednn_conv_runs() - runs_before;
+    INFO("oneDNN ran " << onednn_runs << " of the 2 calls");
+    // The common geometries all take the fast path (what rejects one: a stride beyond the kernel
+    // with a negative right padding, some depthwise shapes): each stride, dilation and group count
+    // below runs on it at least once.
+    if (detail::onednn_conv_available() && c.x[1] == 32) REQUIRE(onednn_runs == 2);
+    for (size_t i = 0; i < want.size(); ++i) {
+      INFO("result " << i);
+      REQUIRE(got[i].dtype() == f32);
+      require_close(vals(got[i]), vals(want[i]), 2e-4);
+    }
+  }
 }
 
 TEST_CASE("conv2d agrees with PyTorch 1.13", "[conv]") {
