@@ -23,8 +23,15 @@ void copy_bits(const Tensor& dst, const Tensor& src, const char* op) {
   // copy_'s element-for-element alias: every element is already where it goes (and memcpy must
   // not be handed one range as both source and destination).
   if (dst.data_ptr() == src.data_ptr() && dst.shape() == src.shape() && dst.strides() == src.strides()) return;
+  // Runs on the intra-op threads, unless source and destination share memory (an overlapping
+  // copy_ would then depend on the order of the runs).
   TANDEM_DISPATCH_ALL(dst.dtype(), op, [&] {
-    for_each_run<2>(dst.shape(), {&dst, &src}, [](const StridedRun<2>& r) { copy_strided_run<scalar_t>(r); });
+    auto kernel = [](const StridedRun<2>& r) { copy_strided_run<scalar_t>(r); };
+    if (dst.storage() == src.storage()) {
+      for_each_run<2>(dst.shape(), {&dst, &src}, kernel);
+    } else {
+      for_each_output_run<2>(dst.shape(), {&dst, &src}, kernel);
+    }
   });
 }
 

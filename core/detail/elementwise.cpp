@@ -108,7 +108,7 @@ void fill(const Tensor& self, const Scalar& value, const char* name) {
       std::fill_n(static_cast<T*>(self.data_ptr()), self.numel(), v);
       return;
     }
-    for_each_run<1>(self.shape(), {&self}, [v](const StridedRun<1>& r) {
+    for_each_output_run<1>(self.shape(), {&self}, [v](const StridedRun<1>& r) {
       char* p = r.ptr[0];
       for (int64_t i = 0; i < r.n; ++i, p += r.stride[0]) *reinterpret_cast<T*>(p) = v;
     });

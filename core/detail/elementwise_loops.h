@@ -116,7 +116,8 @@ void map(const Tensor& out, const std::array<const Tensor*, sizeof...(In)>& ins,
   std::array<const Tensor*, N + 1> all;
   all[0] = &out;
   for (size_t j = 0; j < N; ++j) all[j + 1] = ins[j];
-  for_each_run<N + 1>(out.shape(), all, [&](const StridedRun<N + 1>& r) {
+  // Strided or broadcast operands: runs on the intra-op threads (each output element has one).
+  for_each_output_run<N + 1>(out.shape(), all, [&](const StridedRun<N + 1>& r) {
     std::array<const char*, N> p;
     std::array<int64_t, N> stride;
     for (size_t j = 0; j < N; ++j) {

@@ -427,7 +427,7 @@ Tensor masked_fill(const Tensor& a, const Tensor& mask, const Scalar& value) {
   }
   TANDEM_DISPATCH_ALL(a.dtype(), op, [&] {
     const scalar_t v = from_scalar<scalar_t>(value);
-    for_each_run<3>(a.shape(), {&out, &a, &mask}, [v](const StridedRun<3>& r) {
+    for_each_output_run<3>(a.shape(), {&out, &a, &mask}, [v](const StridedRun<3>& r) {
       char* o = r.ptr[0];
       const char* x = r.ptr[1];
       const char* m = r.ptr[2];

@@ -8,6 +8,7 @@
 #include <array>
 #include <cstdint>
 
+#include "core/parallel.h"
 #include "core/tensor.h"
 
 namespace tandem {
@@ -22,10 +23,13 @@ struct StridedRun {
 // Strides of `t` viewed as `shape` (which t broadcasts to), in elements: broadcast dims get 0.
 Strides broadcast_strides(const Tensor& t, const Shape& shape);
 
+// `parallel`: the runs are split into chunks over the intra-op threads (core/parallel.h), so the
+// kernel is called concurrently and must write only through its own run's pointers; callers ask
+// for it only where operand 0 is the output and every output element is its own (no zero stride).
 template <size_t N, class Kernel>
 void strided_loop(const Shape& shape, const std::array<Strides, N>& elem_strides,
                   const std::array<char*, N>& base, const std::array<int64_t, N>& itemsizes,
-                  Kernel&& kernel) {
+                  Kernel&& kernel, bool parallel = false) {
   const size_t nd = shape.size();
   // Nothing to do when a size is 0 (the others may then multiply past int64: checked first).
   for (int64_t d : shape)
@@ -58,23 +62,38 @@ void strided_loop(const Shape& shape, const std::array<Strides, N>& elem_strides
     for (size_t j = 0; j < N; ++j) strides[j][0] = 0;
     nd_c = 1;
   }
-  StridedRun<N> run;
-  for (size_t j = 0; j < N; ++j) run.stride[j] = strides[j][0] * itemsizes[j];
-  run.n = sizes[0];
-  int64_t outer = numel / sizes[0];
-  int64_t counter[64] = {0};
-  std::array<char*, N> ptr = base;
-  for (int64_t o = 0; o < outer; ++o) {
-    run.ptr = ptr;
-    kernel(run);
-    // advance the outer counter (dims 1..nd_c-1, innermost first)
+  const int64_t outer = numel / sizes[0];
+  // Runs [begin, end) of the outer index: the first one's pointers from its unravelled index,
+  // then the counter walk (dims 1..nd_c-1, innermost first), never stepping past the last run.
+  auto runs = [&](int64_t begin, int64_t end) {
+    StridedRun<N> run;
+    for (size_t j = 0; j < N; ++j) run.stride[j] = strides[j][0] * itemsizes[j];
+    run.n = sizes[0];
+    int64_t counter[64] = {0};
+    std::array<char*, N> ptr = base;
+    int64_t idx = begin;
     for (int d = 1; d < nd_c; ++d) {
-      ++counter[d];
-      for (size_t j = 0; j < N; ++j) ptr[j] += strides[j][d] * itemsizes[j];
-      if (counter[d] < sizes[d]) break;
-      for (size_t j = 0; j < N; ++j) ptr[j] -= strides[j][d] * itemsizes[j] * sizes[d];
-      counter[d] = 0;
+      counter[d] = idx % sizes[d];
+      idx /= sizes[d];
+      for (size_t j = 0; j < N; ++j) ptr[j] += counter[d] * strides[j][d] * itemsizes[j];
     }
+    for (int64_t o = begin; o < end; ++o) {
+      run.ptr = ptr;
+      kernel(run);
+      if (o + 1 == end) break;
+      for (int d = 1; d < nd_c; ++d) {
+        ++counter[d];
+        for (size_t j = 0; j < N; ++j) ptr[j] += strides[j][d] * itemsizes[j];
+        if (counter[d] < sizes[d]) break;
+        for (size_t j = 0; j < N; ++j) ptr[j] -= strides[j][d] * itemsizes[j] * sizes[d];
+        counter[d] = 0;
+      }
+    }
+  };
+  if (parallel && outer > 1) {
+    parallel_for(outer, units_per_grain(sizes[0]), runs);
+  } else {
+    runs(0, outer);
   }
 }
 
@@ -90,6 +109,26 @@ void for_each_run(const Shape& shape, const std::array<const Tensor*, N>& ts, Ke
     isz[j] = static_cast<int64_t>(ts[j]->element_size());
   }
   strided_loop<N>(shape, st, base, isz, std::forward<Kernel>(kernel));
+}
+
+// for_each_run with the runs on the intra-op threads, for kernels that write operand 0 (the
+// output) elementwise and nothing else: each output element then has one writer, whatever the
+// thread count, so the results are the same bits. An output that repeats elements (a zero
+// stride on a dim longer than 1) runs serially.
+template <size_t N, class Kernel>
+void for_each_output_run(const Shape& shape, const std::array<const Tensor*, N>& ts, Kernel&& kernel) {
+  std::array<Strides, N> st;
+  std::array<char*, N> base;
+  std::array<int64_t, N> isz;
+  for (size_t j = 0; j < N; ++j) {
+    st[j] = broadcast_strides(*ts[j], shape);
+    base[j] = static_cast<char*>(ts[j]->data_ptr());
+    isz[j] = static_cast<int64_t>(ts[j]->element_size());
+  }
+  bool distinct = true;
+  for (size_t d = 0; d < shape.size(); ++d)
+    if (shape[d] > 1 && st[0][d] == 0) distinct = false;
+  strided_loop<N>(shape, st, base, isz, std::forward<Kernel>(kernel), distinct);
 }
 
 }  // namespace tandem

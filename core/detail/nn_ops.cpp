@@ -347,7 +347,8 @@ std::pair<Tensor, Tensor> dropout_kernel(const Tensor& x, const Tensor& uniform,
     using Acc = A<T>;
     const Acc scale = p < 1 ? static_cast<Acc>(1.0 / (1.0 - p)) : Acc(0);
     const float pf = static_cast<float>(p);
-    for_each_run<4>(x.shape(), {&out, &mask, &x, &uniform}, [&](const StridedRun<4>& r) {
+    // Runs on the intra-op threads: operands 0 and 1 (out, mask) are fresh, one writer per element.
+    for_each_output_run<4>(x.shape(), {&out, &mask, &x, &uniform}, [&](const StridedRun<4>& r) {
       for (int64_t i = 0; i < r.n; ++i) {
         const bool keep = *reinterpret_cast<const float*>(r.ptr[3] + i * r.stride[3]) >= pf;
         const Acc xi = static_cast<Acc>(*reinterpret_cast<const T*>(r.ptr[2] + i * r.stride[2]));
@@ -374,7 +375,7 @@ Tensor dropout_backward_kernel(const Tensor& g, const Tensor& mask) {
   TANDEM_DISPATCH_FLOATING(mask.dtype(), op, [&] {
     using T = scalar_t;
     using Acc = A<T>;
-    for_each_run<3>(mask.shape(), {&out, &g, &mask}, [&](const StridedRun<3>& r) {
+    for_each_output_run<3>(mask.shape(), {&out, &g, &mask}, [&](const StridedRun<3>& r) {
       for (int64_t i = 0; i < r.n; ++i) {
         const Acc m = static_cast<Acc>(*reinterpret_cast<const T*>(r.ptr[2] + i * r.stride[2]));
         const Acc gi = static_cast<Acc>(*reinterpret_cast<const T*>(r.ptr[1] + i * r.stride[1]));

@@ -253,19 +253,22 @@ Tensor avg_pool2d_kernel(const Tensor& input, const Pool2dArgs& args, const AvgP
     using Acc = acc_t<T>;
     const T* xp = static_cast<const T*>(x.data_ptr());
     T* yp = static_cast<T*>(out.data_ptr());
-    for (int64_t p = 0; p < planes; ++p) {
-      const T* xs = xp + p * w.H * w.W;
-      for (int64_t oh = 0; oh < w.OH; ++oh) {
-        for (int64_t ow = 0; ow < w.OW; ++ow) {
-          const AvgCell c = avg_cell(oh, ow, w, avg);
-          Acc s = 0;
-          for (int64_t ih = c.h0; ih < c.h1; ++ih)
-            for (int64_t iw = c.w0; iw < c.w1; ++iw) s += static_cast<Acc>(xs[ih * w.W + iw]);
-          const bool empty = c.h0 >= c.h1 || c.w0 >= c.w1;
-          yp[(p * w.OH + oh) * w.OW + ow] = static_cast<T>(empty ? Acc(0) : s / static_cast<Acc>(c.divisor));
+    // Planes on the intra-op threads (each written by one: the same bits at any thread count).
+    parallel_for(planes, units_per_grain(w.H * w.W), [&](int64_t p_begin, int64_t p_end) {
+      for (int64_t p = p_begin; p < p_end; ++p) {
+        const T* xs = xp + p * w.H * w.W;
+        for (int64_t oh = 0; oh < w.OH; ++oh) {
+          for (int64_t ow = 0; ow < w.OW; ++ow) {
+            const AvgCell c = avg_cell(oh, ow, w, avg);
+            Acc s = 0;
+            for (int64_t ih = c.h0; ih < c.h1; ++ih)
+              for (int64_t iw = c.w0; iw < c.w1; ++iw) s += static_cast<Acc>(xs[ih * w.W + iw]);
+            const bool empty = c.h0 >= c.h1 || c.w0 >= c.w1;
+            yp[(p * w.OH + oh) * w.OW + ow] = static_cast<T>(empty ? Acc(0) : s / static_cast<Acc>(c.divisor));
+          }
         }
       }
-    }
+    });
   });
   return out;
 }
@@ -293,20 +296,22 @@ Tensor avg_pool2d_backward_kernel(const Tensor& grad, const Tensor& input, const
     using Acc = acc_t<T>;
     const T* gp = static_cast<const T*>(g.data_ptr());
     T* xp = static_cast<T*>(gx.data_ptr());
-    std::vector<Acc> acc(w.H * w.W);
-    for (int64_t p = 0; p < planes; ++p) {
-      std::fill(acc.begin(), acc.end(), Acc(0));
-      for (int64_t oh = 0; oh < w.OH; ++oh) {
-        for (int64_t ow = 0; ow < w.OW; ++ow) {
-          const AvgCell c = avg_cell(oh, ow, w, avg);
-          const Acc v = static_cast<Acc>(gp[(p * w.OH + oh) * w.OW + ow]) / static_cast<Acc>(c.divisor);
-          for (int64_t ih = c.h0; ih < c.h1; ++ih)
-            for (int64_t iw = c.w0; iw < c.w1; ++iw) acc[ih * w.W + iw] += v;
+    parallel_for(planes, units_per_grain(w.H * w.W), [&](int64_t p_begin, int64_t p_end) {
+      std::vector<Acc> acc(w.H * w.W);
+      for (int64_t p = p_begin; p < p_end; ++p) {
+        std::fill(acc.begin(), acc.end(), Acc(0));
+        for (int64_t oh = 0; oh < w.OH; ++oh) {
+          for (int64_t ow = 0; ow < w.OW; ++ow) {
+            const AvgCell c = avg_cell(oh, ow, w, avg);
+            const Acc v = static_cast<Acc>(gp[(p * w.OH + oh) * w.OW + ow]) / static_cast<Acc>(c.divisor);
+            for (int64_t ih = c.h0; ih < c.h1; ++ih)
+              for (int64_t iw = c.w0; iw < c.w1; ++iw) acc[ih * w.W + iw] += v;
+          }
         }
+        T* xs = xp + p * w.H * w.W;
+        for (int64_t i = 0; i < w.H * w.W; ++i) xs[i] = static_cast<T>(acc[i]);
       }
-      T* xs = xp + p * w.H * w.W;
-      for (int64_t i = 0; i < w.H * w.W; ++i) xs[i] = static_cast<T>(acc[i]);
-    }
+    });
   });
   return gx;
 }
@@ -343,19 +348,22 @@ Tensor adaptive_avg_pool2d_kernel(const Tensor& input, Size2 output_size) {
     using Acc = acc_t<T>;
     const T* xp = static_cast<const T*>(x.data_ptr());
     T* yp = static_cast<T*>(out.data_ptr());
-    for (int64_t p = 0; p < planes; ++p) {
-      const T* xs = xp + p * w.H * w.W;
-      for (int64_t oh = 0; oh < w.OH; ++oh) {
-        const int64_t h0 = adaptive_start(oh, w.OH, w.H), h1 = adaptive_end(oh, w.OH, w.H);
-        for (int64_t ow = 0; ow < w.OW; ++ow) {
-          const int64_t w0 = adaptive_start(ow, w.OW, w.W), w1 = adaptive_end(ow, w.OW, w.W);
-          Acc s = 0;
-          for (int64_t ih = h0; ih < h1; ++ih)
-            for (int64_t iw = w0; iw < w1; ++iw) s += static_cast<Acc>(xs[ih * w.W + iw]);
-          yp[(p * w.OH + oh) * w.OW + ow] = static_cast<T>(s / static_cast<Acc>((h1 - h0) * (w1 - w0)));
+    // Planes on the intra-op threads (each written by one: the same bits at any thread count).
+    parallel_for(planes, units_per_grain(w.H * w.W), [&](int64_t p_begin, int64_t p_end) {
+      for (int64_t p = p_begin; p < p_end; ++p) {
+        const T* xs = xp + p * w.H * w.W;
+        for (int64_t oh = 0; oh < w.OH; ++oh) {
+          const int64_t h0 = adaptive_start(oh, w.OH, w.H), h1 = adaptive_end(oh, w.OH, w.H);
+          for (int64_t ow = 0; ow < w.OW; ++ow) {
+            const int64_t w0 = adaptive_start(ow, w.OW, w.W), w1 = adaptive_end(ow, w.OW, w.W);
+            Acc s = 0;
+            for (int64_t ih = h0; ih < h1; ++ih)
+              for (int64_t iw = w0; iw < w1; ++iw) s += static_cast<Acc>(xs[ih * w.W + iw]);
+            yp[(p * w.OH + oh) * w.OW + ow] = static_cast<T>(s / static_cast<Acc>((h1 - h0) * (w1 - w0)));
+          }
         }
       }
-    }
+    });
   });
   return out;
 }
@@ -382,21 +390,23 @@ Tensor adaptive_avg_pool2d_backward_kernel(const Tensor& grad, const Tensor& inp
     using Acc = acc_t<T>;
     const T* gp = static_cast<const T*>(g.data_ptr());
     T* xp = static_cast<T*>(gx.data_ptr());
-    std::vector<Acc> acc(w.H * w.W);
-    for (int64_t p = 0; p < planes; ++p) {
-      std::fill(acc.begin(), acc.end(), Acc(0));
-      for (int64_t oh = 0; oh < w.OH; ++oh) {
-        const int64_t h0 = adaptive_start(oh, w.OH, w.H), h1 = adaptive_end(oh, w.OH, w.H);
-        for (int64_t ow = 0; ow < w.OW; ++ow) {
-          const int64_t w0 = adaptive_start(ow, w.OW, w.W), w1 = adaptive_end(ow, w.OW, w.W);
-          const Acc v = static_cast<Acc>(gp[(p * w.OH + oh) * w.OW + ow]) / static_cast<Acc>((h1 - h0) * (w1 - w0));
-          for (int64_t ih = h0; ih < h1; ++ih)
-            for (int64_t iw = w0; iw < w1; ++iw) acc[ih * w.W + iw] += v;
+    parallel_for(planes, units_per_grain(w.H * w.W), [&](int64_t p_begin, int64_t p_end) {
+      std::vector<Acc> acc(w.H * w.W);
+      for (int64_t p = p_begin; p < p_end; ++p) {
+        std::fill(acc.begin(), acc.end(), Acc(0));
+        for (int64_t oh = 0; oh < w.OH; ++oh) {
+          const int64_t h0 = adaptive_start(oh, w.OH, w.H), h1 = adaptive_end(oh, w.OH, w.H);
+          for (int64_t ow = 0; ow < w.OW; ++ow) {
+            const int64_t w0 = adaptive_start(ow, w.OW, w.W), w1 = adaptive_end(ow, w.OW, w.W);
+            const Acc v = static_cast<Acc>(gp[(p * w.OH + oh) * w.OW + ow]) / static_cast<Acc>((h1 - h0) * (w1 - w0));
+            for (int64_t ih = h0; ih < h1; ++ih)
+              for (int64_t iw = w0; iw < w1; ++iw) acc[ih * w.W + iw] += v;
+          }
         }
+        T* xs = xp + p * w.H * w.W;
+        for (int64_t i = 0; i < w.H * w.W; ++i) xs[i] = static_cast<T>(acc[i]);
       }
-      T* xs = xp + p * w.H * w.W;
-      for (int64_t i = 0; i < w.H * w.W; ++i) xs[i] = static_cast<T>(acc[i]);
-    }
+    });
   });
   return gx;
 }

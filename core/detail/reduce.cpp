@@ -10,6 +10,7 @@
 #include "core/detail/copy.h"
 #include "core/detail/kernel_tables.h"
 #include "core/detail/iter.h"
+#include "core/parallel.h"
 
 namespace tandem::detail {
 
@@ -62,8 +63,10 @@ Moments<Acc> slice_moments(const T* p, int64_t stride, int64_t n, bool want_m2 =
   return shifted_moments<Acc>(n, [p, stride](int64_t i) { return static_cast<Acc>(p[i * stride]); }, want_m2);
 }
 
-// Calls fn(out_index, slice_ptr, slice_stride, slice_len) once per output element, in the
-// output's contiguous order.
+// Calls fn(out_index, slice_ptr, slice_stride, slice_len) once per output element. The output
+// elements are split into chunks over the intra-op threads (about kDefaultGrain input elements a
+// chunk); each slice is reduced whole by one call, so the results do not depend on the thread
+// count, and fn must only write what belongs to its own out_index.
 template <class T, class Fn>
 void for_each_slice(const ReducePlan& pl, const Tensor& a, Fn&& fn) {
   if (pl.out_numel == 0) return;
@@ -76,38 +79,47 @@ void for_each_slice(const ReducePlan& pl, const Tensor& a, Fn&& fn) {
   }
   const size_t no = pl.outer_sizes.size();
   const size_t ni = pl.inner_sizes.size();
-  const bool one_d = ni <= 1 || pl.count == 0;
+  const bool one_d = ni <= 1;
   const int64_t stride = ni == 1 ? pl.inner_strides[0] : 1;
-  // std::unique_ptr, not std::vector: vector<bool> has no contiguous data().
-  std::unique_ptr<T[]> buf(one_d ? nullptr : new T[static_cast<size_t>(pl.count)]);
-  std::vector<int64_t> ctr(no, 0), ictr(ni, 0);
-  int64_t off = 0;
-  for (int64_t o = 0; o < pl.out_numel; ++o) {
-    const T* p = base + off;
-    if (one_d) {
-      fn(o, p, stride, pl.count);
-    } else {
-      // The reduced dims do not coalesce: gather the slice in row-major order of those dims.
-      int64_t ioff = 0;
-      std::fill(ictr.begin(), ictr.end(), 0);
-      for (int64_t k = 0; k < pl.count; ++k) {
-        buf[k] = p[ioff];
-        for (size_t d = ni; d-- > 0;) {
-          ioff += pl.inner_strides[d];
-          if (++ictr[d] < pl.inner_sizes[d]) break;
-          ioff -= pl.inner_strides[d] * pl.inner_sizes[d];
-          ictr[d] = 0;
+  parallel_for(pl.out_numel, units_per_grain(pl.count), [&](int64_t begin, int64_t end) {
+    // std::unique_ptr, not std::vector: vector<bool> has no contiguous data().
+    std::unique_ptr<T[]> buf(one_d ? nullptr : new T[static_cast<size_t>(pl.count)]);
+    std::vector<int64_t> ctr(no, 0), ictr(ni, 0);
+    // The chunk's first slice: `begin` unravelled over the kept dims (row-major).
+    int64_t off = 0;
+    for (size_t d = no, rest = static_cast<size_t>(begin); d-- > 0;) {
+      ctr[d] = static_cast<int64_t>(rest % static_cast<size_t>(pl.outer_sizes[d]));
+      rest /= static_cast<size_t>(pl.outer_sizes[d]);
+      off += ctr[d] * pl.outer_strides[d];
+    }
+    for (int64_t o = begin; o < end; ++o) {
+      const T* p = base + off;
+      if (one_d) {
+        fn(o, p, stride, pl.count);
+      } else {
+        // The reduced dims do not coalesce: gather the slice in row-major order of those dims.
+        int64_t ioff = 0;
+        std::fill(ictr.begin(), ictr.end(), 0);
+        for (int64_t k = 0; k < pl.count; ++k) {
+          buf[k] = p[ioff];
+          for (size_t d = ni; d-- > 0;) {
+            ioff += pl.inner_strides[d];
+            if (++ictr[d] < pl.inner_sizes[d]) break;
+            ioff -= pl.inner_strides[d] * pl.inner_sizes[d];
+            ictr[d] = 0;
+          }
         }
+        fn(o, static_cast<const T*>(buf.get()), int64_t{1}, pl.count);
       }
-      fn(o, static_cast<const T*>(buf.get()), int64_t{1}, pl.count);
+      if (o + 1 == end) break;  // the step past the chunk's last slice is never formed
+      for (size_t d = no; d-- > 0;) {
+        off += pl.outer_strides[d];
+        if (++ctr[d] < pl.outer_sizes[d]) break;
+        off -= pl.outer_strides[d] * pl.outer_sizes[d];
+        ctr[d] = 0;
+      }
     }
-    for (size_t d = no; d-- > 0;) {
-      off += pl.outer_strides[d];
-      if (++ctr[d] < pl.outer_sizes[d]) break;
-      off -= pl.outer_strides[d] * pl.outer_sizes[d];
-      ctr[d] = 0;
-    }
-  }
+  });
 }
 
 // An empty input's sizes need not have products that fit in int64 (a [3, 0, 2^62] tensor exists): the
@@ -159,23 +171,23 @@ T* out_ptr(const Tensor& t) {
   return static_cast<T*>(t.data_ptr());
 }
 
-// Column sums of a contiguous rows x cols block into out, pairwise over the rows (whole rows
-// at a time, so the inner loop is a vectorisable row add).
+// Column sums of a rows x cols block (row stride ld) into out, pairwise over the rows (whole
+// rows at a time, so the inner loop is a vectorisable row add).
 template <class T, class Acc>
-void column_sums(const T* __restrict x, int64_t rows, int64_t cols, Acc* __restrict out) {
+void column_sums(const T* __restrict x, int64_t rows, int64_t cols, int64_t ld, Acc* __restrict out) {
   constexpr int64_t kBase = 64;
   if (rows <= kBase) {
     std::fill(out, out + cols, Acc(0));
     for (int64_t r = 0; r < rows; ++r) {
-      const T* __restrict row = x + r * cols;
+      const T* __restrict row = x + r * ld;
       for (int64_t j = 0; j < cols; ++j) out[j] += static_cast<Acc>(row[j]);
     }
     return;
   }
   const int64_t half = rows / 2;
   std::vector<Acc> upper(cols);
-  column_sums<T, Acc>(x, half, cols, out);
-  column_sums<T, Acc>(x + half * cols, rows - half, cols, upper.data());
+  column_sums<T, Acc>(x, half, cols, ld, out);
+  column_sums<T, Acc>(x + half * ld, rows - half, cols, ld, upper.data());
   for (int64_t j = 0; j < cols; ++j) out[j] += upper[j];
 }
 
@@ -204,9 +216,12 @@ void sum_into(const Tensor& a, const ReducePlan& pl, const Tensor& out, double d
     const int64_t cols = pl.out_numel;
     if (prefix && cols > 1 && pl.count > 1) {
       const T* x = static_cast<const T*>(a.data_ptr());
-      std::vector<Acc> total(cols);
-      column_sums<T, Acc>(x, pl.count, cols, total.data());
-      for (int64_t j = 0; j < cols; ++j) o[j] = finish(total[j]);
+      // Blocks of columns on the intra-op threads: each column's sum is the same whatever the block.
+      parallel_for(cols, std::max<int64_t>(16, units_per_grain(pl.count)), [&](int64_t begin, int64_t end) {
+        std::vector<Acc> total(end - begin);
+        column_sums<T, Acc>(x + begin, pl.count, end - begin, cols, total.data());
+        for (int64_t j = begin; j < end; ++j) o[j] = finish(total[j - begin]);
+      });
       return;
     }
     for_each_slice<T>(pl, a, [&](int64_t i, const T* p, int64_t stride, int64_t n) {

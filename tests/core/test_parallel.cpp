@@ -114,6 +114,48 @@ TEST_CASE("parallel kernels give the same bits at one thread and at several", "[
   }
 }
 
+TEST_CASE("reductions, strided elementwise ops, copies, dropout and average pooling give the same bits at one "
+          "thread and at several", "[parallel]") {
+  // Each case is split into several chunks at 3 threads: reductions by output element (and the
+  // leading-dims column sum by column block), strided and broadcast operands by runs, pooling by
+  // plane. Every forward and input gradient is compared.
+  auto run = [](int threads_n) {
+    ThreadCount threads(threads_n);
+    manual_seed(23);
+    std::vector<Tensor> out;
+    auto grads = [&](const Tensor& y, std::vector<Tensor> inputs) {
+      out.push_back(y.detach().contiguous());
+      sum(y * randn(y.shape())).backward();
+      for (Tensor& t : inputs) out.push_back(t.grad().contiguous());
+    };
+    Tensor a = randn({600, 300}).requires_grad_();
+    grads(sum(a, {1}), {a});                       // row sums: a slice per output element
+    grads(sum(a, {0}), {a});                       // leading dim: column blocks
+    grads(mean(a.transpose(0, 1), {1}), {a});      // strided slices
+    grads(var(a, {1}), {a});
+    grads(std::get<0>(max(a, 1)), {a});
+    Tensor t3 = randn({40, 300, 30}).requires_grad_();
+    grads(sum(t3, {0, 2}), {t3});                  // reduced dims that do not coalesce: gathered slices
+    grads(logsumexp(a, {1}), {a});
+    Tensor b = randn({300, 600}).requires_grad_(), c = randn({600}).requires_grad_();
+    grads(a * b.transpose(0, 1) + c.slice(0, 0, 300).unsqueeze(0).expand({600, 300}), {a, b, c});
+    out.push_back(a.detach().transpose(0, 1).contiguous());       // a strided copy
+    out.push_back(masked_fill(a.detach().transpose(0, 1), a.detach().transpose(0, 1) > 0.5, 2.0));
+    Tensor d = randn({64, 900}).requires_grad_();
+    grads(dropout(d.transpose(0, 1), 0.3, true), {d});
+    Tensor planes = randn({4, 16, 40, 40}).requires_grad_();
+    grads(avg_pool2d(planes, 3, 2, 1), {planes});
+    grads(adaptive_avg_pool2d(planes, {7, 5}), {planes});
+    return out;
+  };
+  const std::vector<Tensor> one = run(1), several = run(3);
+  REQUIRE(one.size() == several.size());
+  for (size_t i = 0; i < one.size(); ++i) {
+    INFO("result " << i);
+    REQUIRE(same_bits(one[i], several[i]));
+  }
+}
+
 TEST_CASE("SGD and Adam steps give the same bits at one thread and at several", "[parallel][optim]") {
   auto train = [](int threads_n, bool adam) {
     ThreadCount threads(threads_n);
