@@ -79,11 +79,16 @@ void select_slices(const Tensor& out, const Tensor& a, int64_t dim, const std::v
   char* ob = static_cast<char*>(out.data_ptr());
   char* ab = static_cast<char*>(a.data_ptr());
   const int64_t ostep = dim_step_bytes(out, dim), astep = dim_step_bytes(a, dim);
+  // Slices on the intra-op threads: slice k of out has one writer.
+  int64_t slice_numel = 1;
+  for (int64_t d : shape) slice_numel *= d;
   TANDEM_DISPATCH_ALL(a.dtype(), op, [&] {
-    for (size_t k = 0; k < idx.size(); ++k) {
-      strided_loop<2>(shape, {os, as}, {ob + static_cast<int64_t>(k) * ostep, ab + idx[k] * astep}, {isz, isz},
-                      [](const StridedRun<2>& r) { copy_strided_run<scalar_t>(r); });
-    }
+    parallel_for(static_cast<int64_t>(idx.size()), units_per_grain(slice_numel), [&](int64_t begin, int64_t end) {
+      for (int64_t k = begin; k < end; ++k) {
+        strided_loop<2>(shape, {os, as}, {ob + k * ostep, ab + idx[static_cast<size_t>(k)] * astep}, {isz, isz},
+                        [](const StridedRun<2>& r) { copy_strided_run<scalar_t>(r); });
+      }
+    });
   });
 }
 
@@ -99,6 +104,21 @@ void add_slices(const Tensor& out, int64_t dim, const std::vector<int64_t>& idx,
   char* sb = static_cast<char*>(src.data_ptr());
   const int64_t ostep = dim_step_bytes(out, dim), sstep = dim_step_bytes(src, dim);
   TANDEM_DISPATCH_NUMERIC(out.dtype(), op, [&] {
+    if (shape.size() == 1) {
+      // Rows (embedding's backward): blocks of columns on the intra-op threads, each adding every
+      // slice in order, so repeated indices add up in the same order at any thread count.
+      const int64_t n = static_cast<int64_t>(idx.size());
+      parallel_for(shape[0], std::max<int64_t>(16, units_per_grain(n)), [&](int64_t begin, int64_t end) {
+        const Shape part{end - begin};
+        for (int64_t k = 0; k < n; ++k) {
+          strided_loop<2>(part, {os, ss},
+                          {ob + idx[static_cast<size_t>(k)] * ostep + begin * os[0] * isz,
+                           sb + k * sstep + begin * ss[0] * isz},
+                          {isz, isz}, [](const StridedRun<2>& r) { add_run<scalar_t>(r); });
+        }
+      });
+      return;
+    }
     for (size_t k = 0; k < idx.size(); ++k) {
       strided_loop<2>(shape, {os, ss}, {ob + idx[k] * ostep, sb + static_cast<int64_t>(k) * sstep}, {isz, isz},
                       [](const StridedRun<2>& r) { add_run<scalar_t>(r); });

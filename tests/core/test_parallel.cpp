@@ -114,11 +114,12 @@ TEST_CASE("parallel kernels give the same bits at one thread and at several", "[
   }
 }
 
-TEST_CASE("reductions, strided elementwise ops, copies, dropout and average pooling give the same bits at one "
-          "thread and at several", "[parallel]") {
+TEST_CASE("reductions, strided elementwise ops, copies, dropout, embedding and average pooling give the same bits "
+          "at one thread and at several", "[parallel]") {
   // Each case is split into several chunks at 3 threads: reductions by output element (and the
-  // leading-dims column sum by column block), strided and broadcast operands by runs, pooling by
-  // plane. Every forward and input gradient is compared.
+  // leading-dims column sum by column block), strided and broadcast operands by runs, embedding
+  // rows by index (its backward by column block), pooling by plane. Every forward and input
+  // gradient is compared.
   auto run = [](int threads_n) {
     ThreadCount threads(threads_n);
     manual_seed(23);
@@ -143,6 +144,9 @@ TEST_CASE("reductions, strided elementwise ops, copies, dropout and average pool
     out.push_back(masked_fill(a.detach().transpose(0, 1), a.detach().transpose(0, 1) > 0.5, 2.0));
     Tensor d = randn({64, 900}).requires_grad_();
     grads(dropout(d.transpose(0, 1), 0.3, true), {d});
+    Tensor table = randn({50, 700}).requires_grad_();
+    Tensor ids = randint(0, 50, {400});  // repeated rows: their gradients add up in index order
+    grads(embedding(table, ids), {table});
     Tensor planes = randn({4, 16, 40, 40}).requires_grad_();
     grads(avg_pool2d(planes, 3, 2, 1), {planes});
     grads(adaptive_avg_pool2d(planes, {7, 5}), {planes});
