@@ -92,6 +92,17 @@ void strided_loop(const Shape& shape, const std::array<Strides, N>& elem_strides
   };
   if (parallel && outer > 1) {
     parallel_for(outer, units_per_grain(sizes[0]), runs);
+  } else if (parallel) {
+    // One long strided run: pieces of it.
+    parallel_for(sizes[0], kDefaultGrain, [&](int64_t begin, int64_t end) {
+      StridedRun<N> run;
+      for (size_t j = 0; j < N; ++j) {
+        run.stride[j] = strides[j][0] * itemsizes[j];
+        run.ptr[j] = base[j] + begin * run.stride[j];
+      }
+      run.n = end - begin;
+      kernel(run);
+    });
   } else {
     runs(0, outer);
   }

@@ -347,7 +347,8 @@ std::pair<Tensor, Tensor> dropout_kernel(const Tensor& x, const Tensor& uniform,
     using Acc = A<T>;
     const Acc scale = p < 1 ? static_cast<Acc>(1.0 / (1.0 - p)) : Acc(0);
     const float pf = static_cast<float>(p);
-    // Runs on the intra-op threads: operands 0 and 1 (out, mask) are fresh, one writer per element.
+    // Runs on the intra-op threads: for_each_output_run vets operand 0 (out); operand 1 (mask) is
+    // written too, and is as fresh, so it also has one writer per element.
     for_each_output_run<4>(x.shape(), {&out, &mask, &x, &uniform}, [&](const StridedRun<4>& r) {
       for (int64_t i = 0; i < r.n; ++i) {
         const bool keep = *reinterpret_cast<const float*>(r.ptr[3] + i * r.stride[3]) >= pf;

@@ -45,15 +45,17 @@ bool cpu_has_bf16_gemm() {
 
 // One primitive per problem shape, per thread (a primitive descriptor costs tens of microseconds
 // to create: more than a small GEMM). Bounded: a program with ever-new shapes starts over.
+// `threads`: oneDNN fixes a primitive's thread count when it creates it (from the calling
+// thread's OpenMP team size), so a primitive serves one intra-op thread count.
 struct GemmKey {
-  int64_t M, N, K, as0, as1, bs0, bs1, ldc;
+  int64_t M, N, K, as0, as1, bs0, bs1, ldc, threads;
   bool accumulate;
   bool operator==(const GemmKey&) const = default;
 };
 struct GemmKeyHash {
   size_t operator()(const GemmKey& k) const {
     size_t h = std::hash<bool>()(k.accumulate);
-    for (int64_t v : {k.M, k.N, k.K, k.as0, k.as1, k.bs0, k.bs1, k.ldc})
+    for (int64_t v : {k.M, k.N, k.K, k.as0, k.as1, k.bs0, k.bs1, k.ldc, k.threads})
       h = h * 1000003u ^ std::hash<int64_t>()(v);
     return h;
   }
@@ -67,23 +69,29 @@ std::mutex creation_mutex;  // see thread_gemms
 // A convolution's geometry, and its primitives: the forward made at first use, the backward
 // ones at their first use (from the forward's descriptor, as oneDNN asks).
 struct ConvKey {
-  int64_t N, C, H, W, O, kh, kw, sh, sw, ph, pw, dh, dw, groups;
+  int64_t N, C, H, W, O, kh, kw, sh, sw, ph, pw, dh, dw, groups, threads;
   bool bias;
   bool operator==(const ConvKey&) const = default;
 };
 struct ConvKeyHash {
   size_t operator()(const ConvKey& k) const {
     size_t h = std::hash<bool>()(k.bias);
-    for (int64_t v : {k.N, k.C, k.H, k.W, k.O, k.kh, k.kw, k.sh, k.sw, k.ph, k.pw, k.dh, k.dw, k.groups})
+    for (int64_t v : {k.N, k.C, k.H, k.W, k.O, k.kh, k.kw, k.sh, k.sw, k.ph, k.pw, k.dh, k.dw, k.groups, k.threads})
       h = h * 1000003u ^ std::hash<int64_t>()(v);
     return h;
   }
 };
+// Where a convolution's operands are reordered between the caller's layout and the kernels'
+// (each reorder primitive is made once per convolution, under the creation lock).
+enum ReorderSlot { kFwdSrc, kFwdWeights, kFwdDst, kBwdDataDiffDst, kBwdDataWeights, kBwdDataDiffSrc,
+                   kBwdWeightsDiffDst, kBwdWeightsSrc, kBwdWeightsDiffWeights, kReorderSlots };
+
 struct Conv {
   bool usable = false;  // false: oneDNN rejected the geometry or offers only its reference kernel
   dnnl::memory::desc x, w, b, y;  // the caller's plain layouts
-  dnnl::convolution_forward::primitive_desc fwd_pd;
-  dnnl::convolution_forward fwd;
+  dnnl::convolution_forward::primitive_desc fwd_pd;  // also the backward ones' hint
+  dnnl::convolution_forward fwd;                     // made at the first forward
+  dnnl::reorder reorders[kReorderSlots];
   int bwd_data_state = 0, bwd_weights_state = 0;  // 0 not tried, 1 made, -1 unusable
   dnnl::convolution_backward_data::primitive_desc bwd_data_pd;
   dnnl::convolution_backward_data bwd_data;
@@ -209,10 +217,7 @@ Conv make_conv(const dnnl::engine& engine, const ConvKey& k, int64_t OH, int64_t
                                                                dnnl::algorithm::convolution_direct, xa, wa, ya, strides,
                                                                dilation, pad_l, pad_r);
     c.fwd_pd = dnnl::convolution_forward::primitive_desc(desc, engine);
-    if (!is_reference(c.fwd_pd.impl_info_str())) {
-      c.fwd = dnnl::convolution_forward(c.fwd_pd);
-      c.usable = true;
-    }
+    c.usable = !is_reference(c.fwd_pd.impl_info_str());
   } catch (const dnnl::error&) {
   }
   return c;
@@ -261,7 +266,8 @@ void make_conv_backward_weights(const dnnl::engine& engine, const ConvKey& k, Co
 
 ConvKey conv_key(const Conv2dGeometry& g, bool bias) {
   const Window2d& w = g.win;
-  return ConvKey{g.N, g.C, w.H, w.W, g.O, w.kh, w.kw, w.sh, w.sw, w.ph, w.pw, w.dh, w.dw, g.groups, bias};
+  return ConvKey{g.N, g.C, w.H, w.W, g.O, w.kh, w.kw, w.sh, w.sw, w.ph, w.pw, w.dh, w.dw, g.groups, intra_op_threads(),
+                 bias};
 }
 
 // The cached convolution for g (made on first use), or null when oneDNN does not take it.
@@ -281,12 +287,22 @@ Conv* find_conv(ThreadGemms& t, const Conv2dGeometry& g, bool bias) {
   return it->second.usable ? &it->second : nullptr;
 }
 
+// The reorder `slot` of c from `from` to `to`, made at its first use.
+dnnl::reorder& conv_reorder(ThreadGemms& t, Conv& c, ReorderSlot slot, const dnnl::memory& from, const dnnl::memory& to) {
+  if (!c.reorders[slot]) {
+    std::lock_guard lock(creation_mutex);
+    c.reorders[slot] = dnnl::reorder(dnnl::reorder::primitive_desc(t.engine, from.get_desc(), t.engine, to.get_desc()));
+  }
+  return c.reorders[slot];
+}
+
 // `user` as `want` describes it: itself when the layouts agree, else a reordered copy in the
 // thread's workspace for `role`.
-dnnl::memory in_layout(ThreadGemms& t, const dnnl::memory& user, const dnnl::memory::desc& want, WorkspaceRole role) {
+dnnl::memory in_layout(ThreadGemms& t, Conv& c, ReorderSlot slot, const dnnl::memory& user,
+                       const dnnl::memory::desc& want, WorkspaceRole role) {
   if (user.get_desc() == want) return user;
   dnnl::memory m(want, t.engine, t.workspace[role].get(want.get_size()));
-  dnnl::reorder(user, m).execute(t.stream, const_cast<dnnl::memory&>(user), m);
+  conv_reorder(t, c, slot, user, m).execute(t.stream, const_cast<dnnl::memory&>(user), m);
   return m;
 }
 
@@ -295,8 +311,8 @@ dnnl::memory in_layout(ThreadGemms& t, const dnnl::memory& user, const dnnl::mem
 dnnl::memory out_layout(ThreadGemms& t, const dnnl::memory& user, const dnnl::memory::desc& have, WorkspaceRole role) {
   return user.get_desc() == have ? user : dnnl::memory(have, t.engine, t.workspace[role].get(have.get_size()));
 }
-void out_of_layout(ThreadGemms& t, dnnl::memory& inner, dnnl::memory& user) {
-  if (inner.get_desc() != user.get_desc()) dnnl::reorder(inner, user).execute(t.stream, inner, user);
+void out_of_layout(ThreadGemms& t, Conv& c, ReorderSlot slot, dnnl::memory& inner, dnnl::memory& user) {
+  if (inner.get_desc() != user.get_desc()) conv_reorder(t, c, slot, inner, user).execute(t.stream, inner, user);
 }
 
 [[noreturn]] void conv_failed(const char* what, const Conv2dGeometry& g, const dnnl::error& e) {
@@ -306,7 +322,9 @@ void out_of_layout(ThreadGemms& t, dnnl::memory& inner, dnnl::memory& user) {
 
 }  // namespace
 
-thread_local int64_t conv_runs = 0;
+namespace {
+thread_local int64_t conv_runs = 0;  // onednn_conv_runs
+}  // namespace
 
 bool onednn_conv_available() {
   static const bool available = !onednn_switched_off();
@@ -316,20 +334,25 @@ bool onednn_conv_available() {
 int64_t onednn_conv_runs() { return conv_runs; }
 
 bool onednn_conv2d_forward(const Conv2dGeometry& g, const float* x, const float* w, const float* bias, float* y) {
+  // The team size first: a primitive made below takes its thread count from it.
+  match_team_size();
   ThreadGemms& t = thread_gemms();
   Conv* c = find_conv(t, g, bias != nullptr);
   if (!c) return false;
-  match_team_size();
+  if (!c->fwd) {
+    std::lock_guard lock(creation_mutex);
+    c->fwd = dnnl::convolution_forward(c->fwd_pd);
+  }
   try {
     dnnl::memory xm(c->x, t.engine, const_cast<float*>(x)), wm(c->w, t.engine, const_cast<float*>(w)),
         ym(c->y, t.engine, y);
-    dnnl::memory xi = in_layout(t, xm, c->fwd_pd.src_desc(), kSrc),
-                 wi = in_layout(t, wm, c->fwd_pd.weights_desc(), kWeights);
+    dnnl::memory xi = in_layout(t, *c, kFwdSrc, xm, c->fwd_pd.src_desc(), kSrc),
+                 wi = in_layout(t, *c, kFwdWeights, wm, c->fwd_pd.weights_desc(), kWeights);
     dnnl::memory yi = out_layout(t, ym, c->fwd_pd.dst_desc(), kDst);
     std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_SRC, xi}, {DNNL_ARG_WEIGHTS, wi}, {DNNL_ARG_DST, yi}};
     if (bias) args.emplace(DNNL_ARG_BIAS, dnnl::memory(c->b, t.engine, const_cast<float*>(bias)));
     c->fwd.execute(t.stream, args);
-    out_of_layout(t, yi, ym);
+    out_of_layout(t, *c, kFwdDst, yi, ym);
     t.stream.wait();
   } catch (const dnnl::error& e) {
     conv_failed("convolution", g, e);
@@ -340,38 +363,39 @@ bool onednn_conv2d_forward(const Conv2dGeometry& g, const float* x, const float*
 
 bool onednn_conv2d_backward(const Conv2dGeometry& g, const float* gy, const float* x, const float* w, float* gx,
                             float* gw) {
+  match_team_size();  // before any primitive is made (see onednn_conv2d_forward)
   ThreadGemms& t = thread_gemms();
   Conv* c = find_conv(t, g, false);
   if (!c) return false;
   if (gx && c->bwd_data_state == 0) make_conv_backward_data(t.engine, conv_key(g, false), *c);
   if (gw && c->bwd_weights_state == 0) make_conv_backward_weights(t.engine, conv_key(g, false), *c);
   if ((gx && c->bwd_data_state < 0) || (gw && c->bwd_weights_state < 0)) return false;
-  match_team_size();
   try {
     dnnl::memory gym(c->y, t.engine, const_cast<float*>(gy));
     // Both gradients read the output gradient, usually in the same blocked layout: reordered once.
     dnnl::memory gyi;
-    auto diff_dst = [&](const dnnl::memory::desc& want) {
-      if (!gyi || gyi.get_desc() != want) gyi = in_layout(t, gym, want, kDiffDst);
+    auto diff_dst = [&](ReorderSlot slot, const dnnl::memory::desc& want) {
+      if (!gyi || gyi.get_desc() != want) gyi = in_layout(t, *c, slot, gym, want, kDiffDst);
       return gyi;
     };
     if (gx) {
       dnnl::memory wm(c->w, t.engine, const_cast<float*>(w)), gxm(c->x, t.engine, gx);
-      dnnl::memory wi = in_layout(t, wm, c->bwd_data_pd.weights_desc(), kWeights);
+      dnnl::memory wi = in_layout(t, *c, kBwdDataWeights, wm, c->bwd_data_pd.weights_desc(), kWeights);
       dnnl::memory gxi = out_layout(t, gxm, c->bwd_data_pd.diff_src_desc(), kDiffSrc);
-      c->bwd_data.execute(t.stream, {{DNNL_ARG_DIFF_DST, diff_dst(c->bwd_data_pd.diff_dst_desc())},
+      c->bwd_data.execute(t.stream, {{DNNL_ARG_DIFF_DST, diff_dst(kBwdDataDiffDst, c->bwd_data_pd.diff_dst_desc())},
                                      {DNNL_ARG_WEIGHTS, wi},
                                      {DNNL_ARG_DIFF_SRC, gxi}});
-      out_of_layout(t, gxi, gxm);
+      out_of_layout(t, *c, kBwdDataDiffSrc, gxi, gxm);
     }
     if (gw) {
       dnnl::memory xm(c->x, t.engine, const_cast<float*>(x)), gwm(c->w, t.engine, gw);
-      dnnl::memory xi = in_layout(t, xm, c->bwd_weights_pd.src_desc(), kSrc);
+      dnnl::memory xi = in_layout(t, *c, kBwdWeightsSrc, xm, c->bwd_weights_pd.src_desc(), kSrc);
       dnnl::memory gwi = out_layout(t, gwm, c->bwd_weights_pd.diff_weights_desc(), kDiffWeights);
-      c->bwd_weights.execute(t.stream, {{DNNL_ARG_DIFF_DST, diff_dst(c->bwd_weights_pd.diff_dst_desc())},
-                                        {DNNL_ARG_SRC, xi},
-                                        {DNNL_ARG_DIFF_WEIGHTS, gwi}});
-      out_of_layout(t, gwi, gwm);
+      c->bwd_weights.execute(t.stream,
+                             {{DNNL_ARG_DIFF_DST, diff_dst(kBwdWeightsDiffDst, c->bwd_weights_pd.diff_dst_desc())},
+                              {DNNL_ARG_SRC, xi},
+                              {DNNL_ARG_DIFF_WEIGHTS, gwi}});
+      out_of_layout(t, *c, kBwdWeightsDiffWeights, gwi, gwm);
     }
     t.stream.wait();
   } catch (const dnnl::error& e) {
@@ -395,6 +419,7 @@ bool onednn_bf16_gemm(int64_t M, int64_t N, int64_t K, const BFloat16* a, int64_
   bool a_trans, b_trans;
   int64_t lda, ldb;
   if (!blas_layout(M, K, as0, as1, a_trans, lda) || !blas_layout(K, N, bs0, bs1, b_trans, ldb)) return false;
+  match_team_size();  // before the primitive is made: it takes its thread count from the team size
   const GemmKey key{M,
                     N,
                     K,
@@ -403,6 +428,7 @@ bool onednn_bf16_gemm(int64_t M, int64_t N, int64_t K, const BFloat16* a, int64_
                     b_trans ? 1 : ldb,
                     b_trans ? ldb : 1,
                     ldc,
+                    intra_op_threads(),
                     accumulate};
   ThreadGemms& gemms = thread_gemms();
   auto it = gemms.primitives.find(key);
@@ -415,7 +441,6 @@ bool onednn_bf16_gemm(int64_t M, int64_t N, int64_t K, const BFloat16* a, int64_
   }
   const Gemm& gemm = it->second;
   if (!gemm.matmul) return false;
-  match_team_size();
   try {
     dnnl::memory am(gemm.a, gemms.engine, const_cast<BFloat16*>(a));
     dnnl::memory bm(gemm.b, gemms.engine, const_cast<BFloat16*>(b));

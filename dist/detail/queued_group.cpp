@@ -13,6 +13,18 @@ namespace tandem::dist {
 namespace {
 thread_local bool tls_polling = false;  // this thread is inside a pending op's poll
 
+// While it lives, polls on this thread return idle: inside a poll, and while this thread completes
+// an op (a continuation that polls must not wait, in wait_for_earlier_completions, for itself).
+struct NoNestedPolls {
+  NoNestedPolls() : was_(tls_polling) { tls_polling = true; }
+  ~NoNestedPolls() { tls_polling = was_; }
+  NoNestedPolls(const NoNestedPolls&) = delete;
+  NoNestedPolls& operator=(const NoNestedPolls&) = delete;
+
+ private:
+  bool was_;
+};
+
 int64_t now_ns() { return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count(); }
 
 // Continuations of an op completed by a poll run as on the communication thread: a wait() inside
@@ -43,10 +55,7 @@ struct QueuedGroup::Pending final : WorkProgress {
     std::unique_lock lock(mutex, std::try_to_lock);
     if (!lock.owns_lock()) return Poll::busy;
     if (group == nullptr || !op) return Poll::idle;
-    struct Polling {
-      Polling() { tls_polling = true; }
-      ~Polling() { tls_polling = false; }
-    } polling;
+    NoNestedPolls polling;
     return group->progress_pending(*this);
   }
 };
@@ -143,6 +152,7 @@ void QueuedGroup::run_inline(Op op, std::chrono::microseconds budget) {
   // shows the rest when the peers are late).
   TANDEM_TRACE_SCOPE(op_kind_name(op.kind).data(), "comm");
   op.deadline = Clock::now() + op.timeout;
+  bool pend = false;
   try {
     std::unique_ptr<StartedOp> started = start(op);
     const auto budget_end = std::min(Clock::now() + budget, op.deadline);
@@ -152,9 +162,11 @@ void QueuedGroup::run_inline(Op op, std::chrono::microseconds budget) {
       if ((polls & 15) == 0 && Clock::now() >= budget_end) break;
       done = started->progress();
     }
-    if (!done) {
+    if (!done && caller_progress_) {
       op.started = std::move(started);
-      if (caller_progress_) return make_pending(std::move(op));  // the pollers finish it
+      pend = true;  // the pollers finish it: made pending below, outside this try
+    } else if (!done) {
+      op.started = std::move(started);
       // The peers are not there yet: the communication thread finishes it (ahead of anything
       // queued meanwhile, which was issued later) and this call returns.
       {
@@ -167,13 +179,15 @@ void QueuedGroup::run_inline(Op op, std::chrono::microseconds budget) {
       }
       queue_cv_.notify_one();
       return;
+    } else {
+      wait_for_earlier_completions();
+      complete(op);
     }
-    wait_for_earlier_completions();
-    complete(op);
   } catch (...) {
     wait_for_earlier_completions();
     fail_op(op, std::current_exception());
   }
+  if (pend) return make_pending(std::move(op));
   bool queued = false;
   {
     std::lock_guard lock(queue_mutex_);
@@ -218,18 +232,7 @@ WorkProgress::Poll QueuedGroup::progress_pending(Pending& p) {
     p.op.reset();
     finished.started.reset();  // frees what a failed op left posted
     wait_for_earlier_completions();
-    {
-      AsCommThread as_comm_thread;
-      if (error) {
-        fail_op(finished, error);
-      } else {
-        try {
-          complete(finished);
-        } catch (...) {
-          fail_op(finished, std::current_exception());
-        }
-      }
-    }
+    settle(finished, error);
     // The turn passes to the next queued op if it can start here, else back to the group.
     for (;;) {
       bool queued = false;
@@ -255,12 +258,28 @@ WorkProgress::Poll QueuedGroup::progress_pending(Pending& p) {
       } catch (...) {
         Op failed = std::move(*p.op);
         p.op.reset();
-        AsCommThread as_comm_thread;
-        fail_op(failed, std::current_exception());
+        settle(failed, std::current_exception());
       }
     }
   }
   return WorkProgress::Poll::idle;
+}
+
+void QueuedGroup::settle(Op& op, std::exception_ptr error) noexcept {
+  // Never throws: the turn must be handed on whatever a completion does.
+  AsCommThread as_comm_thread;
+  try {
+    if (!error) {
+      try {
+        complete(op);
+        return;
+      } catch (...) {
+        error = std::current_exception();
+      }
+    }
+    fail_op(op, error);
+  } catch (...) {
+  }
 }
 
 void QueuedGroup::poll() {
@@ -331,13 +350,19 @@ void QueuedGroup::run_loop() {
     } else if (pend) {
       // Caller progress: started here, advanced by whoever polls.
       op.deadline = Clock::now() + op.timeout;
+      bool done = false;
       try {
         op.started = start(op);
+        done = op.started->progress();  // its first step, before the pollers take it
       } catch (...) {
         finish_queued(op, std::current_exception());
         continue;
       }
-      make_pending(std::move(op));
+      if (done) {
+        finish_queued(op, nullptr);
+      } else {
+        make_pending(std::move(op));
+      }
     } else {
       run_one(op);
     }
@@ -370,13 +395,18 @@ void QueuedGroup::finish_queued(Op& op, std::exception_ptr error) {
     queued = !queue_.empty();
   }
   if (queued) queue_cv_.notify_one();
-  if (error) {
-    fail_op(op, std::move(error));
-  } else {
-    try {
-      complete(op);
-    } catch (...) {
-      fail_op(op, std::current_exception());
+  {
+    // A continuation that polls here must not advance (and so wait in
+    // wait_for_earlier_completions for) an op that completes after this one.
+    NoNestedPolls no_polls;
+    if (error) {
+      fail_op(op, std::move(error));
+    } else {
+      try {
+        complete(op);
+      } catch (...) {
+        fail_op(op, std::current_exception());
+      }
     }
   }
   unmarked_.fetch_sub(1);

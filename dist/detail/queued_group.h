@@ -133,6 +133,7 @@ class QueuedGroup : public GroupBase {
   // Caller progress (see set_caller_progress).
   struct Pending;
   void make_pending(Op op);  // the turn is ours; op is started
+  void settle(Op& op, std::exception_ptr error) noexcept;  // completes or fails op, as on the comm thread
   WorkProgress::Poll progress_pending(Pending& p);  // p.mutex held
   void start_thread_locked();  // queue_mutex_ held
 

@@ -141,6 +141,8 @@ TEST_CASE("reductions, strided elementwise ops, copies, dropout, embedding and a
     Tensor b = randn({300, 600}).requires_grad_(), c = randn({600}).requires_grad_();
     grads(a * b.transpose(0, 1) + c.slice(0, 0, 300).unsqueeze(0).expand({600, 300}), {a, b, c});
     out.push_back(a.detach().transpose(0, 1).contiguous());       // a strided copy
+    Tensor long_run = randn({3 * kDefaultGrain * 2});
+    out.push_back(tandem::exp(long_run.slice(0, 0, long_run.numel(), 2)));  // one long strided run, in pieces
     out.push_back(masked_fill(a.detach().transpose(0, 1), a.detach().transpose(0, 1) > 0.5, 2.0));
     Tensor d = randn({64, 900}).requires_grad_();
     grads(dropout(d.transpose(0, 1), 0.3, true), {d});

@@ -47,9 +47,27 @@ std::unique_ptr<StartedOp> start_allreduce(CollectiveComm& c, char* data, int64_
 }
 
 bool allreduce_buffer(CollectiveComm& c, char* data, int64_t count, Dtype dt, ReduceOp reduce, Clock::time_point deadline) {
-  if (c.size() == 1 || count == 0) return true;
-  std::unique_ptr<StartedOp> op = start_allreduce(c, data, count, dt, reduce);
-  return poll_until(deadline, count * itemsize(dt), [&] { return op->progress(); });
+  const int n = c.size();
+  if (n == 1 || count == 0) return true;
+  if (count < n || !use_ring(count * itemsize(dt), n)) {
+    SmallAllreduce small(c, reduce, data, count, dt);
+    return poll_until(deadline, 0, [&] { return small.progress(); });
+  }
+  RingAllreduce ring(c, reduce, data, count, dt);
+  // A fresh Backoff for every step, whose patience is for that step's transfer: one Backoff over
+  // the whole ring would sleep between the polls of every step after the first millisecond.
+  const size_t step_bytes = 2 * static_cast<size_t>(count / n + 1) * itemsize(dt);
+  int step = ring.step();
+  Backoff backoff(step_bytes);
+  for (uint64_t spin = 0;; ++spin) {
+    if (ring.progress()) return true;
+    if (ring.step() != step) {
+      step = ring.step();
+      backoff = Backoff(step_bytes);
+    }
+    if ((spin & 63) == 63 && Clock::now() > deadline) return false;
+    backoff.pause();
+  }
 }
 
 // ---- RingAllreduce ----
@@ -62,6 +80,7 @@ RingAllreduce::RingAllreduce(CollectiveComm& c, ReduceOp reduce, char* data, int
 
 RingAllreduce::~RingAllreduce() {
   // Only after a failure: free what is still posted (the group is broken by then).
+  auto lk = mpi_runtime().lock();
   for (MPI_Request& r : reqs_)
     if (r != MPI_REQUEST_NULL) MPI_Request_free(&r);
 }
@@ -146,6 +165,7 @@ SmallAllreduce::SmallAllreduce(CollectiveComm& c, ReduceOp reduce, char* data, i
 
 SmallAllreduce::~SmallAllreduce() {
   // Only after a failure: free what is still posted (the group is broken by then).
+  auto lk = mpi_runtime().lock();
   for (int i = 0; i < nreq_; ++i)
     if (reqs_[i] != MPI_REQUEST_NULL) MPI_Request_free(&reqs_[i]);
 }

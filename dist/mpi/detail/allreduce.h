@@ -114,6 +114,7 @@ class RingAllreduce final : public StartedOp {
   RingAllreduce(CollectiveComm& c, ReduceOp reduce, char* data, int64_t count, Dtype dt);
   ~RingAllreduce() override;
   bool progress() override;
+  int step() const { return step_; }  // the step in flight
 
  private:
   void post_step();
