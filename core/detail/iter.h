@@ -108,9 +108,10 @@ void strided_loop(const Shape& shape, const std::array<Strides, N>& elem_strides
   }
 }
 
-// Convenience: iterate tensors that all have `shape` (or broadcast to it).
+namespace detail {
+// for_each_run and for_each_output_run: the operands' strides as `shape` sees them, then the loop.
 template <size_t N, class Kernel>
-void for_each_run(const Shape& shape, const std::array<const Tensor*, N>& ts, Kernel&& kernel) {
+void run_operands(const Shape& shape, const std::array<const Tensor*, N>& ts, Kernel&& kernel, bool parallel_output) {
   std::array<Strides, N> st;
   std::array<char*, N> base;
   std::array<int64_t, N> isz;
@@ -119,7 +120,17 @@ void for_each_run(const Shape& shape, const std::array<const Tensor*, N>& ts, Ke
     base[j] = static_cast<char*>(ts[j]->data_ptr());
     isz[j] = static_cast<int64_t>(ts[j]->element_size());
   }
-  strided_loop<N>(shape, st, base, isz, std::forward<Kernel>(kernel));
+  bool parallel = parallel_output;
+  for (size_t d = 0; d < shape.size() && parallel; ++d)
+    if (shape[d] > 1 && st[0][d] == 0) parallel = false;
+  strided_loop<N>(shape, st, base, isz, std::forward<Kernel>(kernel), parallel);
+}
+}  // namespace detail
+
+// Convenience: iterate tensors that all have `shape` (or broadcast to it).
+template <size_t N, class Kernel>
+void for_each_run(const Shape& shape, const std::array<const Tensor*, N>& ts, Kernel&& kernel) {
+  detail::run_operands<N>(shape, ts, std::forward<Kernel>(kernel), false);
 }
 
 // for_each_run with the runs on the intra-op threads, for kernels that write operand 0 (the
@@ -128,18 +139,7 @@ void for_each_run(const Shape& shape, const std::array<const Tensor*, N>& ts, Ke
 // stride on a dim longer than 1) runs serially.
 template <size_t N, class Kernel>
 void for_each_output_run(const Shape& shape, const std::array<const Tensor*, N>& ts, Kernel&& kernel) {
-  std::array<Strides, N> st;
-  std::array<char*, N> base;
-  std::array<int64_t, N> isz;
-  for (size_t j = 0; j < N; ++j) {
-    st[j] = broadcast_strides(*ts[j], shape);
-    base[j] = static_cast<char*>(ts[j]->data_ptr());
-    isz[j] = static_cast<int64_t>(ts[j]->element_size());
-  }
-  bool distinct = true;
-  for (size_t d = 0; d < shape.size(); ++d)
-    if (shape[d] > 1 && st[0][d] == 0) distinct = false;
-  strided_loop<N>(shape, st, base, isz, std::forward<Kernel>(kernel), distinct);
+  detail::run_operands<N>(shape, ts, std::forward<Kernel>(kernel), true);
 }
 
 }  // namespace tandem

@@ -223,43 +223,25 @@ Conv make_conv(const dnnl::engine& engine, const ConvKey& k, int64_t OH, int64_t
   return c;
 }
 
-void make_conv_backward_data(const dnnl::engine& engine, const ConvKey& k, Conv& c) {
+// A backward primitive of c (Desc/Pd/Prim: convolution_backward_data's or _weights'), with the
+// forward's descriptor as its hint; `state` becomes 1, or -1 when oneDNN offers only its
+// reference kernel or rejects the geometry.
+template <class Desc, class Pd, class Prim>
+void make_conv_backward(const dnnl::engine& engine, const ConvKey& k, const Conv& c, int& state, Pd& pd, Prim& prim) {
   std::lock_guard lock(creation_mutex);
-  c.bwd_data_state = -1;
+  state = -1;
   try {
-    const auto& y = c.y;
-    const int64_t OH = y.dims()[2], OW = y.dims()[3];
+    const int64_t OH = c.y.dims()[2], OW = c.y.dims()[3];
     using dt = dnnl::memory::data_type;
     using tag = dnnl::memory::format_tag;
-    const dnnl::memory::desc xa(c.x.dims(), dt::f32, tag::any), ya(y.dims(), dt::f32, tag::any),
+    const dnnl::memory::desc xa(c.x.dims(), dt::f32, tag::any), ya(c.y.dims(), dt::f32, tag::any),
         wa(c.w.dims(), dt::f32, tag::any);
-    const dnnl::convolution_backward_data::desc desc(dnnl::algorithm::convolution_direct, xa, wa, ya, {k.sh, k.sw},
-                                                     {k.dh - 1, k.dw - 1}, {k.ph, k.pw}, conv_padding_r(k, OH, OW));
-    c.bwd_data_pd = dnnl::convolution_backward_data::primitive_desc(desc, engine, c.fwd_pd);
-    if (is_reference(c.bwd_data_pd.impl_info_str())) return;
-    c.bwd_data = dnnl::convolution_backward_data(c.bwd_data_pd);
-    c.bwd_data_state = 1;
-  } catch (const dnnl::error&) {
-  }
-}
-
-void make_conv_backward_weights(const dnnl::engine& engine, const ConvKey& k, Conv& c) {
-  std::lock_guard lock(creation_mutex);
-  c.bwd_weights_state = -1;
-  try {
-    const auto& y = c.y;
-    const int64_t OH = y.dims()[2], OW = y.dims()[3];
-    using dt = dnnl::memory::data_type;
-    using tag = dnnl::memory::format_tag;
-    const dnnl::memory::desc xa(c.x.dims(), dt::f32, tag::any), ya(y.dims(), dt::f32, tag::any),
-        wa(c.w.dims(), dt::f32, tag::any);
-    const dnnl::convolution_backward_weights::desc desc(dnnl::algorithm::convolution_direct, xa, wa, ya, {k.sh, k.sw},
-                                                        {k.dh - 1, k.dw - 1}, {k.ph, k.pw},
-                                                        conv_padding_r(k, OH, OW));
-    c.bwd_weights_pd = dnnl::convolution_backward_weights::primitive_desc(desc, engine, c.fwd_pd);
-    if (is_reference(c.bwd_weights_pd.impl_info_str())) return;
-    c.bwd_weights = dnnl::convolution_backward_weights(c.bwd_weights_pd);
-    c.bwd_weights_state = 1;
+    const Desc desc(dnnl::algorithm::convolution_direct, xa, wa, ya, {k.sh, k.sw}, {k.dh - 1, k.dw - 1}, {k.ph, k.pw},
+                    conv_padding_r(k, OH, OW));
+    pd = Pd(desc, engine, c.fwd_pd);
+    if (is_reference(pd.impl_info_str())) return;
+    prim = Prim(pd);
+    state = 1;
   } catch (const dnnl::error&) {
   }
 }
@@ -367,8 +349,13 @@ bool onednn_conv2d_backward(const Conv2dGeometry& g, const float* gy, const floa
   ThreadGemms& t = thread_gemms();
   Conv* c = find_conv(t, g, false);
   if (!c) return false;
-  if (gx && c->bwd_data_state == 0) make_conv_backward_data(t.engine, conv_key(g, false), *c);
-  if (gw && c->bwd_weights_state == 0) make_conv_backward_weights(t.engine, conv_key(g, false), *c);
+  if (gx && c->bwd_data_state == 0)
+    make_conv_backward<dnnl::convolution_backward_data::desc>(t.engine, conv_key(g, false), *c, c->bwd_data_state,
+                                                              c->bwd_data_pd, c->bwd_data);
+  if (gw && c->bwd_weights_state == 0)
+    make_conv_backward<dnnl::convolution_backward_weights::desc>(t.engine, conv_key(g, false), *c,
+                                                                 c->bwd_weights_state, c->bwd_weights_pd,
+                                                                 c->bwd_weights);
   if ((gx && c->bwd_data_state < 0) || (gw && c->bwd_weights_state < 0)) return false;
   try {
     dnnl::memory gym(c->y, t.engine, const_cast<float*>(gy));

@@ -2,6 +2,8 @@
 // caller, and the same bits at one thread as at several.
 #include <catch2/catch.hpp>
 
+#include <functional>
+
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -114,45 +116,26 @@ TEST_CASE("parallel kernels give the same bits at one thread and at several", "[
   }
 }
 
-TEST_CASE("reductions, strided elementwise ops, copies, dropout, embedding and average pooling give the same bits "
-          "at one thread and at several", "[parallel]") {
-  // Each case is split into several chunks at 3 threads: reductions by output element (and the
-  // leading-dims column sum by column block), strided and broadcast operands by runs, embedding
-  // rows by index (its backward by column block), pooling by plane. Every forward and input
-  // gradient is compared.
-  auto run = [](int threads_n) {
+namespace {
+
+// Forwards and input gradients of what `cases` computes, at 1 and at 3 intra-op threads, from
+// `seed`: cases call record(y, inputs) for each result, or push plain results to out.
+struct Results {
+  std::vector<Tensor> out;
+  void record(const Tensor& y, const std::vector<Tensor>& inputs) {
+    out.push_back(y.detach().contiguous());
+    sum(y * randn(y.shape())).backward();
+    for (const Tensor& t : inputs) out.push_back(t.grad().contiguous());
+  }
+};
+
+void require_same_bits_at_1_and_3_threads(uint64_t seed, const std::function<void(Results&)>& cases) {
+  auto run = [&](int threads_n) {
     ThreadCount threads(threads_n);
-    manual_seed(23);
-    std::vector<Tensor> out;
-    auto grads = [&](const Tensor& y, std::vector<Tensor> inputs) {
-      out.push_back(y.detach().contiguous());
-      sum(y * randn(y.shape())).backward();
-      for (Tensor& t : inputs) out.push_back(t.grad().contiguous());
-    };
-    Tensor a = randn({600, 300}).requires_grad_();
-    grads(sum(a, {1}), {a});                       // row sums: a slice per output element
-    grads(sum(a, {0}), {a});                       // leading dim: column blocks
-    grads(mean(a.transpose(0, 1), {1}), {a});      // strided slices
-    grads(var(a, {1}), {a});
-    grads(std::get<0>(max(a, 1)), {a});
-    Tensor t3 = randn({40, 300, 30}).requires_grad_();
-    grads(sum(t3, {0, 2}), {t3});                  // reduced dims that do not coalesce: gathered slices
-    grads(logsumexp(a, {1}), {a});
-    Tensor b = randn({300, 600}).requires_grad_(), c = randn({600}).requires_grad_();
-    grads(a * b.transpose(0, 1) + c.slice(0, 0, 300).unsqueeze(0).expand({600, 300}), {a, b, c});
-    out.push_back(a.detach().transpose(0, 1).contiguous());       // a strided copy
-    Tensor long_run = randn({3 * kDefaultGrain * 2});
-    out.push_back(tandem::exp(long_run.slice(0, 0, long_run.numel(), 2)));  // one long strided run, in pieces
-    out.push_back(masked_fill(a.detach().transpose(0, 1), a.detach().transpose(0, 1) > 0.5, 2.0));
-    Tensor d = randn({64, 900}).requires_grad_();
-    grads(dropout(d.transpose(0, 1), 0.3, true), {d});
-    Tensor table = randn({50, 700}).requires_grad_();
-    Tensor ids = randint(0, 50, {400});  // repeated rows: their gradients add up in index order
-    grads(embedding(table, ids), {table});
-    Tensor planes = randn({4, 16, 40, 40}).requires_grad_();
-    grads(avg_pool2d(planes, 3, 2, 1), {planes});
-    grads(adaptive_avg_pool2d(planes, {7, 5}), {planes});
-    return out;
+    manual_seed(seed);
+    Results r;
+    cases(r);
+    return r.out;
   };
   const std::vector<Tensor> one = run(1), several = run(3);
   REQUIRE(one.size() == several.size());
@@ -160,6 +143,41 @@ TEST_CASE("reductions, strided elementwise ops, copies, dropout, embedding and a
     INFO("result " << i);
     REQUIRE(same_bits(one[i], several[i]));
   }
+}
+
+}  // namespace
+
+TEST_CASE("reductions, strided elementwise ops, copies, dropout, embedding and average pooling give the same bits "
+          "at one thread and at several", "[parallel]") {
+  // Each case is split into several chunks at 3 threads: reductions by output element (and the
+  // leading-dims column sum by column block), strided and broadcast operands by runs, embedding
+  // rows by index (its backward by column block), pooling by plane. Every forward and input
+  // gradient is compared.
+  require_same_bits_at_1_and_3_threads(23, [](Results& r) {
+    Tensor a = randn({600, 300}).requires_grad_();
+    r.record(sum(a, {1}), {a});                       // row sums: a slice per output element
+    r.record(sum(a, {0}), {a});                       // leading dim: column blocks
+    r.record(mean(a.transpose(0, 1), {1}), {a});      // strided slices
+    r.record(var(a, {1}), {a});
+    r.record(std::get<0>(max(a, 1)), {a});
+    Tensor t3 = randn({40, 300, 30}).requires_grad_();
+    r.record(sum(t3, {0, 2}), {t3});                  // reduced dims that do not coalesce: gathered slices
+    r.record(logsumexp(a, {1}), {a});
+    Tensor b = randn({300, 600}).requires_grad_(), c = randn({600}).requires_grad_();
+    r.record(a * b.transpose(0, 1) + c.slice(0, 0, 300).unsqueeze(0).expand({600, 300}), {a, b, c});
+    r.out.push_back(a.detach().transpose(0, 1).contiguous());       // a strided copy
+    Tensor long_run = randn({3 * kDefaultGrain * 2});
+    r.out.push_back(tandem::exp(long_run.slice(0, 0, long_run.numel(), 2)));  // one long strided run, in pieces
+    r.out.push_back(masked_fill(a.detach().transpose(0, 1), a.detach().transpose(0, 1) > 0.5, 2.0));
+    Tensor d = randn({64, 900}).requires_grad_();
+    r.record(dropout(d.transpose(0, 1), 0.3, true), {d});
+    Tensor table = randn({50, 700}).requires_grad_();
+    Tensor ids = randint(0, 50, {400});  // repeated rows: their gradients add up in index order
+    r.record(embedding(table, ids), {table});
+    Tensor planes = randn({4, 16, 40, 40}).requires_grad_();
+    r.record(avg_pool2d(planes, 3, 2, 1), {planes});
+    r.record(adaptive_avg_pool2d(planes, {7, 5}), {planes});
+  });
 }
 
 TEST_CASE("SGD and Adam steps give the same bits at one thread and at several", "[parallel][optim]") {
@@ -189,36 +207,21 @@ TEST_CASE("SGD and Adam steps give the same bits at one thread and at several", 
 TEST_CASE("nn kernels and their gradients give the same bits at one thread and at several", "[parallel]") {
   // Each case is big enough to be split (several grains, several (batch, head) pairs, channels,
   // planes and layer-norm blocks); its forward and every input gradient are compared.
-  auto run = [](int threads_n) {
-    ThreadCount threads(threads_n);
-    manual_seed(21);
-    std::vector<Tensor> out;
-    auto grads = [&](const Tensor& y, std::vector<Tensor> inputs) {
-      out.push_back(y.detach().contiguous());
-      sum(y * randn(y.shape())).backward();
-      for (Tensor& t : inputs) out.push_back(t.grad().contiguous());
-    };
+  require_same_bits_at_1_and_3_threads(21, [](Results& r) {
     Tensor a = randn({300, 400}).requires_grad_();
-    grads(softmax(a, 1), {a});
+    r.record(softmax(a, 1), {a});
     Tensor a2 = randn({400, 300}).requires_grad_();
-    grads(log_softmax(a2, 0), {a2});
+    r.record(log_softmax(a2, 0), {a2});
     Tensor x = randn({1000, 96}).requires_grad_(), w = randn({96}).requires_grad_(), b = randn({96}).requires_grad_();
-    grads(layer_norm(x, {96}, w, b), {x, w, b});
+    r.record(layer_norm(x, {96}, w, b), {x, w, b});
     Tensor q = randn({2, 3, 70, 16}).requires_grad_(), k = randn({2, 3, 90, 16}).requires_grad_(),
            v = randn({2, 3, 90, 8}).requires_grad_();
-    grads(scaled_dot_product_attention(q, k, v, Tensor(), 0.0, true), {q, k, v});
+    r.record(scaled_dot_product_attention(q, k, v, Tensor(), 0.0, true), {q, k, v});
     Tensor img = randn({2, 8, 40, 40}).requires_grad_(), kw = randn({16, 8, 3, 3}).requires_grad_();
-    grads(conv2d(img, kw, Tensor(), 1, 1), {img, kw});
+    r.record(conv2d(img, kw, Tensor(), 1, 1), {img, kw});
     Tensor planes = randn({4, 16, 48, 48}).requires_grad_();
-    grads(max_pool2d(planes, 2), {planes});
-    return out;
-  };
-  const std::vector<Tensor> one = run(1), several = run(3);
-  REQUIRE(one.size() == several.size());
-  for (size_t i = 0; i < one.size(); ++i) {
-    INFO("result " << i);
-    REQUIRE(same_bits(one[i], several[i]));
-  }
+    r.record(max_pool2d(planes, 2), {planes});
+  });
 }
 
 TEST_CASE("a thread's intra-op cap bounds its chunks; rank threads of run_threads get a share", "[parallel]") {
