@@ -539,3 +539,15 @@ TEST_CASE("gradcheck: var/std with corrections 0 and 2, keepdim, non-adjacent di
     REQUIRE(r.ok);
   }
 }
+
+TEST_CASE("an i64 sum over leading dims wraps, as PyTorch's does", "[reduce][fuzz]") {
+  // fuzz_ops campaign finding: the column sums of a sum over leading dims add i64 elements, which
+  // wrap like every integer tensor op here (tools/ci/ubsan.supp lists them with the others); the
+  // sanitizer builds failed here before column_sums was listed. PyTorch 1.13:
+  // torch.full((2, 3), -2**63).sum(0) == tensor([0, 0, 0]).
+  const int64_t lowest = std::numeric_limits<int64_t>::min();
+  Tensor t = full({2, 3}, lowest, i64);
+  REQUIRE(sum(t, {0}).to_vector<int64_t>() == std::vector<int64_t>{0, 0, 0});
+  Tensor rows = full({70, 2}, lowest, i64);  // past the pairwise base case: the halves add too
+  REQUIRE(sum(rows, {0}).to_vector<int64_t>() == std::vector<int64_t>{0, 0});
+}
