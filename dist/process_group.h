@@ -3,7 +3,8 @@
 //
 // Every collective is issued by the caller, gets the group's next sequence number, and runs on
 // the group's communication thread in issue order (a small one may finish on the issuing thread,
-// see AsyncIssueGuard; under a BlockingIssueGuard any one may); the caller gets a Work at once. Tensors handed
+// see AsyncIssueGuard; under a BlockingIssueGuard any one may; in caller-progress mode the
+// threads that poll or wait advance it, see progress_mode()); the caller gets a Work at once. Tensors handed
 // to a collective must not be touched until its Work completes. All ranks of a group must issue
 // the same collectives in the same order with matching dtypes and shapes (TANDEM_DIST_DEBUG=detail
 // checks this); a collective that does not complete within the group's timeout fails, naming the
