@@ -2,6 +2,7 @@
 
 #include <cstring>
 #include <numeric>
+#include <type_traits>
 
 #include "core/detail/copy.h"
 #include "core/detail/kernel_tables.h"
@@ -39,6 +40,20 @@ inline T from_scalar(const Scalar& s) {
   return static_cast<T>(static_cast<acc_t<T>>(s.value));
 }
 
+// The element add of the accumulating index ops (scatter_add, index_add, embedding's backward).
+// Integer elements wrap, as every integer tensor op's do (and PyTorch's): here in unsigned
+// arithmetic, where wrapping is defined (a signed overflow is undefined, and UBSan reports it).
+template <class T>
+inline T add_element(T a, T b) {
+  using C = acc_t<T>;
+  if constexpr (std::is_integral_v<C> && !std::is_same_v<C, bool>) {
+    using U = std::make_unsigned_t<C>;
+    return static_cast<T>(static_cast<C>(static_cast<U>(static_cast<C>(a)) + static_cast<U>(static_cast<C>(b))));
+  } else {
+    return static_cast<T>(static_cast<C>(a) + static_cast<C>(b));
+  }
+}
+
 template <class T>
 void add_run(const StridedRun<2>& r) {
   char* d = r.ptr[0];
@@ -46,12 +61,12 @@ void add_run(const StridedRun<2>& r) {
   if (r.stride[0] == static_cast<int64_t>(sizeof(T)) && r.stride[1] == static_cast<int64_t>(sizeof(T))) {
     T* dp = reinterpret_cast<T*>(d);
     const T* sp = reinterpret_cast<const T*>(s);
-    for (int64_t i = 0; i < r.n; ++i) dp[i] = static_cast<T>(static_cast<acc_t<T>>(dp[i]) + static_cast<acc_t<T>>(sp[i]));
+    for (int64_t i = 0; i < r.n; ++i) dp[i] = add_element(dp[i], sp[i]);
     return;
   }
   for (int64_t i = 0; i < r.n; ++i, d += r.stride[0], s += r.stride[1]) {
     T& dv = *reinterpret_cast<T*>(d);
-    dv = static_cast<T>(static_cast<acc_t<T>>(dv) + static_cast<acc_t<T>>(*reinterpret_cast<const T*>(s)));
+    dv = add_element(dv, *reinterpret_cast<const T*>(s));
   }
 }
 
@@ -183,8 +198,7 @@ void scatter_add_into(const Tensor& out_in, int64_t dim, const Tensor& index_in,
   TANDEM_DISPATCH_NUMERIC(out.dtype(), op, [&] {
     walk_indexed(out, dim, index, src, out_in.shape(), op, [](char* into, char* from) {
       scalar_t& dv = *reinterpret_cast<scalar_t*>(into);
-      dv = static_cast<scalar_t>(static_cast<acc_t<scalar_t>>(dv) +
-                                 static_cast<acc_t<scalar_t>>(*reinterpret_cast<const scalar_t*>(from)));
+      dv = add_element(dv, *reinterpret_cast<const scalar_t*>(from));
     });
   });
 }

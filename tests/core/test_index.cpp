@@ -526,3 +526,16 @@ TEST_CASE("gather and scatter_add into an empty view at a huge offset with a non
   REQUIRE_THROWS_WITH(scatter_add(v, 1, index, ones({1, 1, 1})),
                       Contains("[scatter_add]") && Contains("index 0") && Contains("size 0"));
 }
+
+TEST_CASE("an i64 scatter_add wraps, as PyTorch's does", "[index][fuzz]") {
+  // fuzz_ops campaign finding: scatter_add's i64 element adds overflowed (undefined in C++; UBSan
+  // failed the sanitizer builds here). They now wrap in unsigned arithmetic, as every integer
+  // tensor op wraps. PyTorch 1.13:
+  // torch.full((2,), -2**63).scatter_add(0, torch.tensor([0, 1]), torch.full((2,), -2**63)) == tensor([0, 0]),
+  // and with index [0, 0] element 0 wraps twice: tensor([-2**63, -2**63]).
+  const int64_t lowest = std::numeric_limits<int64_t>::min();
+  Tensor base = full({2}, lowest, i64), src = full({2}, lowest, i64);
+  REQUIRE(scatter_add(base, 0, from_vector<int64_t>({0, 1}), src).to_vector<int64_t>() == std::vector<int64_t>{0, 0});
+  REQUIRE(scatter_add(base, 0, from_vector<int64_t>({0, 0}), src).to_vector<int64_t>() ==
+          std::vector<int64_t>{lowest, lowest});
+}
