@@ -9,6 +9,7 @@
 #include "core/detail/elementwise.h"
 #include "core/detail/iter.h"
 #include "core/detail/views.h"
+#include "core/detail/wrapping.h"
 
 namespace tandem::detail {
 
@@ -40,18 +41,12 @@ inline T from_scalar(const Scalar& s) {
   return static_cast<T>(static_cast<acc_t<T>>(s.value));
 }
 
-// The element add of the accumulating index ops (scatter_add, index_add, embedding's backward).
-// Integer elements wrap, as every integer tensor op's do (and PyTorch's): here in unsigned
-// arithmetic, where wrapping is defined (a signed overflow is undefined, and UBSan reports it).
+// The element add of the accumulating index ops (scatter_add, index_add, embedding's backward),
+// in the compute type; integer elements wrap (core/detail/wrapping.h).
 template <class T>
 inline T add_element(T a, T b) {
   using C = acc_t<T>;
-  if constexpr (std::is_integral_v<C> && !std::is_same_v<C, bool>) {
-    using U = std::make_unsigned_t<C>;
-    return static_cast<T>(static_cast<C>(static_cast<U>(static_cast<C>(a)) + static_cast<U>(static_cast<C>(b))));
-  } else {
-    return static_cast<T>(static_cast<C>(a) + static_cast<C>(b));
-  }
+  return static_cast<T>(wrapping_add<C>(static_cast<C>(a), static_cast<C>(b)));
 }
 
 template <class T>

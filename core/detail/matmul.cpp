@@ -12,6 +12,7 @@
 #include "core/detail/kernel_tables.h"
 #include "core/detail/onednn.h"
 #include "core/detail/reduce.h"
+#include "core/detail/wrapping.h"
 #include "core/threads.h"
 
 namespace tandem::detail {
@@ -109,14 +110,15 @@ void gemm_one(int64_t M, int64_t N, int64_t K, const T* a, int64_t as0, int64_t 
     for (int64_t i = 0; i < M; ++i)
       for (int64_t j = 0; j < N; ++j) c[i * ldc + j] = T(cf[i * N + j]);
   } else {
-    // Integers: i-k-j order keeps the inner loop on contiguous rows of B and C.
+    // Integers: i-k-j order keeps the inner loop on contiguous rows of B and C; products and sums
+    // wrap (core/detail/wrapping.h).
     for (int64_t i = 0; i < M; ++i) {
       T* crow = c + i * ldc;
       if (!accumulate) std::fill(crow, crow + N, T(0));
       for (int64_t k = 0; k < K; ++k) {
         const T aik = a[i * as0 + k * as1];
         const T* brow = b + k * bs0;
-        for (int64_t j = 0; j < N; ++j) crow[j] += aik * brow[j * bs1];
+        for (int64_t j = 0; j < N; ++j) crow[j] = wrapping_add(crow[j], wrapping_mul(aik, brow[j * bs1]));
       }
     }
   }

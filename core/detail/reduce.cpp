@@ -180,7 +180,7 @@ void column_sums(const T* __restrict x, int64_t rows, int64_t cols, int64_t ld, 
     std::fill(out, out + cols, Acc(0));
     for (int64_t r = 0; r < rows; ++r) {
       const T* __restrict row = x + r * ld;
-      for (int64_t j = 0; j < cols; ++j) out[j] += static_cast<Acc>(row[j]);
+      for (int64_t j = 0; j < cols; ++j) out[j] = wrapping_add<Acc>(out[j], static_cast<Acc>(row[j]));
     }
     return;
   }
@@ -188,7 +188,7 @@ void column_sums(const T* __restrict x, int64_t rows, int64_t cols, int64_t ld, 
   std::vector<Acc> upper(cols);
   column_sums<T, Acc>(x, half, cols, ld, out);
   column_sums<T, Acc>(x + half * ld, rows - half, cols, ld, upper.data());
-  for (int64_t j = 0; j < cols; ++j) out[j] += upper[j];
+  for (int64_t j = 0; j < cols; ++j) out[j] = wrapping_add<Acc>(out[j], upper[j]);
 }
 
 // Writes sum / divisor of each slice into `out` (contiguous, plan.out_numel elements).

@@ -13,12 +13,14 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/detail/wrapping.h"
 #include "core/tensor.h"
 
 namespace tandem::detail {
 
 // Pairwise summation over load(begin .. begin+n): error grows with log(n) instead of n. The
-// base case keeps 8 independent partial sums so the compiler can vectorise it.
+// base case keeps 8 independent partial sums so the compiler can vectorise it. Integer sums wrap
+// (core/detail/wrapping.h).
 template <class Acc, class Load>
 Acc pairwise_sum(int64_t begin, int64_t n, const Load& load) {
   constexpr int64_t kBase = 128;
@@ -26,13 +28,15 @@ Acc pairwise_sum(int64_t begin, int64_t n, const Load& load) {
     Acc s[8] = {};
     int64_t i = 0;
     for (; i + 8 <= n; i += 8)
-      for (int k = 0; k < 8; ++k) s[k] += load(begin + i + k);
+      for (int k = 0; k < 8; ++k) s[k] = wrapping_add<Acc>(s[k], load(begin + i + k));
     Acc rest = Acc(0);
-    for (; i < n; ++i) rest += load(begin + i);
-    return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7])) + rest;
+    for (; i < n; ++i) rest = wrapping_add<Acc>(rest, load(begin + i));
+    const Acc low = wrapping_add<Acc>(wrapping_add<Acc>(s[0], s[1]), wrapping_add<Acc>(s[2], s[3]));
+    const Acc high = wrapping_add<Acc>(wrapping_add<Acc>(s[4], s[5]), wrapping_add<Acc>(s[6], s[7]));
+    return wrapping_add<Acc>(wrapping_add<Acc>(low, high), rest);
   }
   int64_t half = (n / 2 + 7) & ~int64_t(7);
-  return pairwise_sum<Acc>(begin, half, load) + pairwise_sum<Acc>(begin + half, n - half, load);
+  return wrapping_add<Acc>(pairwise_sum<Acc>(begin, half, load), pairwise_sum<Acc>(begin + half, n - half, load));
 }
 
 struct ReducePlan {

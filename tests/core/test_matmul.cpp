@@ -131,6 +131,21 @@ TEST_CASE("matmul: integers use exact arithmetic, f16/bf16 go through f32") {
   }
 }
 
+TEST_CASE("integer matmul wraps on overflow, as PyTorch's does", "[matmul][fuzz]") {
+  // The integer GEMM's products and sums go through core/detail/wrapping.h: defined wrapping,
+  // where a signed overflow was undefined (UBSan). PyTorch 1.13:
+  // torch.tensor([[2**62, 2**62]]) @ torch.tensor([[2], [2]]) == tensor([[0]]), and
+  // torch.tensor([[65536]], dtype=torch.int32) @ same == tensor([[0]], dtype=torch.int32).
+  const int64_t big = int64_t{1} << 62;
+  Tensor a = from_vector<int64_t>({big, big}, {1, 2});
+  Tensor b = from_vector<int64_t>({2, 2}, {2, 1});
+  REQUIRE(matmul(a, b).to_vector<int64_t>() == std::vector<int64_t>{0});
+  REQUIRE(matmul(a, from_vector<int64_t>({2, 1}, {2, 1})).to_vector<int64_t>() ==
+          std::vector<int64_t>{std::numeric_limits<int64_t>::min() + big});
+  Tensor h = from_vector<int32_t>({65536}, {1, 1});
+  REQUIRE(mm(h, h).to_vector<int32_t>() == std::vector<int32_t>{0});
+}
+
 TEST_CASE("matmul: empty inner dimension gives zeros") {
   Tensor c = matmul(zeros({2, 0}), zeros({0, 3}));
   REQUIRE(c.shape() == Shape{2, 3});

@@ -542,12 +542,25 @@ TEST_CASE("gradcheck: var/std with corrections 0 and 2, keepdim, non-adjacent di
 
 TEST_CASE("an i64 sum over leading dims wraps, as PyTorch's does", "[reduce][fuzz]") {
   // fuzz_ops campaign finding: the column sums of a sum over leading dims add i64 elements, which
-  // wrap like every integer tensor op here (tools/ci/ubsan.supp lists them with the others); the
-  // sanitizer builds failed here before column_sums was listed. PyTorch 1.13:
+  // wrap like every integer tensor op here; the sanitizer builds failed here (signed overflow)
+  // before the adds went through core/detail/wrapping.h's unsigned arithmetic. PyTorch 1.13:
   // torch.full((2, 3), -2**63).sum(0) == tensor([0, 0, 0]).
   const int64_t lowest = std::numeric_limits<int64_t>::min();
   Tensor t = full({2, 3}, lowest, i64);
   REQUIRE(sum(t, {0}).to_vector<int64_t>() == std::vector<int64_t>{0, 0, 0});
   Tensor rows = full({70, 2}, lowest, i64);  // past the pairwise base case: the halves add too
   REQUIRE(sum(rows, {0}).to_vector<int64_t>() == std::vector<int64_t>{0, 0});
+}
+
+TEST_CASE("an i64 sum along a slice wraps, in the base case and across the pairwise halves", "[reduce][fuzz]") {
+  // The slice sums (pairwise_sum) add i64 elements too; they were left to the hardware's wrap
+  // (undefined in C++) until they went through wrapping_add. PyTorch 1.13:
+  // torch.full((200,), 2**63 - 1).sum() == -200, torch.full((3,), 2**63 - 1).sum() == 2**63 - 3.
+  const int64_t highest = std::numeric_limits<int64_t>::max();
+  auto filled = [&](const Shape& shape) {  // full() takes a double, which cannot hold 2^63 - 1
+    return from_vector<int64_t>(std::vector<int64_t>(numel_of(shape), highest), shape);
+  };
+  REQUIRE(sum(filled({200})).item<int64_t>() == -200);
+  REQUIRE(sum(filled({3})).item<int64_t>() == highest - 2);
+  REQUIRE(sum(filled({2, 9}), {1}).to_vector<int64_t>() == std::vector<int64_t>{highest - 8, highest - 8});
 }
