@@ -1,5 +1,5 @@
 // The dist layer's umbrella header: process groups and their backends, dist::init, DDP with its
-// options, comm hooks and statistics. DDP's machinery (dist/ddp/detail/) is internal.
+// options, comm hooks and statistics, Join for uneven inputs. DDP's machinery (dist/ddp/detail/) is internal.
 #pragma once
 
 #include "dist/ddp/comm_hooks.h"
@@ -7,6 +7,7 @@
 #include "dist/ddp/mixed_precision.h"
 #include "dist/ddp/reducer_stats.h"
 #include "dist/init.h"
+#include "dist/join.h"
 #include "dist/mpi/mpi.h"
 #include "dist/process_group.h"
 #include "dist/threads/threads.h"

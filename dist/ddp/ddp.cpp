@@ -318,10 +318,10 @@ std::vector<Tensor> DistributedDataParallel::synced_buffers() const {
   return out;
 }
 
-// Rank 0's values into every rank's tensors: all broadcasts issued, then all waited for.
-static void broadcast_from_rank0(ProcessGroup& group, const std::vector<Tensor>& tensors) {
+// Rank `root`'s values into every rank's tensors: all broadcasts issued, then all waited for.
+static void broadcast_from(ProcessGroup& group, const std::vector<Tensor>& tensors, int root = 0) {
   std::vector<WorkPtr> works;
-  for (const Tensor& t : tensors) works.push_back(group.broadcast(t, 0));
+  for (const Tensor& t : tensors) works.push_back(group.broadcast(t, root));
   for (const WorkPtr& w : works) w->wait();
 }
 
@@ -332,7 +332,7 @@ void DistributedDataParallel::broadcast_states(bool include_buffers) {
     if (!ignored(name)) states.push_back(t);
   if (include_buffers)
     for (const Tensor& b : synced_buffers()) states.push_back(b);
-  broadcast_from_rank0(*group_, states);
+  broadcast_from(*group_, states);
 }
 
 // On a device with a side stream, one cast batch per module (the parameters it registers itself,
@@ -380,21 +380,94 @@ void DistributedDataParallel::before_forward() {
     }
     return;
   }
-  if (reducer_) reducer_->prepare_for_forward();
-  if (delayed_) delayed_->prepare_for_forward();
+  Join* join = join_context();
+  int buffer_root = 0;
+  if (join == nullptr) {
+    if (reducer_) reducer_->prepare_for_forward();
+    if (delayed_) delayed_->prepare_for_forward();
+  } else {
+    // Under a Join the iteration is announced first (the joined ranks learn from it what to
+    // shadow), so the rebuild waits until after it.
+    if (reducer_) reducer_->prepare_for_forward(/*rebuild_now=*/false);
+    const JoinIteration it = join->announce(join_flags());
+    buffer_root = it.authority();  // rank 0 may have joined: its buffers are stale
+    if (reducer_) {
+      reducer_->set_divisor(it.divisor(join->options()));
+      reducer_->rebuild_if_pending();
+    }
+  }
   // PyTorch's rule: rank 0's buffers are broadcast only at the start of an accumulation window,
   // i.e. when the previous forward was synchronised (or there was none). The forwards inside
   // no_sync and the synchronised one that ends the window run on each rank's own buffers.
   // Read afresh every time: a reassigned buffer (set_buffer) is synced too.
-  if (autograd::grad_mode_enabled() && sync_buffers_before_forward_ && options_.broadcast_buffers &&
-      group_->size() > 1) {
-    const std::vector<Tensor> buffers = synced_buffers();
-    if (!buffers.empty()) {  // a module without buffers broadcasts nothing: no span either
-      TANDEM_TRACE_SCOPE("ddp broadcast buffers", "ddp");
-      broadcast_from_rank0(*group_, buffers);
-    }
+  if (broadcasts_buffers_now()) {
+    TANDEM_TRACE_SCOPE("ddp broadcast buffers", "ddp");
+    broadcast_from(*group_, synced_buffers(), buffer_root);
   }
   if (shadows_) shadows_->cast_in();  // synchronised and no_sync forwards alike
+}
+
+bool DistributedDataParallel::broadcasts_buffers_now() const {
+  // A module without buffers broadcasts nothing: no span either.
+  return autograd::grad_mode_enabled() && sync_buffers_before_forward_ && options_.broadcast_buffers &&
+         group_->size() > 1 && !synced_buffers().empty();
+}
+
+uint32_t DistributedDataParallel::join_flags() const {
+  // A joined rank shadows an iteration right after its announcement, up to the bucket reductions:
+  // a second synchronised forward before the backward would announce another iteration in between.
+  if (reducer_ && reducer_->awaiting_backward()) {
+    fail("[Join] rank {} runs a forward while the backward of its previous synchronised forward has not run: under "
+         "a Join every synchronised forward must be followed by its backward (several forwards before one "
+         "backward, or a forward never backwarded, cannot be shadowed by the joined ranks, which wait in that "
+         "backward's reductions until the group's timeout)",
+         group_->rank());
+  }
+  uint32_t flags = 0;
+  if (require_sync_) flags |= kJoinSync;
+  if (broadcasts_buffers_now()) flags |= kJoinBuffers;
+  if (reducer_ && reducer_->rebuild_pending()) flags |= kJoinRebuild;
+  if (reducer_ && reducer_->recording_static_graph()) flags |= kJoinStaticFirst;
+  return flags;
+}
+
+Device DistributedDataParallel::join_device() const {
+  return names_.empty() ? kCPU : module_->named_parameters().at(names_.front()).device();
+}
+
+void DistributedDataParallel::join_attached() {
+  TANDEM_CHECK(attached_, "[Join] this DDP's autograd hooks were removed (remove_autograd_hooks): it cannot join");
+  TANDEM_CHECK(!delayed_,
+               "[Join] DDP with delay_all_reduce_named_params is not supported under Join: the delayed parameters are "
+               "reduced on a group of their own, which the joined ranks do not shadow");
+}
+
+void DistributedDataParallel::join_shadow(const JoinIteration& it) {
+  const uint32_t f = it.flags;
+  if (reducer_ && (f & kJoinRebuild)) reducer_->rebuild_for_join();
+  if (f & kJoinBuffers) {
+    TANDEM_TRACE_SCOPE("ddp broadcast buffers", "ddp");
+    broadcast_from(*group_, synced_buffers(), it.authority());
+  }
+  if (reducer_ && (f & kJoinSync)) reducer_->shadow_reduction((f & kJoinStaticFirst) != 0);
+  // The buffers the others broadcast at their next window start came from their forward; this
+  // rank follows the same rule from what they announced.
+  sync_buffers_before_forward_ = (f & kJoinSync) != 0;
+}
+
+void DistributedDataParallel::join_finish(int authority) {
+  if (reducer_) reducer_->set_divisor(0);
+  if (authority < 0 || group_->size() == 1) return;
+  // PyTorch's _sync_final_model: the joined ranks stopped stepping, so every rank takes the
+  // parameters (and buffers) of a rank that trained to the end.
+  TANDEM_TRACE_SCOPE("ddp join final sync", "ddp");
+  std::vector<Tensor> states;
+  for (const auto& [name, t] : module_->named_parameters())
+    if (!ignored(name)) states.push_back(t);
+  if (options_.broadcast_buffers)
+    for (const Tensor& b : synced_buffers()) states.push_back(b);
+  NoGradGuard no_grad;
+  broadcast_from(*group_, states, authority);
 }
 
 void DistributedDataParallel::after_forward(const TensorList& outputs) {

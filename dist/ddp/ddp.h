@@ -32,6 +32,7 @@
 #include "dist/ddp/comm_hooks.h"
 #include "dist/ddp/mixed_precision.h"
 #include "dist/ddp/reducer_stats.h"
+#include "dist/join.h"
 #include "dist/process_group.h"
 #include "nn/module.h"
 #include "nn/optim_in_backward.h"
@@ -101,7 +102,7 @@ struct DdpStats : ReducerStats {
   std::string str() const;  // a readable multi-line summary
 };
 
-class DistributedDataParallel {
+class DistributedDataParallel : public Joinable {
  public:
   // `group` defaults to the world group (dist::init() must have run).
   explicit DistributedDataParallel(std::shared_ptr<nn::Module> module, ProcessGroupPtr group = nullptr,
@@ -178,7 +179,24 @@ class DistributedDataParallel {
   // The parameters DDP manages, by name, in registration order.
   const std::vector<std::string>& parameter_names() const { return names_; }
 
+  // Joinable (dist/join.h): under a Join every forward in grad mode announces its iteration; a
+  // joined rank shadows the rebuild, the buffer broadcast (from the lowest rank still training)
+  // and the bucket reductions, and at the end takes the parameters and buffers of a rank that
+  // trained last.
+  ProcessGroup& join_group() override { return *group_; }
+  Device join_device() const override;
+  void join_attached() override;
+  void join_shadow(const JoinIteration& iteration) override;
+  void join_finish(int authority) override;
+
  private:
+  // What an announced iteration does (Join's flag bits above its own).
+  static constexpr uint32_t kJoinSync = 1u << (Join::kReservedBits + 0);          // reduces buckets
+  static constexpr uint32_t kJoinBuffers = 1u << (Join::kReservedBits + 1);       // broadcasts buffers first
+  static constexpr uint32_t kJoinRebuild = 1u << (Join::kReservedBits + 2);       // rebuilds the buckets first
+  static constexpr uint32_t kJoinStaticFirst = 1u << (Join::kReservedBits + 3);   // static_graph's first reduction
+  uint32_t join_flags() const;
+  bool broadcasts_buffers_now() const;
   void before_forward();
   void after_forward(const TensorList& outputs);
   // What the module receives: a floating input cast to param_dtype under mixed precision.

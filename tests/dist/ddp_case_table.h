@@ -14,6 +14,7 @@
 #include "ddp_gpt_cases.h"
 #include "ddp_hardening_cases.h"
 #include "ddp_in_backward_cases.h"
+#include "ddp_join_cases.h"
 #include "ddp_mixed_precision_cases.h"
 #include "ddp_reducer_rules_cases.h"
 #include "ddp_static_graph_cases.h"
@@ -158,6 +159,14 @@ inline void failed_backward_then_training(ProcessGroupPtr g) {
   X("ddp threads: a tied weight (lm_head is wte) is one slot, reduced and stepped once, and trains as one process",   \
     "[ddp][tying]", "ddp mpi: tied weights",                                                                          \
     Step{tied_weights_all, {1, 2, 3}})                                                                                \
+  /* Uneven inputs (ddp_join_cases.h). */                                                                             \
+  X("ddp threads: Join with uneven inputs trains as one process, and every rank ends with its parameters",            \
+    "[ddp][join]", "ddp mpi: Join with uneven inputs",                                                                \
+    Step{join_uneven_inputs, {1, 2, 4}})                                                                              \
+  X("ddp threads: under Join buffers come from the ranks still training; throw_on_early_termination; misuse",         \
+    "[ddp][join]", "ddp mpi: Join buffers, early termination and misuse",                                             \
+    Step{join_buffers_follow_the_ranks_still_training, {2, 3}}, Step{join_throw_on_early_termination, {1, 2, 4}},     \
+    Step{join_misuse, {1, 2}})                                                                                        \
   /* The modes on train's GPT, each alone and together (ddp_gpt_cases.h). */                                          \
   X("ddp threads: the GPT in every mode combination without mixed precision trains as one process in f64",            \
     "[ddp][gpt]", "ddp mpi: the GPT in every mode combination trains as one process",                                 \

@@ -103,7 +103,7 @@ void Reducer::reset_iteration() {
   for (Tensor& s : unused_stash_) s = Tensor();
 }
 
-void Reducer::prepare_for_forward() {
+void Reducer::prepare_for_forward(bool rebuild_now) {
   if (!failure_.empty()) fail("[ddp] the previous iteration's gradient reduction failed, so DDP cannot continue: {}", failure_);
   if (backward_failed()) {
     // A backward that threw never ran its end-of-backward callback: drop its partial reduction
@@ -114,7 +114,7 @@ void Reducer::prepare_for_forward() {
     throw_unfinished();
   }
   watch_->forget_dropped();  // forwards never backwarded are forgiven
-  if (rebuild_pending_) rebuild_buckets();
+  if (rebuild_now && rebuild_pending_) rebuild_buckets();
 }
 
 void Reducer::prepare_for_backward(const TensorList& outputs) {
@@ -319,7 +319,7 @@ void Reducer::mark_ready(size_t param, bool used_here) {
   // The default reduction averages: the division by the world size happens here, in the copy
   // into the slot (divide then sum, so low precision does not overflow), not as a pass of its own.
   const bool divide = folds_division();
-  const double world = static_cast<double>(group_->size());
+  const double world = divisor();
   if (grad.defined()) {
     // A locally unused parameter still contributes the gradient it holds (e.g. accumulated under
     // no_sync); if no rank used it, finalize leaves .grad as it was.
@@ -354,14 +354,6 @@ void Reducer::launch_ready_buckets() {
   while (next_launch_ < buckets_.size() && buckets_[next_launch_].pending == 0) {
     const size_t index = next_launch_++;
     GradBuckets::Bucket& b = buckets_[index];
-    GradBucket gb;
-    gb.index = static_cast<int>(index);
-    gb.is_last = index + 1 == buckets_.size();
-    gb.buffer = b.buffer;
-    for (size_t p : b.params) gb.parameters.push_back(params_[p].tensor);
-    gb.offsets = b.offsets;
-    gb.lengths = b.lengths;
-    gb.group = group_.get();
     if (index == 0) first_launch_ = Clock::now();
     // The timeline: an async span from the launch (this thread, before the collective is issued,
     // which may start it at once) to the reduction's completion (the thread that completes it),
@@ -373,13 +365,7 @@ void Reducer::launch_ready_buckets() {
       span_id = trace::new_async_id();
       trace::async_begin(span, "ddp", span_id);
     }
-    // Without a hook the slots were divided on the way in: a plain sum averages.
-    if (comm_hook_) {
-      b.work = comm_hook_(gb);
-    } else {
-      b.work = folds_division() ? group_->allreduce(b.buffer, ReduceOp::sum) : hooks::allreduce(gb);
-    }
-    TANDEM_CHECK(b.work != nullptr, "[ddp] the comm hook returned no Work for bucket {}", index);
+    b.work = reduce_bucket(index);
     events_.push_back({ReducerEvent::bucket_launched, static_cast<int64_t>(index)});
     // The completion time, for the statistics (runs on whichever thread completes the work).
     b.work->then([m = completion_mutex_, last = last_completion_, span = std::move(span), span_id](Work&) {
@@ -393,6 +379,75 @@ void Reducer::launch_ready_buckets() {
   // Dynamic find_unused_parameters: after the last bucket, so every rank issues it at the same
   // point of its collective order.
   if (next_launch_ == buckets_.size() && options_.find_unused_parameters && !options_.static_graph) launch_used_map();
+}
+
+WorkPtr Reducer::reduce_bucket(size_t index) {
+  GradBuckets::Bucket& b = buckets_[index];
+  GradBucket gb;
+  gb.index = static_cast<int>(index);
+  gb.is_last = index + 1 == buckets_.size();
+  gb.buffer = b.buffer;
+  for (size_t p : b.params) gb.parameters.push_back(params_[p].tensor);
+  gb.offsets = b.offsets;
+  gb.lengths = b.lengths;
+  gb.group = group_.get();
+  // Without a hook the slots were divided on the way in: a plain sum averages.
+  WorkPtr work;
+  if (comm_hook_) {
+    work = comm_hook_(gb);
+  } else {
+    work = folds_division() ? group_->allreduce(b.buffer, ReduceOp::sum) : hooks::allreduce(gb);
+  }
+  TANDEM_CHECK(work != nullptr, "[ddp] the comm hook returned no Work for bucket {}", index);
+  return work;
+}
+
+void Reducer::shadow_reduction(bool static_first) {
+  TANDEM_TRACE_SCOPE("ddp join shadow", "ddp");
+  TANDEM_CHECK(attached_, "[ddp] the autograd hooks were removed (remove_autograd_hooks): this DDP can no longer "
+                          "take part in the others' reductions under Join");
+  NoGradGuard no_grad;
+  reset_iteration();
+  trained_ = true;
+  std::fill(local_used_.begin(), local_used_.end(), 0);  // this rank used nothing
+  try {
+    if (static_first) {
+      launch_used_map();
+      used_work_->wait();
+      // This rank ran no forward; its graph is taken to be the others' (used here = used anywhere).
+      const std::vector<int32_t> anywhere = used_map_.to(kCPU).to_vector<int32_t>();
+      std::vector<bool> used(params_.size());
+      for (size_t p = 0; p < params_.size(); ++p) used[p] = anywhere[p] != 0;
+      record_static_graph(used);
+      used_work_.reset();
+    }
+    {
+      AsyncIssueGuard async_issue;
+      for (size_t i = 0; i < buckets_.size(); ++i) {
+        buckets_[i].buffer.zero_();
+        buckets_[i].work = reduce_bucket(i);
+      }
+      if (options_.find_unused_parameters && !options_.static_graph) launch_used_map();
+    }
+    for (size_t i = 0; i < buckets_.size(); ++i) take_result(i, buckets_[i].work->result());
+    if (used_work_) used_work_->wait();
+  } catch (const std::exception& e) {
+    failure_ = e.what();
+    wait_outstanding();
+    throw;
+  }
+  std::vector<int32_t> used_everywhere;
+  if (options_.find_unused_parameters && !options_.static_graph) used_everywhere = used_map_.to(kCPU).to_vector<int32_t>();
+  if (!transforms_.sink) {
+    for (size_t p = 0; p < params_.size(); ++p) {
+      const bool unused_everywhere =
+          options_.static_graph ? static_unused_anywhere_[p] : !used_everywhere.empty() && used_everywhere[p] == 0;
+      if (!unused_everywhere) write_back(p);
+    }
+  }
+  for (GradBuckets::Bucket& b : buckets_) b.work.reset();
+  used_work_.reset();
+  expect_hooks_ = false;
 }
 
 void Reducer::launch_used_map() {
@@ -432,6 +487,16 @@ void Reducer::finalize_static_first_iteration() {
   launch_used_map();
   used_work_->wait();
   events_.push_back({ReducerEvent::used_map_reduced, -1});
+  record_static_graph(used_here);
+  // Every bucket, in index order, now that every slot can be filled.
+  const std::vector<size_t> order = std::move(ready_order_);
+  ready_order_.clear();
+  for (size_t p : order) mark_ready(p, /*used_here=*/true);
+  for (size_t p = 0; p < params_.size(); ++p)
+    if (!ready_[p]) mark_ready(p, /*used_here=*/false);
+}
+
+void Reducer::record_static_graph(const std::vector<bool>& used_here) {
   const std::vector<int32_t> anywhere = used_map_.to(kCPU).to_vector<int32_t>();
   static_unused_here_.assign(params_.size(), false);
   static_unused_anywhere_.assign(params_.size(), false);
@@ -440,12 +505,6 @@ void Reducer::finalize_static_first_iteration() {
     static_unused_anywhere_[p] = anywhere[p] == 0;
   }
   static_recorded_ = true;
-  // Every bucket, in index order, now that every slot can be filled.
-  const std::vector<size_t> order = std::move(ready_order_);
-  ready_order_.clear();
-  for (size_t p : order) mark_ready(p, /*used_here=*/true);
-  for (size_t p = 0; p < params_.size(); ++p)
-    if (!ready_[p]) mark_ready(p, /*used_here=*/false);
 }
 
 void Reducer::check_static_graph() const {

@@ -78,7 +78,24 @@ class Reducer {
   // calls nothing, so it performs no collective): throws when the previous synchronised
   // iteration did not finish its reduction, and performs the one bucket rebuild after the first
   // finished iteration.
-  void prepare_for_forward();
+  void prepare_for_forward(bool rebuild_now = true);
+  // Under a Join (dist/join.h): what the announcement of the next iteration says, and the parts of
+  // an iteration a rank that announced or shadowed it then runs.
+  bool rebuild_pending() const { return rebuild_pending_; }
+  void rebuild_if_pending() {
+    if (rebuild_pending_) rebuild_buckets();
+  }
+  void rebuild_for_join() { rebuild_buckets(); }  // a joined rank: the rebuild the others run now
+  bool awaiting_backward() const { return expect_hooks_; }  // a synchronised forward's backward has not run
+  bool recording_static_graph() const { return static_first_iteration(); }
+  // The divisor of the summed gradient from now on (the default reduction's); 0: the group size.
+  void set_divisor(double divisor) { divisor_ = divisor; }
+  // A joined rank's part of one synchronised iteration of the others: the used map (static
+  // graph's first iteration: first; a dynamic find_unused_parameters: last) and every bucket's
+  // reduction, in the order the others issue them, with zero gradients; the reduced averages are
+  // written into .grad as on the others (not under mixed precision: the masters' gradients are
+  // left alone there).
+  void shadow_reduction(bool static_first_iteration);
   // After a synchronised forward with grad mode on: a backward that reaches one of `outputs`
   // reduces. Several calls before that backward add to the outputs (static_graph runs several
   // forwards before one backward). An empty list (a forward whose result holds no tensor DDP can
@@ -121,6 +138,7 @@ class Reducer {
   void on_grad_ready(size_t param);
   void mark_ready(size_t param, bool used_here);
   void launch_ready_buckets();
+  WorkPtr reduce_bucket(size_t index);  // the bucket's collective (comm hook or allreduce)
   void launch_used_map();
   void finalize();
   void finalize_static_first_iteration();
@@ -140,12 +158,15 @@ class Reducer {
   // but its end-of-backward callback never ran, so it threw.
   bool backward_failed() const { return expect_hooks_ && adopted_task_ != 0 && !finalize_ran_; }
   bool folds_division() const { return !comm_hook_ && group_->size() > 1; }
+  double divisor() const { return divisor_ > 0 ? divisor_ : static_cast<double>(group_->size()); }
+  void record_static_graph(const std::vector<bool>& used_here);  // after the first used map
 
   std::vector<Param> params_;
   ProcessGroupPtr group_;
   ReducerOptions options_;
   Device control_device_;
   CommHook comm_hook_;
+  double divisor_ = 0;  // set_divisor
 
   GradBuckets buckets_;
   std::vector<HookHandle> hooks_;
