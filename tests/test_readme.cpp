@@ -458,6 +458,37 @@ TEST_CASE("README DDP modes: mixed precision, optimizer in backward", "[readme]"
   REQUIRE(failed == 0);
 }
 
+TEST_CASE("README uneven inputs: Join", "[readme]") {
+  std::atomic<int> failed{0};
+  std::vector<Tensor> weights(3);
+  dist::run_threads(3, [&](dist::ProcessGroup& group) {
+    dist::ProcessGroupPtr pg(std::shared_ptr<void>(), &group);
+    const int64_t rows = 6 + 4 * group.rank();  // rank r has r more batches than rank 0
+    manual_seed(1);
+    auto my_shard = std::make_shared<data::TensorDataset>(TensorList{randn({rows, 8}), randn({rows, 2})});
+    manual_seed(0);
+    auto model = std::make_shared<nn::Sequential>(nn::Linear(8, 2));
+    dist::DistributedDataParallel ddp(model, pg);
+    optim::SGD opt(model->parameters(), {.lr = 0.1});
+    data::DataLoader loader(my_shard, {.batch_size = 4, .drop_last = false});  // shards of any length
+    {
+      dist::Join join({&ddp});  // {.throw_on_early_termination = true}: every rank raises instead
+      for (const TensorList& batch : loader) {
+        opt.zero_grad();
+        nn::mse_loss(ddp(batch[0]), batch[1]).backward();
+        opt.step();
+      }
+      join.join();  // this rank is done: shadow the others (the destructor does it otherwise)
+    }
+    // Every rank now holds the parameters and buffers of a rank that trained to the end.
+    weights[group.rank()] = model->at<nn::Linear>(0)->weight.detach().clone();
+    failed += loader.num_batches() == 2 + group.rank() ? 0 : 1;
+  });
+  REQUIRE(failed == 0);
+  REQUIRE(weights[0].equal(weights[2]));
+  REQUIRE(weights[1].equal(weights[2]));
+}
+
 // The proposed README "Data" subsection (data/): its snippet as written, then its outcome.
 TEST_CASE("README data", "[readme]") {
   manual_seed(0);
