@@ -1,5 +1,5 @@
 // The dist layer's umbrella header: process groups and their backends, dist::init, DDP with its
-// options, comm hooks and statistics, Join for uneven inputs. DDP's machinery (dist/ddp/detail/) is internal.
+// options, comm hooks and statistics, Join for uneven inputs, the ZeRO-1 optimizer. DDP's machinery (dist/ddp/detail/) is internal.
 #pragma once
 
 #include "dist/ddp/comm_hooks.h"
@@ -11,3 +11,4 @@
 #include "dist/mpi/mpi.h"
 #include "dist/process_group.h"
 #include "dist/threads/threads.h"
+#include "dist/zero.h"

@@ -114,9 +114,14 @@ class Join {
   const JoinOptions& options() const { return options_; }
   bool joined() const { return joined_; }
 
-  // The bit every announcement carries; a joinable's own flags use the bits above kReservedBits.
-  static constexpr uint32_t kActive = 1u << 0;
-  static constexpr uint32_t kReservedBits = 1;
+  // The lowest rank still training in the last iteration that had one (-1 before any): the rank
+  // whose state (buffers, a learning-rate schedule) the others take.
+  int authority() const { return last_authority_; }
+
+  // Bits every announcement may carry; a joinable's own flags use the bits above kReservedBits.
+  static constexpr uint32_t kActive = 1u << 0;        // set by announce()
+  static constexpr uint32_t kSynchronises = 1u << 1;  // ends in a gradient reduction (an optimizer step follows)
+  static constexpr uint32_t kReservedBits = 2;
 
  private:
   JoinIteration exchange(uint32_t mine);

@@ -101,10 +101,10 @@ class Optimizer {
   // The state of a parameter, nullptr until a step has touched it.
   const ParamState* state(const Tensor& param) const;
 
-  TensorDict state_dict() const;
+  virtual TensorDict state_dict() const;
   // Validates everything (parameter indices, shapes, hyperparameter names, group sizes) before
   // changing anything; state tensors are copied to each parameter's dtype and device.
-  void load_state_dict(const TensorDict& state_dict);
+  virtual void load_state_dict(const TensorDict& state_dict);
 
  protected:
   virtual std::vector<std::pair<std::string, double>> group_hyperparameters(size_t group) const = 0;

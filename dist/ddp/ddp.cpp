@@ -424,7 +424,7 @@ uint32_t DistributedDataParallel::join_flags() const {
          group_->rank());
   }
   uint32_t flags = 0;
-  if (require_sync_) flags |= kJoinSync;
+  if (require_sync_) flags |= Join::kSynchronises;
   if (broadcasts_buffers_now()) flags |= kJoinBuffers;
   if (reducer_ && reducer_->rebuild_pending()) flags |= kJoinRebuild;
   if (reducer_ && reducer_->recording_static_graph()) flags |= kJoinStaticFirst;
@@ -449,10 +449,10 @@ void DistributedDataParallel::join_shadow(const JoinIteration& it) {
     TANDEM_TRACE_SCOPE("ddp broadcast buffers", "ddp");
     broadcast_from(*group_, synced_buffers(), it.authority());
   }
-  if (reducer_ && (f & kJoinSync)) reducer_->shadow_reduction((f & kJoinStaticFirst) != 0);
+  if (reducer_ && (f & Join::kSynchronises)) reducer_->shadow_reduction((f & kJoinStaticFirst) != 0);
   // The buffers the others broadcast at their next window start came from their forward; this
   // rank follows the same rule from what they announced.
-  sync_buffers_before_forward_ = (f & kJoinSync) != 0;
+  sync_buffers_before_forward_ = (f & Join::kSynchronises) != 0;
 }
 
 void DistributedDataParallel::join_finish(int authority) {

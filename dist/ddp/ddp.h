@@ -191,10 +191,10 @@ class DistributedDataParallel : public Joinable {
 
  private:
   // What an announced iteration does (Join's flag bits above its own).
-  static constexpr uint32_t kJoinSync = 1u << (Join::kReservedBits + 0);          // reduces buckets
-  static constexpr uint32_t kJoinBuffers = 1u << (Join::kReservedBits + 1);       // broadcasts buffers first
-  static constexpr uint32_t kJoinRebuild = 1u << (Join::kReservedBits + 2);       // rebuilds the buckets first
-  static constexpr uint32_t kJoinStaticFirst = 1u << (Join::kReservedBits + 3);   // static_graph's first reduction
+  // (Join::kSynchronises: the iteration reduces the buckets.)
+  static constexpr uint32_t kJoinBuffers = 1u << (Join::kReservedBits + 0);      // broadcasts buffers first
+  static constexpr uint32_t kJoinRebuild = 1u << (Join::kReservedBits + 1);      // rebuilds the buckets first
+  static constexpr uint32_t kJoinStaticFirst = 1u << (Join::kReservedBits + 2);  // static_graph's first reduction
   uint32_t join_flags() const;
   bool broadcasts_buffers_now() const;
   void before_forward();

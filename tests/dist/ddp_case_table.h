@@ -18,6 +18,7 @@
 #include "ddp_mixed_precision_cases.h"
 #include "ddp_reducer_rules_cases.h"
 #include "ddp_static_graph_cases.h"
+#include "ddp_zero_cases.h"
 
 namespace ddp_cases {
 
@@ -167,6 +168,10 @@ inline void failed_backward_then_training(ProcessGroupPtr g) {
     "[ddp][join]", "ddp mpi: Join buffers, early termination and misuse",                                             \
     Step{join_buffers_follow_the_ranks_still_training, {2, 3}}, Step{join_throw_on_early_termination, {1, 2, 4}},     \
     Step{join_misuse, {1, 2}})                                                                                        \
+  /* ZeRO stage 1 (ddp_zero_cases.h). */                                                                              \
+  X("ddp threads: ZeroRedundancyOptimizer equals DDP + the plain optimizer; its state dict is the plain one's",       \
+    "[ddp][zero]", "ddp mpi: ZeroRedundancyOptimizer",                                                                \
+    Step{zero_equivalence_all, {1, 2, 3, 4}}, Step{zero_with_join, {1, 2, 4}}, Step{zero_errors, {1, 2}})             \
   /* The modes on train's GPT, each alone and together (ddp_gpt_cases.h). */                                          \
   X("ddp threads: the GPT in every mode combination without mixed precision trains as one process in f64",            \
     "[ddp][gpt]", "ddp mpi: the GPT in every mode combination trains as one process",                                 \

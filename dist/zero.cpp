@@ -1,0 +1,407 @@
+#include "dist/zero.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <deque>
+#include <numeric>
+#include <type_traits>
+#include <unordered_set>
+
+#include "autograd/grad_mode.h"
+#include "autograd/ops.h"
+#include "core/trace.h"
+#include "dist/init.h"
+
+namespace tandem::dist {
+
+namespace {
+
+constexpr const char* kName = "ZeroRedundancyOptimizer";
+
+template <class O>
+constexpr bool is_sgd = std::is_same_v<O, optim::SGDOptions>;
+
+std::vector<std::pair<std::string, double>> hyperparameters_of(const optim::OptimizerSpec& spec) {
+  return std::visit(
+      [](const auto& o) {
+        using O = std::decay_t<decltype(o)>;
+        if constexpr (std::is_same_v<O, optim::AdamWOptions>) {
+          return optim::AdamOptions(o).hyperparameters();
+        } else {
+          return o.hyperparameters();
+        }
+      },
+      spec);
+}
+
+std::unique_ptr<optim::Optimizer> make_local(const optim::OptimizerSpec& spec, const TensorList& params) {
+  return std::visit(
+      [&](const auto& o) -> std::unique_ptr<optim::Optimizer> {
+        using O = std::decay_t<decltype(o)>;
+        if constexpr (is_sgd<O>) {
+          return std::make_unique<optim::SGD>(params, o);
+        } else if constexpr (std::is_same_v<O, optim::AdamOptions>) {
+          return std::make_unique<optim::Adam>(params, o);
+        } else {
+          return std::make_unique<optim::AdamW>(params, o);
+        }
+      },
+      spec);
+}
+
+// The elements of a [n] i64 vector, reduced with max over the group.
+std::vector<int64_t> max_over_ranks(ProcessGroup& g, Device device, std::vector<int64_t> v) {
+  Tensor t = from_vector<int64_t>(v, {static_cast<int64_t>(v.size())}).to(g.control_device(device));
+  g.allreduce(t, ReduceOp::max)->wait();
+  return t.to(kCPU).to_vector<int64_t>();
+}
+
+}  // namespace
+
+ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(const TensorList& params, const optim::OptimizerSpec& spec,
+                                                 ProcessGroupPtr group, ZeroOptions options)
+    : Optimizer(kName), group_(std::move(group)), options_(options), spec_(spec), params_(params) {
+  if (!group_) {
+    TANDEM_CHECK(is_initialized(), "[{}] no process group given and dist::init() has not run", kName);
+    group_ = world();
+  }
+  TANDEM_CHECK(!params_.empty(), "[{}] got no parameters", kName);
+  TANDEM_CHECK(options_.bucket_cap_mb > 0, "[{}] bucket_cap_mb must be positive, got {}", kName, options_.bucket_cap_mb);
+  std::visit(
+      [](const auto& o) {
+        if constexpr (std::is_same_v<std::decay_t<decltype(o)>, optim::AdamWOptions>) {
+          optim::AdamOptions(o).validate();
+        } else {
+          o.validate();
+        }
+      },
+      spec_);
+  std::unordered_set<const TensorImpl*> seen;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const Tensor& p = params_[i];
+    TANDEM_CHECK(p.defined(), "[{}] parameter {} is undefined", kName, i);
+    TANDEM_CHECK(p.is_floating_point(), "[{}] can only optimize floating tensors, parameter {} is {}", kName, i,
+                 p.dtype());
+    TANDEM_CHECK(seen.insert(p.impl()).second, "[{}] parameter {} appears more than once", kName, i);
+  }
+  // The same parameters on every rank: counts and element totals agree (one allreduce).
+  int64_t total = 0;
+  for (const Tensor& p : params_) total += p.numel();
+  const auto n = static_cast<int64_t>(params_.size());
+  const std::vector<int64_t> got = max_over_ranks(*group_, params_.front().device(), {n, total, -n, -total});
+  TANDEM_CHECK(got[0] == -got[2] && got[1] == -got[3],
+               "[{}] the ranks pass different parameters: between {} and {} tensors of {} to {} elements in all (rank "
+               "{} has {} of {}); every rank must pass the same model's parameters",
+               kName, -got[2], got[0], -got[3], got[1], group_->rank(), n, total);
+  partition();
+  local_ = make_local(spec_, local_params_);
+}
+
+ZeroRedundancyOptimizer::~ZeroRedundancyOptimizer() = default;
+
+void ZeroRedundancyOptimizer::partition() {
+  // Largest first, each to the rank with the fewest elements so far (the lowest on a tie), as
+  // PyTorch's partition by size: every rank computes the same assignment.
+  const int world = group_->size();
+  std::vector<size_t> order(params_.size());
+  std::iota(order.begin(), order.end(), size_t{0});
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return params_[a].numel() > params_[b].numel(); });
+  std::vector<int64_t> load(static_cast<size_t>(world), 0);
+  owner_.assign(params_.size(), 0);
+  for (size_t i : order) {
+    const auto r = static_cast<size_t>(std::min_element(load.begin(), load.end()) - load.begin());
+    owner_[i] = static_cast<int>(r);
+    load[r] += params_[i].numel();
+  }
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (owner_[i] != group_->rank()) continue;
+    local_params_.push_back(params_[i]);
+    local_index_.push_back(i);
+  }
+}
+
+const TensorList& ZeroRedundancyOptimizer::group_params(size_t group) const {
+  TANDEM_CHECK(group == 0, "[{}] has one parameter group, not {}", kName, group + 1);
+  return params_;
+}
+
+double ZeroRedundancyOptimizer::lr(size_t group) const {
+  TANDEM_CHECK(group == 0, "[{}] has one parameter group, not {}", kName, group + 1);
+  return std::visit([](const auto& o) { return o.lr; }, spec_);
+}
+
+void ZeroRedundancyOptimizer::set_lr(double lr) { set_lr(0, lr); }
+
+void ZeroRedundancyOptimizer::set_lr(size_t group, double lr) { set_group_hyperparameter(group, "lr", lr); }
+
+std::vector<std::pair<std::string, double>> ZeroRedundancyOptimizer::group_hyperparameters(size_t group) const {
+  TANDEM_CHECK(group == 0, "[{}] has one parameter group, not {}", kName, group + 1);
+  return hyperparameters_of(spec_);
+}
+
+void ZeroRedundancyOptimizer::set_group_hyperparameter(size_t group, const std::string& name, double value) {
+  TANDEM_CHECK(group == 0, "[{}] has one parameter group, not {}", kName, group + 1);
+  std::visit(
+      [&](auto& o) {
+        using O = std::decay_t<decltype(o)>;
+        if constexpr (std::is_same_v<O, optim::AdamWOptions>) {
+          optim::AdamOptions a = o;
+          a.set_hyperparameter(name, value);
+          o = optim::AdamWOptions{a.lr, a.beta1, a.beta2, a.eps, a.weight_decay, a.amsgrad, a.maximize};
+        } else {
+          o.set_hyperparameter(name, value);
+        }
+      },
+      spec_);
+  push_options();
+}
+
+void ZeroRedundancyOptimizer::push_options() {
+  if (!local_) return;
+  std::visit(
+      [&](const auto& o) {
+        using O = std::decay_t<decltype(o)>;
+        if constexpr (is_sgd<O>) {
+          static_cast<optim::SGD&>(*local_).param_groups().at(0).options = o;
+        } else {
+          static_cast<optim::Adam&>(*local_).param_groups().at(0).options = optim::AdamOptions(o);
+        }
+      },
+      spec_);
+}
+
+std::vector<std::string> ZeroRedundancyOptimizer::state_names() const {
+  if (std::holds_alternative<optim::SGDOptions>(spec_)) return {"momentum_buffer"};
+  return {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"};
+}
+
+bool ZeroRedundancyOptimizer::counts_steps() const { return !std::holds_alternative<optim::SGDOptions>(spec_); }
+
+int64_t ZeroRedundancyOptimizer::local_state_bytes() const {
+  int64_t bytes = 0;
+  for (const Tensor& p : local_params_)
+    if (const optim::ParamState* st = local_->state(p))
+      for (const auto& [name, t] : st->buffers) bytes += static_cast<int64_t>(t.nbytes());
+  return bytes;
+}
+
+Device ZeroRedundancyOptimizer::join_device() const { return params_.front().device(); }
+
+void ZeroRedundancyOptimizer::step() {
+  Join* join = join_context();
+  step_partition_and_broadcast(join ? join->authority() : -1);
+}
+
+void ZeroRedundancyOptimizer::step_partition_and_broadcast(int hyperparameters_from) {
+  TANDEM_TRACE_SCOPE("zero step", "optim");
+  // A consolidated state is a snapshot: stale after this step.
+  state_.clear();
+  consolidated_on_ = -1;
+  if (hyperparameters_from >= 0) sync_hyperparameters(hyperparameters_from);
+  NoGradGuard no_grad;
+  local_->step();
+  broadcast_partitions();
+}
+
+void ZeroRedundancyOptimizer::sync_hyperparameters(int root) {
+  const auto hyper = hyperparameters_of(spec_);
+  std::vector<double> values;
+  for (const auto& [name, v] : hyper) values.push_back(v);
+  Tensor t = from_vector<double>(values, {static_cast<int64_t>(values.size())})
+                 .to(group_->control_device(join_device()));
+  group_->broadcast(t, root)->wait();
+  const std::vector<double> got = t.to(kCPU).to_vector<double>();
+  for (size_t k = 0; k < hyper.size(); ++k)
+    if (got[k] != hyper[k].second) set_group_hyperparameter(0, hyper[k].first, got[k]);
+}
+
+void ZeroRedundancyOptimizer::broadcast_partitions() {
+  TANDEM_TRACE_SCOPE("zero broadcast", "dist");
+  const int world = group_->size(), rank = group_->rank();
+  if (world == 1) return;
+  const auto cap = static_cast<int64_t>(options_.bucket_cap_mb * (1 << 20));
+  struct Bucket {
+    int root = 0;
+    std::vector<size_t> params;
+    Tensor flat;  // undefined: the one parameter is broadcast in place
+    WorkPtr work;
+  };
+  std::deque<Bucket> pending;
+  auto finish = [&](Bucket& b) {
+    b.work->wait();
+    if (!b.flat.defined() || b.root == rank) return;
+    int64_t at = 0;
+    for (size_t i : b.params) {
+      const Tensor& p = params_[i];
+      p.detach().copy_(b.flat.narrow(0, at, p.numel()).reshape(p.shape()));
+      at += p.numel();
+    }
+  };
+  auto issue = [&](Bucket b) {
+    if (b.params.size() == 1 && params_[b.params[0]].is_contiguous()) {
+      b.work = group_->broadcast(params_[b.params[0]].detach(), b.root);
+    } else {
+      int64_t n = 0;
+      for (size_t i : b.params) n += params_[i].numel();
+      const Tensor& first = params_[b.params[0]];
+      b.flat = empty({n}, TensorOptions(first.dtype(), first.device()));
+      if (b.root == rank) {
+        int64_t at = 0;
+        for (size_t i : b.params) {
+          const Tensor& p = params_[i];
+          b.flat.narrow(0, at, p.numel()).copy_(p.detach().reshape({p.numel()}));
+          at += p.numel();
+        }
+      }
+      b.work = group_->broadcast(b.flat, b.root);
+    }
+    pending.push_back(std::move(b));
+    // At most two buckets in flight: the temporary buffers stay within two bucket caps.
+    while (pending.size() > 2) {
+      finish(pending.front());
+      pending.pop_front();
+    }
+  };
+  // Every owner's parameters in index order, packed into buckets of one dtype and device.
+  for (int r = 0; r < world; ++r) {
+    Bucket b;
+    b.root = r;
+    int64_t bytes = 0;
+    for (size_t i = 0; i < params_.size(); ++i) {
+      if (owner_[i] != r) continue;
+      const Tensor& p = params_[i];
+      const auto nbytes = static_cast<int64_t>(p.nbytes());
+      const bool fits = !b.params.empty() && params_[b.params[0]].dtype() == p.dtype() &&
+                        params_[b.params[0]].device() == p.device() && bytes + nbytes <= cap;
+      if (!b.params.empty() && !fits) {
+        issue(std::move(b));
+        b = Bucket{};
+        b.root = r;
+        bytes = 0;
+      }
+      b.params.push_back(i);
+      bytes += nbytes;
+    }
+    if (!b.params.empty()) issue(std::move(b));
+  }
+  while (!pending.empty()) {
+    finish(pending.front());
+    pending.pop_front();
+  }
+}
+
+void ZeroRedundancyOptimizer::consolidate_state_dict(int to) {
+  const int world = group_->size(), rank = group_->rank();
+  TANDEM_CHECK(to >= 0 && to < world, "[{}] consolidate_state_dict: rank {} is not in the group of {} ranks", kName, to,
+               world);
+  TANDEM_TRACE_SCOPE("zero consolidate state", "dist");
+  state_.clear();
+  consolidated_on_ = to;
+  const std::vector<std::string> names = state_names();
+  NoGradGuard no_grad;
+  for (int r = 0; r < world; ++r) {
+    if (r != rank && rank != to) continue;
+    std::vector<size_t> owned;
+    for (size_t i = 0; i < params_.size(); ++i)
+      if (owner_[i] == r) owned.push_back(i);
+    if (r == rank && r == to) {  // this rank's own partition: copied
+      for (size_t i : owned)
+        if (const optim::ParamState* st = local_->state(params_[i])) {
+          optim::ParamState& mine = state_[params_[i].impl()];
+          mine.step = st->step;
+          for (const auto& [name, t] : st->buffers) mine.buffers.insert(name, t.detach().clone());
+        }
+      continue;
+    }
+    // Per owned parameter: whether it has state, its step count, and a mask of the buffers present.
+    const Device control = group_->control_device(join_device());
+    Tensor meta = zeros({static_cast<int64_t>(3 * owned.size())}, TensorOptions(i64, control));
+    if (r == rank) {  // the owner sends to `to`
+      std::vector<int64_t> m;
+      TensorList buffers;
+      for (size_t i : owned) {
+        const optim::ParamState* st = local_->state(params_[i]);
+        int64_t mask = 0;
+        for (size_t k = 0; st && k < names.size(); ++k) {
+          if (!st->buffers.contains(names[k])) continue;
+          mask |= int64_t{1} << k;
+          const Tensor& p = params_[i];
+          buffers.push_back(to_dtype(st->buffers.at(names[k]).detach(), p.dtype()).to(p.device()).contiguous());
+        }
+        m.insert(m.end(), {st ? 1 : 0, st ? st->step : 0, mask});
+      }
+      if (!m.empty()) meta.copy_(from_vector<int64_t>(m, {static_cast<int64_t>(m.size())}).to(control));
+      group_->send(meta, to)->wait();
+      std::vector<WorkPtr> works;
+      for (const Tensor& t : buffers) works.push_back(group_->send(t, to));
+      for (const WorkPtr& w : works) w->wait();
+      continue;
+    }
+    // rank == to: receive r's partition.
+    group_->recv(meta, r)->wait();
+    const std::vector<int64_t> m = meta.to(kCPU).to_vector<int64_t>();
+    std::vector<std::pair<optim::ParamState*, std::string>> into;
+    TensorList received;
+    std::vector<WorkPtr> works;
+    for (size_t k = 0; k < owned.size(); ++k) {
+      if (m[3 * k] == 0) continue;
+      const Tensor& p = params_[owned[k]];
+      optim::ParamState& st = state_[p.impl()];
+      st.step = m[3 * k + 1];
+      for (size_t b = 0; b < names.size(); ++b) {
+        if (!(m[3 * k + 2] & (int64_t{1} << b))) continue;
+        Tensor t = empty(p.shape(), TensorOptions(p.dtype(), p.device()));
+        works.push_back(group_->recv(t, r));
+        st.buffers.insert(names[b], t);
+      }
+    }
+    for (const WorkPtr& w : works) w->wait();
+  }
+}
+
+nn::TensorDict ZeroRedundancyOptimizer::state_dict() const {
+  TANDEM_CHECK(consolidated_on_ == group_->rank(),
+               "[{}] state_dict() on rank {}: the state is sharded; call consolidate_state_dict({}) on every rank "
+               "first (after the last step), then state_dict() on that rank{}",
+               kName, group_->rank(), group_->rank(),
+               consolidated_on_ >= 0 ? fmt::format(" (it was consolidated on rank {})", consolidated_on_) : "");
+  return Optimizer::state_dict();
+}
+
+void ZeroRedundancyOptimizer::load_state_dict(const nn::TensorDict& sd) {
+  Optimizer::load_state_dict(sd);  // checks everything against all parameters, then holds all their state
+  // This rank's partition into the local optimizer, indexed as it knows its parameters.
+  nn::TensorDict local;
+  const bool steps = counts_steps();
+  for (size_t j = 0; j < local_index_.size(); ++j) {
+    const auto it = state_.find(params_[local_index_[j]].impl());
+    if (it == state_.end()) continue;
+    if (steps) local.insert(fmt::format("state.{}.step", j), scalar_tensor(static_cast<double>(it->second.step), f64));
+    for (const auto& [name, t] : it->second.buffers) local.insert(fmt::format("state.{}.{}", j, name), t);
+  }
+  local.insert("param_groups.0.params",
+               arange(0, static_cast<int64_t>(local_index_.size()), TensorOptions(i64)));
+  for (const auto& [name, v] : hyperparameters_of(spec_))
+    local.insert(fmt::format("param_groups.0.{}", name), scalar_tensor(v, f64));
+  local_->load_state_dict(local);
+  state_.clear();
+  consolidated_on_ = -1;
+}
+
+void ZeroRedundancyOptimizer::join_shadow(const JoinIteration& it) {
+  if (!(it.flags & Join::kSynchronises)) return;
+  // The step the ranks still training take after this iteration's reduction, on the gradients
+  // the joinables before this one (DDP) left; then .grad is dropped, as their zero_grad() does.
+  step_partition_and_broadcast(it.authority());
+  zero_grad(/*set_to_none=*/true);
+}
+
+void ZeroRedundancyOptimizer::join_finish(int authority) {
+  // The parameters and state already agree everywhere; the hyperparameters a schedule set after
+  // the last step on the ranks still training do not yet on the joined ones.
+  if (authority >= 0 && group_->size() > 1) sync_hyperparameters(authority);
+}
+
+}  // namespace tandem::dist

@@ -1,0 +1,107 @@
+// ZeroRedundancyOptimizer: ZeRO stage 1, as PyTorch's torch.distributed.optim.ZeroRedundancyOptimizer.
+// The parameters are partitioned over the ranks by size (largest first, each to the rank with the
+// fewest elements so far: deterministic, the same on every rank); each rank keeps the optimizer
+// state (momentum, Adam's moments) of its own partition only and steps only it; the updated
+// parameters are then broadcast from their owners, in buckets, so every rank holds all of them
+// again. Gradients are averaged as before (DDP): what shrinks is the optimizer state, to about
+// 1/world_size on each rank. In use:
+//
+//   dist::DistributedDataParallel ddp(model, pg);
+//   dist::ZeroRedundancyOptimizer opt(model->parameters(), optim::AdamWOptions{.lr = 3e-4}, pg);
+//   for (...) {
+//     opt.zero_grad();
+//     loss(ddp(x)).backward();
+//     opt.step();  // this rank's partition, then every partition broadcast from its owner
+//   }
+//   opt.consolidate_state_dict(0);  // collective: rank 0 gathers every partition's state
+//   if (pg->rank() == 0) nn::save_safetensors(opt.state_dict(), "opt.safetensors");
+//
+// The state dict has the plain optimizer's format ("state.<i>.*" for parameter i of all of them), so a checkpoint written by N ranks, or by a plain
+// optimizer, loads at any number of ranks: load_state_dict on every rank keeps its partition.
+// Results equal DDP with the same optimizer exactly (the same arithmetic per parameter).
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "dist/join.h"
+#include "dist/process_group.h"
+#include "nn/optim.h"
+#include "nn/optim_in_backward.h"
+
+namespace tandem::dist {
+
+struct ZeroOptions {
+  // The updated parameters are broadcast from each owner in flat buckets of at most this size
+  // (one dtype and device each); a larger parameter is broadcast alone, in place.
+  double bucket_cap_mb = 25;
+};
+
+class ZeroRedundancyOptimizer : public optim::Optimizer, public Joinable {
+ public:
+  // `spec`: the optimizer each rank runs on its partition (optim::SGDOptions, AdamOptions or
+  // AdamWOptions). `group` defaults to the world group. Every rank passes the same parameters
+  // (count, shapes, dtypes), as DDP checks.
+  ZeroRedundancyOptimizer(const TensorList& params, const optim::OptimizerSpec& spec, ProcessGroupPtr group = nullptr,
+                          ZeroOptions options = {});
+  ~ZeroRedundancyOptimizer() override;
+
+  // Steps this rank's partition (parameters whose gradient is undefined are skipped, as by the
+  // plain optimizer), then broadcasts every partition from its owner. Collective.
+  void step() override;
+
+  size_t num_param_groups() const override { return 1; }
+  const TensorList& group_params(size_t group) const override;
+  double lr(size_t group = 0) const override;
+  void set_lr(double lr) override;
+  void set_lr(size_t group, double lr) override;
+
+  // The rank that owns parameters()[i], and this rank's partition.
+  int owner(size_t index) const { return owner_.at(index); }
+  const TensorList& local_parameters() const { return local_params_; }
+  // The optimizer state this rank holds, in bytes (its partition's).
+  int64_t local_state_bytes() const;
+  ProcessGroup& process_group() { return *group_; }
+
+  // Collective: rank `to` gathers the state of every partition; then state_dict() there returns
+  // the whole state in the plain optimizer's format. Elsewhere state_dict() is an error.
+  void consolidate_state_dict(int to = 0);
+  nn::TensorDict state_dict() const override;
+  // On every rank, with the whole state (a plain optimizer's state dict, or a consolidated one
+  // from any number of ranks): checked first, then each rank keeps its partition's state.
+  void load_state_dict(const nn::TensorDict& state_dict) override;
+
+  // Joinable: a joined rank steps its partition with the gradients DDP's shadow reduction wrote
+  // (so every rank's parameters and state stay those of one run) and takes part in the
+  // broadcasts; the learning rate comes from a rank still training (before each step, and at the
+  // end).
+  ProcessGroup& join_group() override { return *group_; }
+  Device join_device() const override;
+  void join_shadow(const JoinIteration& iteration) override;
+  void join_finish(int authority) override;
+
+ protected:
+  std::vector<std::pair<std::string, double>> group_hyperparameters(size_t group) const override;
+  void set_group_hyperparameter(size_t group, const std::string& name, double value) override;
+  std::vector<std::string> state_names() const override;
+  bool counts_steps() const override;
+
+ private:
+  void partition();
+  void push_options();                 // spec_ into the local optimizer
+  void step_partition_and_broadcast(int hyperparameters_from);
+  void sync_hyperparameters(int root);  // under a Join: the schedule of a rank still training
+  void broadcast_partitions();
+
+  ProcessGroupPtr group_;
+  ZeroOptions options_;
+  optim::OptimizerSpec spec_;
+  TensorList params_;
+  std::vector<int> owner_;
+  TensorList local_params_;
+  std::vector<size_t> local_index_;  // local parameter j is params_[local_index_[j]]
+  std::unique_ptr<optim::Optimizer> local_;
+  int consolidated_on_ = -1;  // the rank whose state_ holds the consolidated state (-1: none)
+};
+
+}  // namespace tandem::dist

@@ -1,0 +1,195 @@
+// ZeroRedundancyOptimizer (dist/zero.h): ZeRO stage 1 behind DDP. Two DDP models on one group,
+// the same start and data: one stepped by ZeRO, one by the plain optimizer; after every step their
+// parameters must agree to 1e-12 in f64 (the same arithmetic per parameter), the state sharded
+// across ranks must add up to the plain optimizer's, and the consolidated state dict must be the
+// plain optimizer's and load back at this number of ranks whatever number wrote it.
+#pragma once
+
+#include <fmt/format.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ddp_cases.h"
+#include "ddp_in_backward_cases.h"  // plain_optimizer
+#include "ddp_join_cases.h"
+
+namespace ddp_cases {
+
+inline std::string spec_name(const optim::OptimizerSpec& spec) {
+  return std::visit(
+      [](const auto& o) -> std::string {
+        using O = std::decay_t<decltype(o)>;
+        if constexpr (std::is_same_v<O, optim::SGDOptions>) {
+          return "SGD";
+        } else if constexpr (std::is_same_v<O, optim::AdamOptions>) {
+          return o.amsgrad ? "Adam(amsgrad)" : "Adam";
+        } else {
+          return "AdamW";
+        }
+      },
+      spec);
+}
+
+inline void expect_same_state_dicts(const nn::TensorDict& got, const nn::TensorDict& want, const std::string& what) {
+  expect(got.size() == want.size(), "{}: {} state entries, the plain optimizer has {}", what, got.size(), want.size());
+  for (const auto& [key, t] : want) {
+    expect(got.contains(key), "{}: the state dict lacks '{}'", what, key);
+    const double d = max_abs_diff(got.at(key), t);
+    expect(d <= 1e-12, "{}: '{}' differs from the plain optimizer's by {}", what, key, d);
+  }
+}
+
+// Rank r's loss of micro-batch `micro` at `step`, through DDP (shard_loss's rows).
+inline Tensor ddp_shard_loss(DistributedDataParallel& ddp, int step, int r, int micro = 0) {
+  const int64_t first = ((step * 4 + micro) * 16 + r) * kRowsPerRank;
+  return mse_loss(ddp(inputs(first, kRowsPerRank, 8, f64)), targets(first, kRowsPerRank, 4, f64));
+}
+
+// ZeRO and the plain optimizer, each behind its own DDP, over `steps` steps of `micro` micro-batches.
+inline void zero_equivalence(ProcessGroupPtr g, const optim::OptimizerSpec& spec, double bucket_cap_mb, int micro,
+                             bool schedule) {
+  const int W = g->size(), R = g->rank();
+  const std::string what = fmt::format("zero {} cap={} micro={} schedule={} rank {}/{}", spec_name(spec), bucket_cap_mb,
+                                       micro, schedule, R, W);
+  auto zero_model = make_net_without_never(f64, R == 0 ? 7 : 100 + R);
+  auto plain_model = make_net_without_never(f64, R == 0 ? 7 : 200 + R);
+  DistributedDataParallel zero_ddp(zero_model, g);
+  DistributedDataParallel plain_ddp(plain_model, g);
+  ZeroRedundancyOptimizer zero(zero_model->parameters(), spec, g, {.bucket_cap_mb = bucket_cap_mb});
+  auto plain = plain_optimizer(spec, plain_model->parameters());
+  std::unique_ptr<optim::StepLR> zero_sched, plain_sched;
+  if (schedule) {
+    zero_sched = std::make_unique<optim::StepLR>(zero, 2, 0.5);
+    plain_sched = std::make_unique<optim::StepLR>(*plain, 2, 0.5);
+  }
+  for (int step = 0; step < 5; ++step) {
+    for (auto [ddp, opt] : {std::pair<DistributedDataParallel*, optim::Optimizer*>{&zero_ddp, &zero},
+                            std::pair<DistributedDataParallel*, optim::Optimizer*>{&plain_ddp, plain.get()}}) {
+      opt->zero_grad();
+      for (int k = 0; k < micro; ++k) {
+        auto guard = k + 1 < micro ? std::optional<DistributedDataParallel::NoSyncGuard>(ddp->no_sync()) : std::nullopt;
+        ddp_shard_loss(*ddp, step, R, k).backward();
+      }
+      opt->step();
+    }
+    if (schedule) {
+      zero_sched->step();
+      plain_sched->step();
+    }
+    expect_same_parameters(*zero_model, *plain_model, 1e-12, fmt::format("{} step {}", what, step));
+  }
+  // The partition: every parameter has one owner, and the state held across ranks is the plain
+  // optimizer's, each rank holding its partition's.
+  int64_t plain_bytes = 0, local_numel = 0;
+  for (const Tensor& p : plain_model->parameters())
+    if (const optim::ParamState* st = plain->state(p))
+      for (const auto& [name, t] : st->buffers) plain_bytes += static_cast<int64_t>(t.nbytes());
+  for (const Tensor& p : zero.local_parameters()) local_numel += p.numel();
+  Tensor sums = from_vector<int64_t>({zero.local_state_bytes(), local_numel}, {2});
+  g->allreduce(sums, ReduceOp::sum)->wait();
+  int64_t total_numel = 0;
+  for (const Tensor& p : zero_model->parameters()) total_numel += p.numel();
+  expect(sums.to_vector<int64_t>()[0] == plain_bytes, "{}: the ranks hold {} state bytes in all, the plain optimizer {}",
+         what, sums.to_vector<int64_t>()[0], plain_bytes);
+  expect(sums.to_vector<int64_t>()[1] == total_numel, "{}: the partitions hold {} of {} elements", what,
+         sums.to_vector<int64_t>()[1], total_numel);
+  for (size_t i = 0; i < zero.parameters().size(); ++i)
+    expect(zero.owner(i) >= 0 && zero.owner(i) < W, "{}: parameter {} has owner {}", what, i, zero.owner(i));
+
+  // The consolidated state dict is the plain optimizer's; on the other ranks state_dict() is an error.
+  const int to = W - 1;
+  zero.consolidate_state_dict(to);
+  if (R == to) {
+    expect_same_state_dicts(zero.state_dict(), plain->state_dict(), what);
+  } else {
+    expect_join_error([&] { zero.state_dict(); },
+                      fmt::format("state_dict() on rank {}: the state is sharded; call consolidate_state_dict({})", R, R));
+  }
+  // A state dict written by one process (or any number of ranks: the format is the same) resumes
+  // here: a fresh ZeRO loads it and steps as the plain optimizer does.
+  ZeroRedundancyOptimizer resumed(zero_model->parameters(), spec, g, {.bucket_cap_mb = bucket_cap_mb});
+  resumed.load_state_dict(plain->state_dict());
+  for (auto [ddp, opt] : {std::pair<DistributedDataParallel*, optim::Optimizer*>{&zero_ddp, &resumed},
+                          std::pair<DistributedDataParallel*, optim::Optimizer*>{&plain_ddp, plain.get()}}) {
+    opt->zero_grad();
+    ddp_shard_loss(*ddp, 9, R).backward();
+    opt->step();
+  }
+  expect_same_parameters(*zero_model, *plain_model, 1e-12, what + " after load_state_dict");
+}
+
+inline void zero_equivalence_all(ProcessGroupPtr g) {
+  zero_equivalence(g, optim::SGDOptions{.lr = 0.1, .momentum = 0.9, .weight_decay = 1e-3, .nesterov = true}, 25, 1, false);
+  zero_equivalence(g, optim::AdamOptions{.lr = 0.01, .amsgrad = true}, 1e-4, 1, true);  // a bucket per parameter
+  zero_equivalence(g, optim::AdamWOptions{.lr = 0.01}, 25, 2, true);
+  zero_equivalence(g, optim::AdamOptions{.lr = 0.01}, 4e-4, 1, false);  // a few parameters per bucket
+}
+
+// ZeRO under a Join: a joined rank steps its partition with the gradients of the ranks still
+// training and the learning rate of their schedule, so all ranks train as one process would.
+inline void zero_with_join(ProcessGroupPtr g) {
+  const int W = g->size(), R = g->rank();
+  const std::string what = fmt::format("zero join rank {}/{}", R, W);
+  auto model = make_net_without_never(f64, R == 0 ? 7 : 100 + R);
+  auto reference = make_net_without_never(f64, 7);
+  const optim::OptimizerSpec spec = optim::AdamWOptions{.lr = 0.02};
+  DistributedDataParallel ddp(model, g);
+  ZeroRedundancyOptimizer zero(model->parameters(), spec, g);
+  optim::StepLR sched(zero, 1, 0.7);
+  {
+    Join join({&ddp, &zero});
+    data::DataLoader loader(join_shard(R, R), join_loader_options());  // R + 1 batches
+    for (const TensorList& b : loader) {
+      zero.zero_grad();
+      mse_loss(ddp(b[0]), b[1]).backward();
+      zero.step();
+      sched.step();
+    }
+  }
+  std::vector<std::vector<TensorList>> batches;
+  for (int r = 0; r < W; ++r) batches.push_back(join_batches(r, r));
+  auto ref_opt = plain_optimizer(spec, reference->parameters());
+  optim::StepLR ref_sched(*ref_opt, 1, 0.7);
+  for (size_t i = 0; i < batches.back().size(); ++i) {
+    ref_opt->zero_grad();
+    Tensor total;
+    for (int r = 0; r < W; ++r) {
+      if (i >= batches[r].size()) continue;
+      Tensor l = mse_loss((*reference)(batches[r][i][0]), batches[r][i][1]);
+      total = total.defined() ? total + l : l;
+    }
+    (total / static_cast<double>(W)).backward();
+    ref_opt->step();
+    ref_sched.step();
+  }
+  expect_same_parameters(*model, *reference, 1e-12, what);
+  // The state too: consolidated, it is the reference optimizer's.
+  zero.consolidate_state_dict(0);
+  if (R == 0) expect_same_state_dicts(zero.state_dict(), ref_opt->state_dict(), what);
+}
+
+inline void zero_errors(ProcessGroupPtr g) {
+  auto model = make_net_without_never(f64, 7);
+  TensorList params = model->parameters();
+  expect_join_error([&] { ZeroRedundancyOptimizer z(TensorList{}, optim::SGDOptions{}, g); },
+                    "[ZeroRedundancyOptimizer] got no parameters");
+  expect_join_error([&] { ZeroRedundancyOptimizer z({params[0], params[0]}, optim::SGDOptions{}, g); },
+                    "parameter 1 appears more than once");
+  expect_join_error([&] { ZeroRedundancyOptimizer z(params, optim::SGDOptions{.lr = -1}, g); }, "invalid learning rate");
+  ZeroRedundancyOptimizer zero(params, optim::AdamOptions{}, g);
+  expect_join_error([&] { zero.consolidate_state_dict(g->size()); }, "is not in the group");
+  expect_join_error([&] { zero.state_dict(); }, "call consolidate_state_dict");
+  // A state dict of another model is refused before anything changes.
+  nn::TensorDict bad;
+  bad.insert("state.0.exp_avg", zeros({3, 3}, f64));
+  expect_join_error([&] { zero.load_state_dict(bad); }, "has shape [3, 3]");
+  if (g->size() > 1) {  // different parameters on one rank: every rank raises
+    TensorList fewer(params.begin(), params.end() - (g->rank() == 1 ? 1 : 0));
+    expect_join_error([&] { ZeroRedundancyOptimizer z(fewer, optim::SGDOptions{}, g); },
+                      "the ranks pass different parameters");
+  }
+}
+
+}  // namespace ddp_cases
