@@ -18,6 +18,9 @@ namespace tandem::dist {
 namespace {
 
 constexpr const char* kName = "ZeroRedundancyOptimizer";
+// A parameter at least this big is broadcast in place, alone: packing it would copy it twice and
+// hold a temporary (which the allocator may keep resident: the state memory ZeRO saves).
+constexpr int64_t kInPlaceBytes = int64_t{1} << 20;
 
 template <class O>
 constexpr bool is_sgd = std::is_same_v<O, optim::SGDOptions>;
@@ -273,6 +276,13 @@ void ZeroRedundancyOptimizer::broadcast_partitions() {
       if (owner_[i] != r) continue;
       const Tensor& p = params_[i];
       const auto nbytes = static_cast<int64_t>(p.nbytes());
+      if (nbytes >= kInPlaceBytes && p.is_contiguous()) {  // no copy, no temporary: alone, in place
+        Bucket alone;
+        alone.root = r;
+        alone.params.push_back(i);
+        issue(std::move(alone));
+        continue;
+      }
       const bool fits = !b.params.empty() && params_[b.params[0]].dtype() == p.dtype() &&
                         params_[b.params[0]].device() == p.device() && bytes + nbytes <= cap;
       if (!b.params.empty() && !fits) {

@@ -32,8 +32,8 @@
 namespace tandem::dist {
 
 struct ZeroOptions {
-  // The updated parameters are broadcast from each owner in flat buckets of at most this size
-  // (one dtype and device each); a larger parameter is broadcast alone, in place.
+  // The updated parameters of less than 1 MiB are broadcast from each owner in flat buckets of
+  // at most this size (one dtype and device each); bigger ones alone, in place (no copy).
   double bucket_cap_mb = 25;
 };
 

@@ -20,6 +20,9 @@
 //   mp_bf16_comm_np2      4 x Linear(1024, 1024), 8 rows per rank (communication-heavy): the reducer's
 //                         communication time per step with bf16 mixed precision vs f32 DDP
 //   mp_bf16_step_np2      the same model, whole step, bf16 mixed precision vs f32 DDP
+//   zero_step_np2         the bench MLP's DDP step with ZeroRedundancyOptimizer(Adam) vs DDP + Adam, interleaved
+//   zero_adam_state_rss_np2/np4  the 50 M-parameter model under DDP: the resident memory Adam's first step adds
+//                         (its state) with ZeroRedundancyOptimizer vs plain Adam, the largest over the ranks
 // The three DDP-step variants and the floor run in the same two processes, in interleaved batches
 // of 20 steps with a barrier before each. Each peak RSS is a fresh process (group) of its own.
 #include "cli.h"
@@ -155,6 +158,77 @@ nlohmann::json mixed_precision_steps(dist::ProcessGroupPtr g, int runs) {
   return out;
 }
 
+// The bench MLP's DDP step with Adam two ways in the same processes: ZeRO (each rank steps its
+// partition, then the partitions are broadcast) and the plain optimizer. Both start alike and see
+// the same batches, so they must end with the same parameters.
+nlohmann::json zero_steps(dist::ProcessGroupPtr g, int runs) {
+  const optim::AdamOptions adam{.lr = 1e-3};
+  manual_seed(0);
+  MlpBench zero_mlp(64, 784, 512, 10);
+  manual_seed(0);
+  MlpBench plain_mlp(64, 784, 512, 10);
+  dist::DistributedDataParallel zero_ddp(zero_mlp.model, g), plain_ddp(plain_mlp.model, g);
+  dist::ZeroRedundancyOptimizer zero(zero_mlp.model->parameters(), adam, g);
+  optim::Adam plain(plain_mlp.model->parameters(), adam);
+  auto zero_step = [&] {
+    zero.zero_grad();
+    nn::cross_entropy(zero_ddp(zero_mlp.x), zero_mlp.y).backward();
+    zero.step();
+  };
+  auto plain_step = [&] {
+    plain.zero_grad();
+    nn::cross_entropy(plain_ddp(plain_mlp.x), plain_mlp.y).backward();
+    plain.step();
+  };
+  auto ms = bench::median_seconds_interleaved({zero_step, plain_step}, 20, runs, 5, [&] { g->barrier()->wait(); });
+  nlohmann::json out;
+  out["zero_step_ms"] = ms[0] * 1e3;
+  out["adam_step_ms"] = ms[1] * 1e3;
+  out["max_param_diff"] = max_abs_diff(zero_mlp.model->parameters(), plain_mlp.model->parameters());
+  return out;
+}
+
+std::shared_ptr<nn::Sequential> fifty_million();
+
+// The resident memory the first optimizer step adds (Adam's state: two tensors per parameter it
+// steps) on the 50 M-parameter model under DDP, ZeRO or plain Adam; the largest over the ranks.
+nlohmann::json adam_state_rss(dist::ProcessGroupPtr g, bool zero) {
+  manual_seed(2);
+  auto model = fifty_million();
+  Tensor x = randn({8, 1000});
+  dist::DistributedDataParallel ddp(model, g);
+  std::unique_ptr<optim::Optimizer> opt;
+  dist::ZeroRedundancyOptimizer* z = nullptr;
+  if (zero) {
+    auto owned = std::make_unique<dist::ZeroRedundancyOptimizer>(model->parameters(), optim::AdamOptions{.lr = 1e-6}, g);
+    z = owned.get();
+    opt = std::move(owned);
+  } else {
+    opt = std::make_unique<optim::Adam>(model->parameters(), optim::AdamOptions{.lr = 1e-6});
+  }
+  pow(ddp(x), 2).mean().backward();
+  g->barrier()->wait();
+  const double before = bench::rss_bytes() / (1 << 20);
+  opt->step();
+  const double after = bench::rss_bytes() / (1 << 20);
+  Tensor added = from_vector<double>({after - before}, {1});
+  g->allreduce(added, dist::ReduceOp::max)->wait();
+  int64_t state_bytes = 0;
+  if (z) {
+    state_bytes = z->local_state_bytes();
+  } else {
+    for (const Tensor& p : model->parameters())
+      if (const optim::ParamState* st = opt->state(p))
+        for (const auto& [name, t] : st->buffers) state_bytes += static_cast<int64_t>(t.nbytes());
+  }
+  Tensor most = from_vector<int64_t>({state_bytes}, {1});
+  g->allreduce(most, dist::ReduceOp::max)->wait();
+  nlohmann::json out;
+  out["state_rss_mib"] = added.item<double>();
+  out["state_mib"] = static_cast<double>(most.item<int64_t>()) / (1 << 20);
+  return out;
+}
+
 std::shared_ptr<nn::Sequential> deep_narrow() {
   auto m = std::make_shared<nn::Sequential>();
   for (int i = 0; i < 200; ++i) m->push_back(std::make_shared<nn::Linear>(32, 32));
@@ -242,6 +316,10 @@ int worker(const std::string& what, int runs, double momentum) {
   } else if (what == "bucketing") {
     out["bucketed_ms"] = backward_comm_ms(g, std::nullopt, runs);
     out["per_param_ms"] = backward_comm_ms(g, 1e-9, runs);
+  } else if (what == "zero_step") {
+    out = zero_steps(g, runs);
+  } else if (what == "zero_rss" || what == "adam_rss") {
+    out = adam_state_rss(g, what == "zero_rss");
   } else if (what == "rss_ddp") {
     out["peak_rss_mib"] = big_model_peak_rss(g, RssMode::bucket_view, momentum);
   } else if (what == "rss_step") {
@@ -329,7 +407,26 @@ int main(int argc, char** argv) {
       rows.push_back({"bucketing_gain", per_param / bucketed, std::nullopt, "x", ">= 5x",
                       fmt::format("200x Linear(32,32): {:.2f} ms per parameter vs {:.2f} ms bucketed", per_param, bucketed)});
     }
+    auto zero = run_json(fmt::format("{} {} --worker zero_step --runs {} 2>&1", bench::mpirun_prefix(2), self, runs));
+    if (zero) {
+      rows.push_back({"zero_step_np2", figure(zero, "zero_step_ms"), figure(zero, "adam_step_ms"), "ms", "ratio <= 1.1",
+                      fmt::format("the bench MLP, DDP + ZeroRedundancyOptimizer(Adam) vs DDP + Adam (parameters {} "
+                                  "apart at the end)",
+                                  figure(zero, "max_param_diff"))});
+    }
     if (!quick) {
+      for (int np : {2, 4}) {
+        auto worker_at = [&](const char* what) {
+          return run_json(fmt::format("{} {} --worker {} 2>&1", bench::mpirun_prefix(np), self, what));
+        };
+        auto zero_rss = worker_at("zero_rss"), adam_rss = worker_at("adam_rss");
+        if (zero_rss && adam_rss)
+          rows.push_back({fmt::format("zero_adam_state_rss_np{}", np), figure(zero_rss, "state_rss_mib"),
+                          figure(adam_rss, "state_rss_mib"), "MiB", np == 2 ? "ratio <= 0.55" : "ratio <= 0.3",
+                          fmt::format("50 M params under DDP: resident memory Adam's first step adds, ZeRO vs plain, "
+                                      "the most on any rank (state tensors {:.0f} vs {:.0f} MiB)",
+                                      figure(zero_rss, "state_mib"), figure(adam_rss, "state_mib"))});
+      }
       auto single_rss = run_json(fmt::format("{} --worker rss_single 2>&1", self));
       auto ddp_rss = run_json(fmt::format("{} {} --worker rss_ddp 2>&1", bench::mpirun_prefix(2), self));
       if (single_rss && ddp_rss) {
