@@ -38,19 +38,27 @@ std::vector<std::pair<std::string, double>> hyperparameters_of(const optim::Opti
       spec);
 }
 
-std::unique_ptr<optim::Optimizer> make_local(const optim::OptimizerSpec& spec, const TensorList& params) {
+// The local optimizer: one group per ZeRO group (empty where this rank owns none of it).
+std::unique_ptr<optim::Optimizer> make_local(const std::vector<ZeroParamGroup>& groups,
+                                             const std::vector<TensorList>& local) {
   return std::visit(
-      [&](const auto& o) -> std::unique_ptr<optim::Optimizer> {
-        using O = std::decay_t<decltype(o)>;
+      [&](const auto& first) -> std::unique_ptr<optim::Optimizer> {
+        using O = std::decay_t<decltype(first)>;
         if constexpr (is_sgd<O>) {
-          return std::make_unique<optim::SGD>(params, o);
-        } else if constexpr (std::is_same_v<O, optim::AdamOptions>) {
-          return std::make_unique<optim::Adam>(params, o);
+          std::vector<optim::SGD::Group> g;
+          for (size_t k = 0; k < groups.size(); ++k) g.push_back({local[k], std::get<O>(groups[k].spec)});
+          return std::make_unique<optim::SGD>(std::move(g));
         } else {
-          return std::make_unique<optim::AdamW>(params, o);
+          std::vector<optim::Adam::Group> g;
+          for (size_t k = 0; k < groups.size(); ++k) g.push_back({local[k], optim::AdamOptions(std::get<O>(groups[k].spec))});
+          if constexpr (std::is_same_v<O, optim::AdamOptions>) {
+            return std::make_unique<optim::Adam>(std::move(g));
+          } else {
+            return std::make_unique<optim::AdamW>(std::move(g));
+          }
         }
       },
-      spec);
+      groups.front().spec);
 }
 
 // The elements of a [n] i64 vector, reduced with max over the group.
@@ -64,22 +72,33 @@ std::vector<int64_t> max_over_ranks(ProcessGroup& g, Device device, std::vector<
 
 ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(const TensorList& params, const optim::OptimizerSpec& spec,
                                                  ProcessGroupPtr group, ZeroOptions options)
-    : Optimizer(kName), group_(std::move(group)), options_(options), spec_(spec), params_(params) {
+    : ZeroRedundancyOptimizer(std::vector<ZeroParamGroup>{{params, spec}}, std::move(group), options) {}
+
+ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(std::vector<ZeroParamGroup> groups, ProcessGroupPtr group,
+                                                 ZeroOptions options)
+    : Optimizer(kName), group_(std::move(group)), options_(options), groups_(std::move(groups)) {
   if (!group_) {
     TANDEM_CHECK(is_initialized(), "[{}] no process group given and dist::init() has not run", kName);
     group_ = world();
   }
-  TANDEM_CHECK(!params_.empty(), "[{}] got no parameters", kName);
+  TANDEM_CHECK(!groups_.empty(), "[{}] got no parameter group", kName);
   TANDEM_CHECK(options_.bucket_cap_mb > 0, "[{}] bucket_cap_mb must be positive, got {}", kName, options_.bucket_cap_mb);
-  std::visit(
-      [](const auto& o) {
-        if constexpr (std::is_same_v<std::decay_t<decltype(o)>, optim::AdamWOptions>) {
-          optim::AdamOptions(o).validate();
-        } else {
-          o.validate();
-        }
-      },
-      spec_);
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    TANDEM_CHECK(groups_[g].spec.index() == groups_[0].spec.index(),
+                 "[{}] every group must use the same optimizer (SGD, Adam or AdamW); group {} differs from group 0",
+                 kName, g);
+    std::visit(
+        [](const auto& o) {
+          if constexpr (std::is_same_v<std::decay_t<decltype(o)>, optim::AdamWOptions>) {
+            optim::AdamOptions(o).validate();
+          } else {
+            o.validate();
+          }
+        },
+        groups_[g].spec);
+    params_.insert(params_.end(), groups_[g].params.begin(), groups_[g].params.end());
+  }
+  TANDEM_CHECK(!params_.empty(), "[{}] got no parameters", kName);
   std::unordered_set<const TensorImpl*> seen;
   for (size_t i = 0; i < params_.size(); ++i) {
     const Tensor& p = params_[i];
@@ -98,7 +117,12 @@ ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(const TensorList& params, const
                "{} has {} of {}); every rank must pass the same model's parameters",
                kName, -got[2], got[0], -got[3], got[1], group_->rank(), n, total);
   partition();
-  local_ = make_local(spec_, local_params_);
+  std::vector<TensorList> local(groups_.size());
+  size_t i = 0;
+  for (size_t g = 0; g < groups_.size(); ++g)
+    for (size_t k = 0; k < groups_[g].params.size(); ++k, ++i)
+      if (owner_[i] == group_->rank()) local[g].push_back(params_[i]);
+  local_ = make_local(groups_, local);
 }
 
 ZeroRedundancyOptimizer::~ZeroRedundancyOptimizer() = default;
@@ -126,26 +150,28 @@ void ZeroRedundancyOptimizer::partition() {
 }
 
 const TensorList& ZeroRedundancyOptimizer::group_params(size_t group) const {
-  TANDEM_CHECK(group == 0, "[{}] has one parameter group, not {}", kName, group + 1);
-  return params_;
+  TANDEM_CHECK(group < groups_.size(), "[{}] has {} parameter groups, not {}", kName, groups_.size(), group + 1);
+  return groups_[group].params;
 }
 
 double ZeroRedundancyOptimizer::lr(size_t group) const {
-  TANDEM_CHECK(group == 0, "[{}] has one parameter group, not {}", kName, group + 1);
-  return std::visit([](const auto& o) { return o.lr; }, spec_);
+  TANDEM_CHECK(group < groups_.size(), "[{}] has {} parameter groups, not {}", kName, groups_.size(), group + 1);
+  return std::visit([](const auto& o) { return o.lr; }, groups_[group].spec);
 }
 
-void ZeroRedundancyOptimizer::set_lr(double lr) { set_lr(0, lr); }
+void ZeroRedundancyOptimizer::set_lr(double lr) {
+  for (size_t g = 0; g < groups_.size(); ++g) set_lr(g, lr);
+}
 
 void ZeroRedundancyOptimizer::set_lr(size_t group, double lr) { set_group_hyperparameter(group, "lr", lr); }
 
 std::vector<std::pair<std::string, double>> ZeroRedundancyOptimizer::group_hyperparameters(size_t group) const {
-  TANDEM_CHECK(group == 0, "[{}] has one parameter group, not {}", kName, group + 1);
-  return hyperparameters_of(spec_);
+  TANDEM_CHECK(group < groups_.size(), "[{}] has {} parameter groups, not {}", kName, groups_.size(), group + 1);
+  return hyperparameters_of(groups_[group].spec);
 }
 
 void ZeroRedundancyOptimizer::set_group_hyperparameter(size_t group, const std::string& name, double value) {
-  TANDEM_CHECK(group == 0, "[{}] has one parameter group, not {}", kName, group + 1);
+  TANDEM_CHECK(group < groups_.size(), "[{}] has {} parameter groups, not {}", kName, groups_.size(), group + 1);
   std::visit(
       [&](auto& o) {
         using O = std::decay_t<decltype(o)>;
@@ -157,30 +183,34 @@ void ZeroRedundancyOptimizer::set_group_hyperparameter(size_t group, const std::
           o.set_hyperparameter(name, value);
         }
       },
-      spec_);
+      groups_[group].spec);
   push_options();
 }
 
 void ZeroRedundancyOptimizer::push_options() {
   if (!local_) return;
-  std::visit(
-      [&](const auto& o) {
-        using O = std::decay_t<decltype(o)>;
-        if constexpr (is_sgd<O>) {
-          static_cast<optim::SGD&>(*local_).param_groups().at(0).options = o;
-        } else {
-          static_cast<optim::Adam&>(*local_).param_groups().at(0).options = optim::AdamOptions(o);
-        }
-      },
-      spec_);
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    std::visit(
+        [&](const auto& o) {
+          using O = std::decay_t<decltype(o)>;
+          if constexpr (is_sgd<O>) {
+            static_cast<optim::SGD&>(*local_).param_groups().at(g).options = o;
+          } else {
+            static_cast<optim::Adam&>(*local_).param_groups().at(g).options = optim::AdamOptions(o);
+          }
+        },
+        groups_[g].spec);
+  }
 }
 
 std::vector<std::string> ZeroRedundancyOptimizer::state_names() const {
-  if (std::holds_alternative<optim::SGDOptions>(spec_)) return {"momentum_buffer"};
+  if (std::holds_alternative<optim::SGDOptions>(groups_.front().spec)) return {"momentum_buffer"};
   return {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"};
 }
 
-bool ZeroRedundancyOptimizer::counts_steps() const { return !std::holds_alternative<optim::SGDOptions>(spec_); }
+bool ZeroRedundancyOptimizer::counts_steps() const {
+  return !std::holds_alternative<optim::SGDOptions>(groups_.front().spec);
+}
 
 int64_t ZeroRedundancyOptimizer::local_state_bytes() const {
   int64_t bytes = 0;
@@ -209,15 +239,19 @@ void ZeroRedundancyOptimizer::step_partition_and_broadcast(int hyperparameters_f
 }
 
 void ZeroRedundancyOptimizer::sync_hyperparameters(int root) {
-  const auto hyper = hyperparameters_of(spec_);
   std::vector<double> values;
-  for (const auto& [name, v] : hyper) values.push_back(v);
+  for (const ZeroParamGroup& g : groups_)
+    for (const auto& [name, v] : hyperparameters_of(g.spec)) values.push_back(v);
   Tensor t = from_vector<double>(values, {static_cast<int64_t>(values.size())})
                  .to(group_->control_device(join_device()));
   group_->broadcast(t, root)->wait();
   const std::vector<double> got = t.to(kCPU).to_vector<double>();
-  for (size_t k = 0; k < hyper.size(); ++k)
-    if (got[k] != hyper[k].second) set_group_hyperparameter(0, hyper[k].first, got[k]);
+  size_t k = 0;
+  for (size_t g = 0; g < groups_.size(); ++g)
+    for (const auto& [name, v] : hyperparameters_of(groups_[g].spec)) {
+      if (got[k] != v) set_group_hyperparameter(g, name, got[k]);
+      ++k;
+    }
 }
 
 void ZeroRedundancyOptimizer::broadcast_partitions() {
@@ -391,10 +425,14 @@ void ZeroRedundancyOptimizer::load_state_dict(const nn::TensorDict& sd) {
     if (steps) local.insert(fmt::format("state.{}.step", j), scalar_tensor(static_cast<double>(it->second.step), f64));
     for (const auto& [name, t] : it->second.buffers) local.insert(fmt::format("state.{}.{}", j, name), t);
   }
-  local.insert("param_groups.0.params",
-               arange(0, static_cast<int64_t>(local_index_.size()), TensorOptions(i64)));
-  for (const auto& [name, v] : hyperparameters_of(spec_))
-    local.insert(fmt::format("param_groups.0.{}", name), scalar_tensor(v, f64));
+  int64_t first = 0;
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    const auto n = static_cast<int64_t>(local_->group_params(g).size());
+    local.insert(fmt::format("param_groups.{}.params", g), arange(first, first + n, TensorOptions(i64)));
+    first += n;
+    for (const auto& [name, v] : hyperparameters_of(groups_[g].spec))
+      local.insert(fmt::format("param_groups.{}.{}", g, name), scalar_tensor(v, f64));
+  }
   local_->load_state_dict(local);
   state_.clear();
   consolidated_on_ = -1;

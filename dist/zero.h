@@ -31,6 +31,13 @@
 
 namespace tandem::dist {
 
+// One parameter group: its parameters and its optimizer's hyperparameters (every group of one
+// ZeroRedundancyOptimizer runs the same optimizer: SGD, Adam or AdamW).
+struct ZeroParamGroup {
+  TensorList params;
+  optim::OptimizerSpec spec;
+};
+
 struct ZeroOptions {
   // The updated parameters of less than 1 MiB are broadcast from each owner in flat buckets of
   // at most this size (one dtype and device each); bigger ones alone, in place (no copy).
@@ -40,17 +47,20 @@ struct ZeroOptions {
 class ZeroRedundancyOptimizer : public optim::Optimizer, public Joinable {
  public:
   // `spec`: the optimizer each rank runs on its partition (optim::SGDOptions, AdamOptions or
-  // AdamWOptions). `group` defaults to the world group. Every rank passes the same parameters
+  // AdamWOptions), one group. `group` defaults to the world group. Every rank passes the same parameters
   // (count, shapes, dtypes), as DDP checks.
   ZeroRedundancyOptimizer(const TensorList& params, const optim::OptimizerSpec& spec, ProcessGroupPtr group = nullptr,
                           ZeroOptions options = {});
+  // Several groups (e.g. weight decay on the matrices only); the state dict indexes the
+  // parameters of all groups in order, as a plain optimizer with these groups does.
+  ZeroRedundancyOptimizer(std::vector<ZeroParamGroup> groups, ProcessGroupPtr group = nullptr, ZeroOptions options = {});
   ~ZeroRedundancyOptimizer() override;
 
   // Steps this rank's partition (parameters whose gradient is undefined are skipped, as by the
   // plain optimizer), then broadcasts every partition from its owner. Collective.
   void step() override;
 
-  size_t num_param_groups() const override { return 1; }
+  size_t num_param_groups() const override { return groups_.size(); }
   const TensorList& group_params(size_t group) const override;
   double lr(size_t group = 0) const override;
   void set_lr(double lr) override;
@@ -88,15 +98,15 @@ class ZeroRedundancyOptimizer : public optim::Optimizer, public Joinable {
 
  private:
   void partition();
-  void push_options();                 // spec_ into the local optimizer
+  void push_options();                 // the groups' hyperparameters into the local optimizer
   void step_partition_and_broadcast(int hyperparameters_from);
   void sync_hyperparameters(int root);  // under a Join: the schedule of a rank still training
   void broadcast_partitions();
 
   ProcessGroupPtr group_;
   ZeroOptions options_;
-  optim::OptimizerSpec spec_;
-  TensorList params_;
+  std::vector<ZeroParamGroup> groups_;
+  TensorList params_;                 // every group's, in order
   std::vector<int> owner_;
   TensorList local_params_;
   std::vector<size_t> local_index_;  // local parameter j is params_[local_index_[j]]

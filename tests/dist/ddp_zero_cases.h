@@ -127,6 +127,47 @@ inline void zero_equivalence_all(ProcessGroupPtr g) {
   zero_equivalence(g, optim::AdamOptions{.lr = 0.01}, 4e-4, 1, false);  // a few parameters per bucket
 }
 
+// Two parameter groups (weight decay on the matrices only, as train's GPT), one with its own
+// learning rate: the same as the plain optimizer with those groups, state dict included.
+inline void zero_two_groups(ProcessGroupPtr g) {
+  const int W = g->size(), R = g->rank();
+  const std::string what = fmt::format("zero two groups rank {}/{}", R, W);
+  auto zero_model = make_net_without_never(f64, R == 0 ? 7 : 100 + R);
+  auto plain_model = make_net_without_never(f64, R == 0 ? 7 : 200 + R);
+  auto split = [](Net& m) {
+    std::pair<TensorList, TensorList> out;
+    for (const auto& [name, p] : m.named_parameters())
+      if (p.requires_grad()) (p.dim() >= 2 ? out.first : out.second).push_back(p);
+    return out;
+  };
+  auto [zw, zb] = split(*zero_model);
+  auto [pw, pb] = split(*plain_model);
+  DistributedDataParallel zero_ddp(zero_model, g), plain_ddp(plain_model, g);
+  ZeroRedundancyOptimizer zero({{zw, optim::AdamWOptions{.lr = 0.01, .weight_decay = 0.1}},
+                                {zb, optim::AdamWOptions{.lr = 0.01, .weight_decay = 0}}},
+                               g);
+  optim::AdamW plain(std::vector<optim::AdamW::Group>{{pw, optim::AdamWOptions{.lr = 0.01, .weight_decay = 0.1}},
+                                                      {pb, optim::AdamWOptions{.lr = 0.01, .weight_decay = 0}}});
+  for (int step = 0; step < 4; ++step) {
+    if (step == 2) {
+      zero.set_lr(1, 0.003);
+      plain.set_lr(1, 0.003);
+    }
+    for (auto [ddp, opt] : {std::pair<DistributedDataParallel*, optim::Optimizer*>{&zero_ddp, &zero},
+                            std::pair<DistributedDataParallel*, optim::Optimizer*>{&plain_ddp, &plain}}) {
+      opt->zero_grad();
+      ddp_shard_loss(*ddp, step, R).backward();
+      opt->step();
+    }
+    expect_same_parameters(*zero_model, *plain_model, 1e-12, fmt::format("{} step {}", what, step));
+  }
+  expect(zero.num_param_groups() == 2 && zero.lr(1) == 0.003, "{}: groups or lr wrong", what);
+  zero.consolidate_state_dict(0);
+  if (R == 0) expect_same_state_dicts(zero.state_dict(), plain.state_dict(), what);
+  expect_join_error([&] { ZeroRedundancyOptimizer z({{zw, optim::SGDOptions{}}, {zb, optim::AdamOptions{}}}, g); },
+                    "group 1 differs from group 0");
+}
+
 // ZeRO under a Join: a joined rank steps its partition with the gradients of the ranks still
 // training and the learning rate of their schedule, so all ranks train as one process would.
 inline void zero_with_join(ProcessGroupPtr g) {
