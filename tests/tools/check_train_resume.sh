@@ -18,34 +18,6 @@ N=45
 M=23
 common=(--data synthetic --model mlp --samples 1280 --batch 64 --hidden 64 --progress lines --target 0)
 
-# Names the tensors of two safetensors files that differ (stdlib only): the diagnosis when cmp fails.
-diff_tensors() {
-  "$py" - "$1" "$2" <<'EOF'
-import json, struct, sys
-def load(path):
-    with open(path, 'rb') as f:
-        n = struct.unpack('<Q', f.read(8))[0]
-        header = json.loads(f.read(n))
-        data = f.read()
-    header.pop('__metadata__', None)
-    return {k: data[v['data_offsets'][0]:v['data_offsets'][1]] for k, v in header.items()}
-a, b = load(sys.argv[1]), load(sys.argv[2])
-for k in sorted(set(a) | set(b)):
-    if a.get(k) != b.get(k):
-        print('    differs:', k)
-EOF
-}
-
-same_checkpoint() {  # label file_a file_b
-  if cmp -s "$2" "$3"; then
-    echo "ok: $1: bitwise-identical final checkpoints"
-  else
-    echo "FAIL: $1: $2 and $3 differ"
-    diff_tensors "$2" "$3" || true
-    failed=1
-  fi
-}
-
 # The log lines of two metrics files at the steps both logged, less the timings: equal.
 same_metrics() {  # label uninterrupted.jsonl resumed.jsonl
   if "$py" - "$2" "$3" <<'EOF'
@@ -73,7 +45,6 @@ EOF
   fi
 }
 
-ckpt() { printf '%s/checkpoint-%08d.safetensors' "$1" "$2"; }  # folder step: train's file name
 
 run_case() {  # label launcher...
   local label=$1

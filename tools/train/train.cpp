@@ -4,7 +4,7 @@
 //
 //   mpirun -np 2 train [--data fashion-mnist|synthetic|text] [--model cnn|mlp|gpt] [--epochs 8 | --steps N]
 //                      [--batch 64] [--lr 0.05] [--optimizer sgd|adamw] [--lr-schedule constant|cosine|step]
-//                      [--warmup-steps 0] [--weight-decay W] [--clip-grad NORM] [--optimizer-in-backward]
+//                      [--warmup-steps 0] [--weight-decay W] [--clip-grad NORM] [--optimizer-in-backward | --zero]
 //                      [--static-graph] [--mixed-precision bf16|f16] [--delay-allreduce PARAM]
 //                      [--bucket-cap-mb 25] [--backend auto|mpi|nccl]
 //                      [--device cpu|cuda] [--save DIR --save-every N] [--resume DIR|FILE]
@@ -46,6 +46,10 @@
 // --optimizer-in-backward steps each parameter with its own optimizer as soon as DDP has reduced
 // its gradient, inside backward: the loop then calls neither zero_grad() nor step(), and the
 // gradients cannot be clipped (--clip-grad is 0 with it; asking for more is refused).
+// --zero shards the optimizer's state across the ranks (dist::ZeroRedundancyOptimizer, ZeRO stage 1):
+// the same parameters as without it; its checkpoint holds the whole state (consolidated on rank 0)
+// in the plain optimizer's format, so a run saved at N ranks resumes at M, with --zero or without
+// (tests/tools/check_train_zero.sh).
 // --delay-allreduce PARAM (repeatable, or comma-separated) takes the parameter out of DDP's
 // buckets into an allreduce of its own (DdpOptions::delay_all_reduce_named_params), hooked to the
 // GPT's first block's first parameter (blocks.0.ln_1.weight), or for a classifier to its first
@@ -58,7 +62,8 @@
 // the end (rank 0 writes, atomically; the two newest are kept): the model under "model.", the
 // optimizer under "optimizer." (the GPT's in-backward optimizers under "optimizer.decay." and
 // "optimizer.no_decay."), the schedule under "lr_scheduler.", and "train.position" (step, epoch,
-// batch within the epoch), "train.total_steps" and "train.rng" (the generator's seed and offset);
+// batch within the epoch), "train.total_steps", "train.world_size" (a run resumed at another number
+// of ranks starts at the same share of the epoch) and "train.rng" (the generator's seed and offset);
 // the GPT's also "gpt.config" (vocab_size, block_size, n_layer, n_head, n_embd, bias) and
 // "data.vocab" (data::CharVocab::to_tensor()), from which a resumed run rebuilds both. --resume
 // takes such a file, or the newest one in a folder, on every rank, and continues where it
@@ -210,7 +215,7 @@ int main(int argc, char** argv) {
   std::string save_dir, resume, metrics_path, trace_path;
   std::vector<std::string> delay_allreduce;
   int threads = 0;
-  bool drop_last = false, static_graph = false, optimizer_in_backward = false;
+  bool drop_last = false, static_graph = false, optimizer_in_backward = false, zero = false;
   std::string mixed_precision = "off";
   std::string progress_style = "auto";
   // The GPT's: its shape (unset: the recipe's, or the checkpoint's when resuming), data, evaluation and sample.
@@ -273,6 +278,9 @@ int main(int argc, char** argv) {
       ->check(tools::non_negative);
   app.add_flag("--optimizer-in-backward", optimizer_in_backward,
                "step the --optimizer inside backward, per parameter, after DDP reduced its gradient");
+  app.add_flag("--zero", zero,
+               "shard the optimizer state across the ranks (ZeroRedundancyOptimizer, ZeRO stage 1); checkpoints "
+               "hold the whole state, so they resume at any rank count");
   app.add_flag("--static-graph", static_graph, "DDP static_graph: the same parameters get a gradient every step");
   app.add_option("--mixed-precision", mixed_precision, "DDP mixed precision: bf16, f16 or off (f32 masters either way)")
       ->check(CLI::IsMember({"off", "bf16", "f16"}));
@@ -397,6 +405,8 @@ int main(int argc, char** argv) {
     TANDEM_CHECK(!optimizer_in_backward || clip_grad == 0,
                  "[train] --clip-grad needs the gradients before the step: --optimizer-in-backward steps each "
                  "parameter inside backward, so there is nothing left to clip (it runs with --clip-grad 0)");
+    TANDEM_CHECK(!(zero && optimizer_in_backward),
+                 "[train] --zero and --optimizer-in-backward are two ways to step the optimizer: choose one");
     TANDEM_CHECK(!sample_only || !resume.empty(),
                  "[train] --sample-only samples from a checkpoint: give --resume CKPT");
     TANDEM_CHECK(sample_chars == 0 || !prompt.empty(),
@@ -578,6 +588,10 @@ int main(int argc, char** argv) {
     if (optimizer_in_backward) {
       for (const Group& g : groups)
         in_backward.emplace_back(g.prefix, optim::apply_optimizer_in_backward(g.spec, g.params));
+    } else if (zero) {
+      std::vector<dist::ZeroParamGroup> zero_groups;
+      for (const Group& g : groups) zero_groups.push_back({g.params, g.spec});
+      opt = std::make_unique<dist::ZeroRedundancyOptimizer>(std::move(zero_groups), world);
     } else if (optimizer == "sgd") {
       std::vector<optim::SGD::Group> sgd_groups;
       for (const Group& g : groups) sgd_groups.push_back({g.params, std::get<optim::SGDOptions>(g.spec)});
@@ -619,6 +633,19 @@ int main(int argc, char** argv) {
       if (schedule) schedule->load_state_dict(take_prefixed(all, "lr_scheduler."));
       auto p = position->to_vector<int64_t>();
       pos = {p[0], p[1], p[2]};
+      // Saved at another number of ranks, the position within the epoch counts other batches: the
+      // same share of the epoch's samples here (rounded up; at its end, the next epoch).
+      if (const Tensor* saved_world = all.find("train.world_size"); saved_world && pos.batch > 0) {
+        const int64_t old_world = saved_world->item<int64_t>();
+        if (old_world != world_size) {
+          const int64_t samples = pos.batch * old_world;
+          pos.batch = std::min<int64_t>(batches_per_epoch, (samples + world_size - 1) / world_size);
+          if (rank == 0)
+            std::fprintf(stdout, "train: saved at %lld ranks, resumed at %d: batch %lld of the epoch here\n",
+                         static_cast<long long>(old_world), world_size, static_cast<long long>(pos.batch));
+        }
+      }
+      if (pos.batch >= batches_per_epoch) pos = {pos.step, pos.epoch + 1, 0};
       auto r = rng->to_vector<int64_t>();
       set_rng_state({static_cast<uint64_t>(r[0]), static_cast<uint64_t>(r[1])});
       // A cosine or step schedule is shaped by the run's length, which its state does not hold:
@@ -638,6 +665,8 @@ int main(int argc, char** argv) {
     }
     auto save = [&](const Position& next) {
       TANDEM_TRACE_SCOPE("checkpoint", "train");
+      // A sharded optimizer's state comes together on rank 0 first (a collective of every rank).
+      if (auto* z = dynamic_cast<dist::ZeroRedundancyOptimizer*>(opt.get())) z->consolidate_state_dict(0);
       if (rank == 0) {
         nn::TensorDict all;
         put_prefixed(all, "model.", model->state_dict());
@@ -646,6 +675,7 @@ int main(int argc, char** argv) {
         if (schedule) put_prefixed(all, "lr_scheduler.", schedule->state_dict());
         all.insert("train.position", from_vector<int64_t>({next.step, next.epoch, next.batch}));
         all.insert("train.total_steps", from_vector<int64_t>({total_steps}));
+        all.insert("train.world_size", from_vector<int64_t>({static_cast<int64_t>(world_size)}));
         const PhiloxState rng = get_rng_state();
         all.insert("train.rng", from_vector<int64_t>({static_cast<int64_t>(rng.seed), static_cast<int64_t>(rng.offset)}));
         if (gpt) {
@@ -689,7 +719,8 @@ int main(int argc, char** argv) {
     }
     dist::DistributedDataParallel ddp(model, world, ddp_options);
     if (rank == 0) {
-      std::string modes = fmt::format("{}{}{}", static_graph ? "; static graph" : "",
+      std::string modes = fmt::format("{}{}{}{}", zero ? "; ZeRO-1 sharded optimizer state" : "",
+                                      static_graph ? "; static graph" : "",
                                       mixed_precision != "off" ? "; mixed precision " + mixed_precision : "",
                                       delay_allreduce.empty()
                                           ? std::string()
