@@ -234,6 +234,18 @@ inline void join_misuse(ProcessGroupPtr g) {
     outer.join();  // every rank: the first forward's iteration was announced, never backwarded
     expect_join_error([&] { outer.join(); }, "[Join] join() was already called");
   }
+  if (g->size() > 1) {
+    // Ranks still training that announce different iterations (rank 1 under no_sync) all raise.
+    DistributedDataParallel fresh(make_net_without_never(f64, 7), g);
+    Join join({&fresh});
+    Tensor x = inputs(0, 4, 8, f64);
+    expect_join_error(
+        [&] {
+          auto guard = R == 1 ? std::optional<DistributedDataParallel::NoSyncGuard>(fresh.no_sync()) : std::nullopt;
+          mse_loss(fresh(x), targets(0, 4, 4, f64)).backward();
+        },
+        "[Join] the ranks still training disagree about iteration 0");
+  }  // unwinding skipped nothing: the destructor joins (no iteration was left open)
   auto delayed_model = make_net_without_never(f64, 7);
   DdpOptions o;
   o.delay_all_reduce_named_params = {"fc1.weight"};
