@@ -27,6 +27,11 @@ Join::Join(std::vector<Joinable*> joinables, JoinOptions options)
                  "joinable {} another one of {}",
                  group_->size(), i, g.size());
   }
+  for (size_t i = 1; i < joinables_.size(); ++i)
+    TANDEM_CHECK(!joinables_[i]->join_announces(),
+                 "[Join] joinable {} announces the iterations (a DistributedDataParallel): list it first, since the "
+                 "other joinables' collectives (an optimizer's step) follow its own within an iteration",
+                 i);
   for (Joinable* j : joinables_) j->join_attached();
   for (Joinable* j : joinables_) j->join_ = this;
 }

@@ -73,6 +73,9 @@ class Joinable {
   virtual Device join_device() const { return kCPU; }
   // When a Join attaches it: throws if it cannot run under one.
   virtual void join_attached() {}
+  // Whether it announces the iterations (DDP does): such a joinable must be listed first, since
+  // the others' collectives follow its own within an iteration.
+  virtual bool join_announces() const { return false; }
   // On a joined rank: the collectives one iteration of the ranks still training issues, in their
   // order, with this rank's contribution neutral (zero gradients).
   virtual void join_shadow(const JoinIteration& iteration) = 0;

@@ -186,6 +186,7 @@ class DistributedDataParallel : public Joinable {
   ProcessGroup& join_group() override { return *group_; }
   Device join_device() const override;
   void join_attached() override;
+  bool join_announces() const override { return true; }
   void join_shadow(const JoinIteration& iteration) override;
   void join_finish(int authority) override;
 

@@ -222,6 +222,12 @@ inline void zero_errors(ProcessGroupPtr g) {
   ZeroRedundancyOptimizer zero(params, optim::AdamOptions{}, g);
   expect_join_error([&] { zero.consolidate_state_dict(g->size()); }, "is not in the group");
   expect_join_error([&] { zero.state_dict(); }, "call consolidate_state_dict");
+  {
+    auto net = make_net_without_never(f64, 7);
+    DistributedDataParallel ddp(net, g);
+    ZeroRedundancyOptimizer z(net->parameters(), optim::AdamOptions{}, g);
+    expect_join_error([&] { Join join({&z, &ddp}); }, "[Join] joinable 1 announces the iterations");
+  }
   // A state dict of another model is refused before anything changes.
   nn::TensorDict bad;
   bad.insert("state.0.exp_avg", zeros({3, 3}, f64));
