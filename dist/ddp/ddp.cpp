@@ -380,6 +380,8 @@ void DistributedDataParallel::before_forward() {
     }
     return;
   }
+  // Read afresh every time (a reassigned buffer, set_buffer, is synced too), once per forward.
+  const std::vector<Tensor> buffers = buffer_sync_due() ? synced_buffers() : std::vector<Tensor>{};
   Join* join = join_context();
   int buffer_root = 0;
   if (join == nullptr) {
@@ -389,7 +391,7 @@ void DistributedDataParallel::before_forward() {
     // Under a Join the iteration is announced first (the joined ranks learn from it what to
     // shadow), so the rebuild waits until after it.
     if (reducer_) reducer_->prepare_for_forward(/*rebuild_now=*/false);
-    const JoinIteration it = join->announce(join_flags());
+    const JoinIteration it = join->announce(join_flags(!buffers.empty()));
     buffer_root = it.authority();  // rank 0 may have joined: its buffers are stale
     if (reducer_) {
       reducer_->set_divisor(it.divisor(join->options()));
@@ -399,21 +401,19 @@ void DistributedDataParallel::before_forward() {
   // PyTorch's rule: rank 0's buffers are broadcast only at the start of an accumulation window,
   // i.e. when the previous forward was synchronised (or there was none). The forwards inside
   // no_sync and the synchronised one that ends the window run on each rank's own buffers.
-  // Read afresh every time: a reassigned buffer (set_buffer) is synced too.
-  if (broadcasts_buffers_now()) {
+  if (!buffers.empty()) {  // a module without buffers broadcasts nothing: no span either
     TANDEM_TRACE_SCOPE("ddp broadcast buffers", "ddp");
-    broadcast_from(*group_, synced_buffers(), buffer_root);
+    broadcast_from(*group_, buffers, buffer_root);
   }
   if (shadows_) shadows_->cast_in();  // synchronised and no_sync forwards alike
 }
 
-bool DistributedDataParallel::broadcasts_buffers_now() const {
-  // A module without buffers broadcasts nothing: no span either.
+bool DistributedDataParallel::buffer_sync_due() const {
   return autograd::grad_mode_enabled() && sync_buffers_before_forward_ && options_.broadcast_buffers &&
-         group_->size() > 1 && !synced_buffers().empty();
+         group_->size() > 1;
 }
 
-uint32_t DistributedDataParallel::join_flags() const {
+uint32_t DistributedDataParallel::join_flags(bool broadcasts_buffers) const {
   // A joined rank shadows an iteration right after its announcement, up to the bucket reductions:
   // a second synchronised forward before the backward would announce another iteration in between.
   if (reducer_ && reducer_->awaiting_backward()) {
@@ -425,7 +425,7 @@ uint32_t DistributedDataParallel::join_flags() const {
   }
   uint32_t flags = 0;
   if (require_sync_) flags |= Join::kSynchronises;
-  if (broadcasts_buffers_now()) flags |= kJoinBuffers;
+  if (broadcasts_buffers) flags |= kJoinBuffers;
   if (reducer_ && reducer_->rebuild_pending()) flags |= kJoinRebuild;
   if (reducer_ && reducer_->recording_static_graph()) flags |= kJoinStaticFirst;
   return flags;

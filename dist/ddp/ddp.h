@@ -196,8 +196,8 @@ class DistributedDataParallel : public Joinable {
   static constexpr uint32_t kJoinBuffers = 1u << (Join::kReservedBits + 0);      // broadcasts buffers first
   static constexpr uint32_t kJoinRebuild = 1u << (Join::kReservedBits + 1);      // rebuilds the buckets first
   static constexpr uint32_t kJoinStaticFirst = 1u << (Join::kReservedBits + 2);  // static_graph's first reduction
-  uint32_t join_flags() const;
-  bool broadcasts_buffers_now() const;
+  uint32_t join_flags(bool broadcasts_buffers) const;
+  bool buffer_sync_due() const;  // the forward starts an accumulation window (PyTorch's rule)
   void before_forward();
   void after_forward(const TensorList& outputs);
   // What the module receives: a floating input cast to param_dtype under mixed precision.
