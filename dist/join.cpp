@@ -7,6 +7,7 @@
 
 #include "autograd/grad_mode.h"
 #include "autograd/ops.h"
+#include "dist/flight_recorder.h"
 
 namespace tandem::dist {
 
@@ -56,6 +57,7 @@ JoinIteration Join::exchange(uint32_t mine) {
   Tensor t = from_vector<int64_t>(entries, {world}).to(group_->control_device(joinables_.front()->join_device()));
   {
     NoGradGuard no_grad;
+    CollectiveTag tag("join announcement");
     group_->allreduce(t, ReduceOp::sum)->wait();
   }
   const std::vector<int64_t> got = t.to(kCPU).to_vector<int64_t>();

@@ -11,6 +11,7 @@
 #include "autograd/grad_mode.h"
 #include "autograd/ops.h"
 #include "core/trace.h"
+#include "dist/flight_recorder.h"
 #include "dist/init.h"
 
 namespace tandem::dist {
@@ -244,6 +245,7 @@ void ZeroRedundancyOptimizer::sync_hyperparameters(int root) {
     for (const auto& [name, v] : hyperparameters_of(g.spec)) values.push_back(v);
   Tensor t = from_vector<double>(values, {static_cast<int64_t>(values.size())})
                  .to(group_->control_device(join_device()));
+  CollectiveTag tag("zero hyperparameters");
   group_->broadcast(t, root)->wait();
   const std::vector<double> got = t.to(kCPU).to_vector<double>();
   size_t k = 0;
@@ -278,6 +280,7 @@ void ZeroRedundancyOptimizer::broadcast_partitions() {
   };
   auto issue = [&](Bucket b) {
     if (b.params.size() == 1 && params_[b.params[0]].is_contiguous()) {
+      CollectiveTag tag("zero parameters of rank", static_cast<int64_t>(b.root));
       b.work = group_->broadcast(params_[b.params[0]].detach(), b.root);
     } else {
       int64_t n = 0;
@@ -292,6 +295,7 @@ void ZeroRedundancyOptimizer::broadcast_partitions() {
           at += p.numel();
         }
       }
+      CollectiveTag tag("zero parameters of rank", static_cast<int64_t>(b.root));
       b.work = group_->broadcast(b.flat, b.root);
     }
     pending.push_back(std::move(b));

@@ -14,6 +14,7 @@
 #include "dist/ddp/detail/delayed_allreduce.h"
 #include "dist/ddp/detail/param_shadows.h"
 #include "dist/ddp/detail/reducer.h"
+#include "dist/flight_recorder.h"
 #include "dist/init.h"
 
 namespace tandem::dist {
@@ -319,7 +320,8 @@ std::vector<Tensor> DistributedDataParallel::synced_buffers() const {
 }
 
 // Rank `root`'s values into every rank's tensors: all broadcasts issued, then all waited for.
-static void broadcast_from(ProcessGroup& group, const std::vector<Tensor>& tensors, int root = 0) {
+static void broadcast_from(ProcessGroup& group, const std::vector<Tensor>& tensors, int root, const char* tag) {
+  CollectiveTag tagged(tag);
   std::vector<WorkPtr> works;
   for (const Tensor& t : tensors) works.push_back(group.broadcast(t, root));
   for (const WorkPtr& w : works) w->wait();
@@ -332,7 +334,7 @@ void DistributedDataParallel::broadcast_states(bool include_buffers) {
     if (!ignored(name)) states.push_back(t);
   if (include_buffers)
     for (const Tensor& b : synced_buffers()) states.push_back(b);
-  broadcast_from(*group_, states);
+  broadcast_from(*group_, states, 0, "ddp initial states");
 }
 
 // On a device with a side stream, one cast batch per module (the parameters it registers itself,
@@ -403,7 +405,7 @@ void DistributedDataParallel::before_forward() {
   // no_sync and the synchronised one that ends the window run on each rank's own buffers.
   if (!buffers.empty()) {  // a module without buffers broadcasts nothing: no span either
     TANDEM_TRACE_SCOPE("ddp broadcast buffers", "ddp");
-    broadcast_from(*group_, buffers, buffer_root);
+    broadcast_from(*group_, buffers, buffer_root, "ddp buffers");
   }
   if (shadows_) shadows_->cast_in();  // synchronised and no_sync forwards alike
 }
@@ -447,7 +449,7 @@ void DistributedDataParallel::join_shadow(const JoinIteration& it) {
   if (reducer_ && (f & kJoinRebuild)) reducer_->rebuild_for_join();
   if (f & kJoinBuffers) {
     TANDEM_TRACE_SCOPE("ddp broadcast buffers", "ddp");
-    broadcast_from(*group_, synced_buffers(), it.authority());
+    broadcast_from(*group_, synced_buffers(), it.authority(), "ddp buffers (join)");
   }
   if (reducer_ && (f & Join::kSynchronises)) reducer_->shadow_reduction((f & kJoinStaticFirst) != 0);
   // The buffers the others broadcast at their next window start came from their forward; this
@@ -467,7 +469,7 @@ void DistributedDataParallel::join_finish(int authority) {
   if (options_.broadcast_buffers)
     for (const Tensor& b : synced_buffers()) states.push_back(b);
   NoGradGuard no_grad;
-  broadcast_from(*group_, states, authority);
+  broadcast_from(*group_, states, authority, "ddp final states (join)");
 }
 
 void DistributedDataParallel::after_forward(const TensorList& outputs) {

@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "dist/detail/collective_checks.h"
+#include "dist/detail/flight_recorder.h"
 
 namespace tandem::dist {
 
@@ -99,7 +100,9 @@ std::string BrokenState::message(std::string_view what) const {
 GroupBase::GroupBase(int rank, int size, std::string name, Milliseconds timeout, bool debug_checks,
                      std::shared_ptr<BrokenState> broken)
     : rank_(rank), size_(size), name_(std::move(name)), timeout_ms_(timeout.count()), debug_(debug_checks),
-      broken_(std::move(broken)) {}
+      broken_(std::move(broken)), recorder_(make_flight_recorder(name_, rank, size)) {}
+
+GroupBase::~GroupBase() { retire_flight_recorder(recorder_); }
 
 void GroupBase::set_timeout(Milliseconds timeout) {
   TANDEM_CHECK(timeout.count() > 0, "[dist] timeout must be positive, got {} ms", timeout.count());

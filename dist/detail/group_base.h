@@ -40,14 +40,18 @@ using Clock = std::chrono::steady_clock;
 
 // An operation that missed its deadline. `group_survives` is true when the backend could cancel
 // everything (e.g. a receive), so the group stays usable; otherwise the group is broken.
+// `missing_ranks`: the ranks found not to have arrived, where the backend could tell (the flight
+// recorder keeps them with the operation).
 class TimeoutError : public Error {
  public:
-  TimeoutError(std::string message, bool group_survives)
-      : Error(std::move(message)), group_survives_(group_survives) {}
+  TimeoutError(std::string message, bool group_survives, std::vector<int> missing_ranks = {})
+      : Error(std::move(message)), group_survives_(group_survives), missing_ranks_(std::move(missing_ranks)) {}
   bool group_survives() const { return group_survives_; }
+  const std::vector<int>& missing_ranks() const { return missing_ranks_; }
 
  private:
   bool group_survives_;
+  std::vector<int> missing_ranks_;
 };
 
 // The process-wide defaults read from the environment.
@@ -84,6 +88,8 @@ class BrokenState {
 // every rank, and after such a break one may never come.
 std::string first_process_break();
 
+class FlightRecorder;
+
 class GroupBase : public ProcessGroup {
  public:
   // `broken`: a state shared with helpers that may outlive the group (the nccl watchdog).
@@ -99,6 +105,12 @@ class GroupBase : public ProcessGroup {
   void set_debug_checks(bool on) override { debug_.store(on); }
   bool debug_checks() const override { return debug_.load(); }
   bool is_broken() const override { return broken_->is_broken(); }
+  ~GroupBase() override;
+
+  // This group's flight recorder (detail/flight_recorder.h): its last operations, for dumps and
+  // for the answers to peers that timed out.
+  FlightRecorder& recorder() const { return *recorder_; }
+  const std::shared_ptr<FlightRecorder>& recorder_ptr() const { return recorder_; }
 
   // "allreduce #3 on group world (threads, rank 1 of 4)"; send and recv name their peer and tag.
   std::string describe(OpKind kind, uint64_t seq, int peer = 0, int tag = 0) const;
@@ -150,6 +162,7 @@ class GroupBase : public ProcessGroup {
   uint64_t next_p2p_ = 0;
   int children_ = 0;
   const std::shared_ptr<BrokenState> broken_;
+  const std::shared_ptr<FlightRecorder> recorder_;
 };
 
 }  // namespace tandem::dist

@@ -7,6 +7,7 @@
 
 #include "core/trace.h"
 #include "dist/detail/comm_thread.h"
+#include "dist/detail/flight_recorder.h"
 
 namespace tandem::dist {
 
@@ -90,10 +91,16 @@ WorkPtr QueuedGroup::issue(Op op) {
     op.work = std::make_shared<Work>(what);
     if (caller_progress_) op.work->set_progress(pending_);
     work = op.work;
+    record_issue(op);
     {
       std::lock_guard lock(queue_mutex_);
-      broken().check(what);
-      TANDEM_CHECK(!stopping_, "[dist] cannot run {}: the group is shut down", what);
+      try {
+        broken().check(what);
+        TANDEM_CHECK(!stopping_, "[dist] cannot run {}: the group is shut down", what);
+      } catch (const std::exception& e) {
+        recorder().ended(op.record, false, e.what());
+        throw;
+      }
       run_here = (blocking || may_inline || may_pend) && queue_.empty() && !busy_;
       if (run_here) {
         busy_ = true;  // the group's turn is ours: later ops queue behind this one
@@ -114,6 +121,21 @@ WorkPtr QueuedGroup::issue(Op op) {
   }
   return work;
 }
+
+void QueuedGroup::record_issue(Op& op) {
+  std::optional<ReduceOp> reduce;
+  switch (op.kind) {
+    case OpKind::allreduce:
+    case OpKind::allreduce_coalesced:
+    case OpKind::reduce_scatter:
+    case OpKind::reduce_scatter_tensor: reduce = op.reduce; break;
+    default: break;
+  }
+  const int peer = op.kind == OpKind::broadcast || is_p2p(op.kind) ? op.root : -1;
+  op.record = recorder().issued(op.kind, op.seq, op.inputs, reduce, peer, op.tag);
+}
+
+void QueuedGroup::record_start(const Op& op) { recorder().started(op.record); }
 
 void QueuedGroup::start_thread_locked() {
   if (!thread_.joinable()) thread_ = std::thread([this] { run_loop(); });
@@ -154,6 +176,7 @@ void QueuedGroup::run_inline(Op op, std::chrono::microseconds budget) {
   op.deadline = Clock::now() + op.timeout;
   bool pend = false;
   try {
+    record_start(op);
     std::unique_ptr<StartedOp> started = start(op);
     const auto budget_end = std::min(Clock::now() + budget, op.deadline);
     bool done = started->progress();
@@ -253,6 +276,7 @@ WorkProgress::Poll QueuedGroup::progress_pending(Pending& p) {
       }
       p.op->deadline = Clock::now() + p.op->timeout;
       try {
+        record_start(*p.op);
         p.op->started = start(*p.op);
         break;  // progressed by the loop above
       } catch (...) {
@@ -352,6 +376,7 @@ void QueuedGroup::run_loop() {
       op.deadline = Clock::now() + op.timeout;
       bool done = false;
       try {
+        record_start(op);
         op.started = start(op);
         done = op.started->progress();  // its first step, before the pollers take it
       } catch (...) {
@@ -374,7 +399,10 @@ void QueuedGroup::run_one(Op& op) {
   // inside it). op_kind_name's views are of literals: null-terminated.
   TANDEM_TRACE_SCOPE(op_kind_name(op.kind).data(), "comm");
   try {
-    if (!op.started) op.deadline = Clock::now() + op.timeout;  // a started op keeps its deadline
+    if (!op.started) {
+      op.deadline = Clock::now() + op.timeout;  // a started op keeps its deadline
+      record_start(op);
+    }
     execute(op);
   } catch (...) {
     return finish_queued(op, std::current_exception());
@@ -432,16 +460,31 @@ void QueuedGroup::complete(Op& op) {
     case OpKind::barrier:
     case OpKind::new_group: break;
   }
+  recorder().ended(op.record, true);  // before the continuations, which may issue more
   op.work->mark_completed(std::move(result));
 }
 
 void QueuedGroup::fail_op(Op& op, std::exception_ptr error) {
+  bool broke = false;
+  std::string what;
   try {
     std::rethrow_exception(error);
   } catch (const TimeoutError& e) {
-    if (!e.group_survives()) broken().mark(e.what());
+    what = e.what();
+    recorder().ended(op.record, false, what, e.missing_ranks());
+    if (!e.group_survives()) {
+      broken().mark(what);
+      recorder().set_broken(what);
+      broke = true;
+    }
+  } catch (const std::exception& e) {
+    what = e.what();
+    recorder().ended(op.record, false, what);
   } catch (...) {
+    recorder().ended(op.record, false, "an unknown error");
   }
+  // The dumps (TANDEM_FLIGHT_RECORDER) come before the error reaches the program, which may exit.
+  if (broke) flight_dump_on_failure(what);
   op.work->mark_failed(std::move(error));
 }
 

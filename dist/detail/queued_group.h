@@ -48,6 +48,7 @@ struct Op {
   Clock::time_point deadline;
   Milliseconds timeout{0};
   bool debug = false;  // the group's debug checks when it was issued (fingerprints are exchanged first)
+  uint64_t record = 0;  // its id in the group's flight recorder
   WorkPtr work;
   std::unique_ptr<StartedOp> started;  // begun on the issuing thread; the communication thread finishes it
 };
@@ -136,6 +137,8 @@ class QueuedGroup : public GroupBase {
   void settle(Op& op, std::exception_ptr error) noexcept;  // completes or fails op, as on the comm thread
   WorkProgress::Poll progress_pending(Pending& p);  // p.mutex held
   void start_thread_locked();  // queue_mutex_ held
+  void record_issue(Op& op);    // issue_mutex_ held, op numbered
+  void record_start(const Op& op);
 
   std::mutex issue_mutex_;  // sequence numbers follow queue order
 

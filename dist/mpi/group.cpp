@@ -12,9 +12,12 @@
 #include <optional>
 #include <thread>
 
+#include "dist/detail/flight_recorder.h"
 #include "dist/detail/host_staging.h"
+#include "dist/detail/peer_probe.h"
 #include "dist/detail/queued_group.h"
 #include "dist/mpi/detail/allreduce.h"
+#include "dist/mpi/detail/peer_responder.h"
 #include "dist/mpi/detail/runtime.h"
 
 namespace tandem::dist {
@@ -36,6 +39,7 @@ class MpiGroup final : public QueuedGroup {
     TANDEM_MPI_CHECK(MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN));
     TANDEM_MPI_CHECK(MPI_Comm_dup(comm, &p2p_));
     TANDEM_MPI_CHECK(MPI_Comm_dup(comm, &debug_));
+    recorder().set_backend("mpi", world_ranks(comm));
     std::lock_guard lock(mpi_runtime().groups_mutex);
     mpi_runtime().groups.insert(this);
   }
@@ -205,11 +209,28 @@ class MpiGroup final : public QueuedGroup {
     return s;
   }
 
+  // The group's ranks as MPI_COMM_WORLD numbers them (the peer responders' communicator does).
+  static std::vector<int> world_ranks(MPI_Comm c) {
+    const int n = comm_size(c);
+    std::vector<int> mine(n), world(n);
+    for (int k = 0; k < n; ++k) mine[k] = k;
+    MPI_Group g = MPI_GROUP_NULL, w = MPI_GROUP_NULL;
+    TANDEM_MPI_CHECK(MPI_Comm_group(c, &g));
+    TANDEM_MPI_CHECK(MPI_Comm_group(MPI_COMM_WORLD, &w));
+    TANDEM_MPI_CHECK(MPI_Group_translate_ranks(g, n, mine.data(), w, world.data()));
+    MPI_Group_free(&g);
+    MPI_Group_free(&w);
+    return world;
+  }
+
+  // The peers are asked where they are (detail/peer_probe.h): the error names the ranks that did
+  // not arrive and what they did last, or the ones that issued something else under this number.
   [[noreturn]] void collective_timeout(const Op& op) {
-    throw TimeoutError(fmt::format("[dist] {} timed out after {} ms; the group is broken. The mpi backend cannot "
-                                   "tell which ranks did not arrive unless TANDEM_DIST_DEBUG=detail is set",
-                                   describe(op), op.timeout.count()),
-                       false);
+    std::optional<PeerReport> peers = probe_peers(recorder(), op.seq);
+    const std::string who = peers ? peers->text : "the other ranks could not be asked where they are";
+    throw TimeoutError(fmt::format("[dist] {} timed out after {} ms; the group is broken: {}. {}", describe(op),
+                                   op.timeout.count(), who, flight_dump_hint()),
+                       false, peers ? peers->missing : std::vector<int>{});
   }
 
   void wait_collective(const Op& op, MPI_Request* reqs, int n, size_t bytes = 0) {
@@ -276,10 +297,10 @@ class MpiGroup final : public QueuedGroup {
       }
       for (auto& s : sends)
         if (s != MPI_REQUEST_NULL) MPI_Request_free(&s);
-      throw TimeoutError(fmt::format("[dist] {} timed out after {} ms: {} {} did not arrive", describe(op),
-                                     op.timeout.count(), missing.size() == 1 ? "rank" : "ranks",
-                                     join_ranks(missing)),
-                         false);
+      throw TimeoutError(fmt::format("[dist] {} timed out after {} ms: {} {} did not arrive. {}", describe(op),
+                                     op.timeout.count(), missing.size() == 1 ? "rank" : "ranks", join_ranks(missing),
+                                     flight_dump_hint()),
+                         false, missing);
     }
     wait_collective(op, sends.data(), n);
     check_fingerprints(op.seq, op.kind, table.data());
@@ -455,6 +476,7 @@ bool all_ranks_reach_exit(MpiRuntime& rt, std::optional<Clock::time_point> deadl
 // down, MPI_Abort ends the whole job (mpirun then stops every rank) with a non-zero status. The
 // reason goes to stderr first: the program may have caught the error without printing it.
 [[noreturn]] void abort_job(const MpiRuntime& rt, const std::string& reason, Milliseconds waited) noexcept {
+  flight_dump_on_failure(reason);  // TANDEM_FLIGHT_RECORDER: what this rank saw last, before it goes
   std::fprintf(stderr,
                "[dist] rank %d of %d: a group broke (%s) and not every rank reached the exit within %lld ms; "
                "ending the job with MPI_Abort, as MPI_Finalize would wait for them forever\n",
@@ -494,6 +516,8 @@ void mpi_finalize() {
     std::lock_guard glock(rt.groups_mutex);
     for (MpiGroup* g : rt.groups) g->release();
   }
+  stop_peer_responder();  // every rank is past its last collective (or this one is leaving)
+  if (rt.probe_comm != MPI_COMM_NULL) MPI_Comm_free(&rt.probe_comm);
   if (rt.exit_comm != MPI_COMM_NULL) MPI_Comm_free(&rt.exit_comm);  // at exit: nothing to report to
   rt.finalized = true;
   if (rt.we_initialized) MPI_Finalize();

@@ -62,6 +62,7 @@ struct Launch {
   std::vector<int64_t> in_splits, out_splits;  // all_to_all
   TensorList result;
   TensorList keep;
+  std::optional<ReduceOp> reduce;  // for the flight recorder
 };
 
 // Enqueues a collective's NCCL calls on the comm stream (each through TANDEM_NCCL_ENQUEUE, see
@@ -75,7 +76,11 @@ class NcclGroup final : public GroupBase {
  public:
   NcclGroup(ProcessGroupPtr cpu, std::shared_ptr<NcclComm> comm, int local_size, bool blocking_wait)
       : GroupBase(comm->rank, comm->size, comm->name, cpu->timeout(), cpu->debug_checks(), comm->broken),
-        cpu_(std::move(cpu)), comm_(std::move(comm)), local_size_(local_size), blocking_wait_(blocking_wait) {}
+        cpu_(std::move(cpu)), comm_(std::move(comm)), local_size_(local_size), blocking_wait_(blocking_wait) {
+    // Its ranks are its companion group's: the same world ranks answer for both.
+    auto* companion = dynamic_cast<GroupBase*>(cpu_.get());
+    recorder().set_backend("nccl", companion ? companion->recorder().world_ranks() : std::vector<int>{});
+  }
   ~NcclGroup() override { comm_->stop(); }
 
   std::string_view backend() const override { return "nccl"; }
@@ -143,6 +148,7 @@ class NcclGroup final : public GroupBase {
     l.fingerprint = check_allreduce(tensor, reduce);
     check_device(tensor, "allreduce", "tensor");
     l.kind = OpKind::allreduce;
+    l.reduce = reduce;
     l.result = {tensor};
     return launch(std::move(l), [tensor, reduce](const NcclLaunch& on, TensorList&) {
       if (tensor.numel() == 0) return;
@@ -159,6 +165,7 @@ class NcclGroup final : public GroupBase {
     l.fingerprint = check_allreduce_coalesced(tensors, reduce);
     check_device(tensors[0], "allreduce_coalesced", "tensor 0");  // the others: on tensor 0's device
     l.kind = OpKind::allreduce_coalesced;
+    l.reduce = reduce;
     l.result = tensors;
     return launch(std::move(l), [tensors, reduce](const NcclLaunch& on, TensorList&) {
       const Dtype dt = tensors[0].dtype();
@@ -235,6 +242,7 @@ class NcclGroup final : public GroupBase {
     l.fingerprint = check_reduce_scatter(*this, output, inputs, reduce);
     check_device(output, "reduce_scatter", "output");  // the inputs: on the output's device
     l.kind = OpKind::reduce_scatter;
+    l.reduce = reduce;
     l.result = {output};
     l.keep = inputs;
     const int n = size();
@@ -260,6 +268,7 @@ class NcclGroup final : public GroupBase {
     l.fingerprint = check_reduce_scatter_tensor(*this, output, input, reduce);
     check_device(output, "reduce_scatter_tensor", "output");
     l.kind = OpKind::reduce_scatter_tensor;
+    l.reduce = reduce;
     l.result = {output};
     l.keep = {input};
     return launch(std::move(l), [output, input, reduce](const NcclLaunch& on, TensorList&) {
@@ -388,6 +397,10 @@ class NcclGroup final : public GroupBase {
     if (collective && debug_checks() && size() > 1) exchange_fingerprints(l, seq, what);
     auto work = std::make_shared<Work>(what);
     NcclPending p;
+    p.recorder = recorder_ptr();
+    p.record = p.recorder->issued(l.kind, seq, l.result, l.reduce, l.kind == OpKind::broadcast || !collective ? l.peer : -1,
+                                  l.tag);
+    p.recorder->started(p.record);  // on the device once the caller's stream gets there
     p.what = what;
     p.kind = std::string(op_kind_name(l.kind));
     p.seq = seq;
@@ -417,9 +430,12 @@ class NcclGroup final : public GroupBase {
       p.done->record(s);  // still under the issue lock: in launch order
     } catch (const TimeoutError& e) {
       // NCCL was still waiting for a peer at the deadline; the message names the operation.
+      p.recorder->ended(p.record, false, e.what());
       c.break_group(e.what());
+      flight_dump_on_failure(e.what());
       throw;
     } catch (const std::exception& e) {
+      p.recorder->ended(p.record, false, e.what());
       if (c.broken->is_broken()) throw;  // broken by another thread meanwhile: its error says why
       // This rank's part may be missing while the peers' went ahead: they would wait for it until
       // their timeout, so this group cannot be trusted any more.

@@ -11,6 +11,7 @@
 
 #include "core/parallel.h"
 #include "core/threads.h"
+#include "dist/detail/flight_recorder.h"
 #include "dist/detail/host_staging.h"
 #include "dist/detail/queued_group.h"
 #include "dist/detail/reduce_kernels.h"
@@ -30,6 +31,7 @@ struct Slot {
   int left = 0;
   bool ready = false;       // everyone arrived and the slot was prepared
   std::string abandoned;    // why the ranks that arrived gave up (a timeout)
+  std::vector<int> missing; // the ranks that had not arrived then
   std::string error;        // mismatch found while preparing: every rank throws it
   std::vector<char> buffer; // allreduce results, reduced in parallel by rank chunks
   std::shared_ptr<struct GroupShared> child;  // new_group
@@ -58,7 +60,9 @@ struct World {
 class ThreadGroup final : public QueuedGroup {
  public:
   ThreadGroup(int rank, std::shared_ptr<World> world, std::shared_ptr<GroupShared> shared, std::string name)
-      : QueuedGroup(rank, shared->size, std::move(name)), world_(std::move(world)), shared_(std::move(shared)) {}
+      : QueuedGroup(rank, shared->size, std::move(name)), world_(std::move(world)), shared_(std::move(shared)) {
+    recorder().set_backend("threads", {});  // the ranks are this process's threads: no peer to ask
+  }
   ~ThreadGroup() override {
     {
       std::lock_guard lock(world_->mutex);
@@ -208,10 +212,11 @@ class ThreadGroup final : public QueuedGroup {
         slot->abandoned = fmt::format("{} #{} on group {} ({}) timed out after {} ms: {} {} did not arrive",
                                       op_kind_name(op.kind), op.seq, name(), backend(), op.timeout.count(),
                                       missing.size() == 1 ? "rank" : "ranks", join_ranks(missing));
+        slot->missing = std::move(missing);
         world_->cv.notify_all();
       }
       slot->calls[r] = nullptr;
-      throw TimeoutError("[dist] " + slot->abandoned, false);
+      throw TimeoutError(fmt::format("[dist] {}. {}", slot->abandoned, flight_dump_hint()), false, slot->missing);
     }
 
     auto leave = [&] {

@@ -34,10 +34,11 @@ expect_help() {
   fi
 }
 
-for tool in train bench_cpu bench_ddp bench_gpu bench_train bench_allreduce; do
+for tool in train bench_cpu bench_ddp bench_gpu bench_train bench_allreduce flight_report; do
   expect_help "$tool"
   expect_bad "$tool" --no-such-flag
 done
+expect_bad flight_report /nonexistent/dir
 expect_bad train --batch abc
 expect_bad train --batch 0
 expect_bad train --optimizer lbfgs

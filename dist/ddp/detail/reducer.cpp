@@ -10,6 +10,7 @@
 #include "autograd/ops.h"
 #include "core/detail/elementwise.h"
 #include "core/trace.h"
+#include "dist/flight_recorder.h"
 
 namespace tandem::dist {
 
@@ -392,6 +393,7 @@ WorkPtr Reducer::reduce_bucket(size_t index) {
   gb.lengths = b.lengths;
   gb.group = group_.get();
   // Without a hook the slots were divided on the way in: a plain sum averages.
+  CollectiveTag tag("ddp bucket", static_cast<int64_t>(index));  // what a comm hook issues too
   WorkPtr work;
   if (comm_hook_) {
     work = comm_hook_(gb);
@@ -452,6 +454,7 @@ void Reducer::shadow_reduction(bool static_first) {
 
 void Reducer::launch_used_map() {
   used_map_ = from_vector<int32_t>(local_used_, {static_cast<int64_t>(local_used_.size())}).to(control_device_);
+  CollectiveTag tag("ddp used map");
   used_work_ = group_->allreduce(used_map_, ReduceOp::max);
 }
 
@@ -606,6 +609,7 @@ void Reducer::rebuild_buckets() {
   for (size_t p = n; p-- > 0;)
     if (!seen[p]) order.push_back(static_cast<int64_t>(p));
   Tensor shared = from_vector<int64_t>(order, {static_cast<int64_t>(n)}).to(control_device_);
+  CollectiveTag tag("ddp bucket order");
   if (group_->size() > 1) group_->broadcast(shared, 0)->wait();
   shared = shared.to(kCPU);
   std::vector<size_t> agreed(n);

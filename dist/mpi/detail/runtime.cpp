@@ -10,7 +10,9 @@
 
 #include "core/threads.h"
 
+#include "dist/detail/flight_recorder.h"
 #include "dist/detail/reduce_kernels.h"
+#include "dist/mpi/detail/peer_responder.h"
 
 namespace tandem::dist {
 
@@ -60,7 +62,12 @@ void ensure_mpi_initialized() {
   if (rt.we_initialized) {
     // Made now, while every rank is here: at exit a collective that creates it could block.
     TANDEM_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &rt.exit_comm));  // inherits MPI_ERRORS_RETURN
+    if (info.size > 1) {
+      TANDEM_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &rt.probe_comm));
+      start_peer_responder(rt.probe_comm);
+    }
   }
+  set_flight_process_rank(info.rank);
   rt.initialized = true;
 }
 

@@ -33,6 +33,9 @@ struct MpiRuntime {
   // A copy of MPI_COMM_WORLD (made when Tandem initialises MPI) on which every rank checks in at
   // exit, so that a rank whose group broke can tell whether its peers will ever reach MPI_Finalize.
   MPI_Comm exit_comm = MPI_COMM_NULL;
+  // Another copy, for the questions ranks whose collective timed out ask the others
+  // (peer_responder.h); made with exit_comm, when there are peers.
+  MPI_Comm probe_comm = MPI_COMM_NULL;
   std::mutex call_mutex;
   std::mutex groups_mutex;
   std::set<MpiGroup*> groups;

@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "dist/detail/comm_thread.h"
+#include "dist/detail/peer_probe.h"
 
 namespace tandem::dist {
 
@@ -162,6 +163,7 @@ void NcclComm::push(NcclPending p) {
     cv.notify_one();
     return;
   }
+  if (p.recorder) p.recorder->ended(p.record, false, broken->reason());
   p.work->mark_failed(broken_error(p.what));
 }
 
@@ -208,11 +210,27 @@ void NcclComm::fail_pending(std::exception_ptr front_error) noexcept {
   bool first = true;
   for (NcclPending& p : failed) {
     try {
-      p.work->mark_failed(first && front_error ? front_error : broken_error(p.what));
+      std::exception_ptr error = first && front_error ? front_error : broken_error(p.what);
+      if (p.recorder) {
+        std::string what = broken->reason();
+        std::vector<int> missing;
+        try {
+          std::rethrow_exception(error);
+        } catch (const TimeoutError& e) {
+          what = e.what();
+          missing = e.missing_ranks();
+        } catch (const std::exception& e) {
+          what = e.what();
+        }
+        p.recorder->ended(p.record, false, what, missing);
+        if (first) p.recorder->set_broken(broken->reason());
+      }
+      p.work->mark_failed(error);
     } catch (...) {
     }
     first = false;
   }
+  if (!failed.empty()) flight_dump_on_failure(broken->reason());
 }
 
 void NcclComm::abort_comm() noexcept {
@@ -248,6 +266,7 @@ void NcclComm::watch() {
     // The collectives complete in order on the comm stream: only the oldest needs polling, and
     // its deadline is the earliest.
     std::string failure;
+    std::vector<int> missing;  // a timeout's, where the peers could be asked
     bool timed_out = false, done = false;
     uint64_t busy_polls = 0;  // polls that found a launch holding the handle lock
     const Clock::time_point polling_since = Clock::now();
@@ -286,11 +305,16 @@ void NcclComm::watch() {
         }
         if (Clock::now() > front->deadline) {
           timed_out = true;
+          // NCCL cannot say who is missing: the ranks are asked over MPI where they are, when
+          // launched by mpirun (detail/peer_probe.h).
+          std::optional<PeerReport> peers = front->recorder ? probe_peers(*front->recorder, front->seq) : std::nullopt;
+          if (peers) missing = peers->missing;
           failure = fmt::format(
-              "[dist] {} #{} timed out after {} on {}; NCCL cannot tell which ranks did not arrive "
-              "(TANDEM_DIST_DEBUG=detail checks that every rank called it); the communicator was aborted and the "
-              "group is broken",
-              front->kind, front->seq, duration_text(front->timeout), label());
+              "[dist] {} #{} timed out after {} on {}; {}; the communicator was aborted and the group is broken. {}",
+              front->kind, front->seq, duration_text(front->timeout), label(),
+              peers ? peers->text : "NCCL cannot tell which ranks did not arrive (TANDEM_DIST_DEBUG=detail checks "
+                                    "that every rank called it)",
+              flight_dump_hint());
           break;
         }
       }
@@ -305,7 +329,7 @@ void NcclComm::watch() {
       }
     }
     if (!failure.empty()) {
-      std::exception_ptr e = timed_out ? std::make_exception_ptr(TimeoutError(failure, false))
+      std::exception_ptr e = timed_out ? std::make_exception_ptr(TimeoutError(failure, false, missing))
                                        : std::make_exception_ptr(Error(failure));
       break_group(failure);
       fail_pending(e);
@@ -323,6 +347,7 @@ void NcclComm::watch() {
       room_cv.notify_all();
       if (free_events.size() < 64) free_events.push_back(std::move(p.done));
     }
+    if (p.recorder) p.recorder->ended(p.record, true);
     try {
       p.work->mark_completed(std::move(p.result));  // runs the continuations, on this thread
     } catch (...) {

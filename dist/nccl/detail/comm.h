@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "cuda/runtime.h"
+#include "dist/detail/flight_recorder.h"
 #include "dist/detail/group_base.h"
 
 namespace tandem::dist {
@@ -106,6 +107,8 @@ struct NcclPending {
   std::shared_ptr<cuda::Event> done;  // shared with the Work's stream wait (Work::order_on_device)
   Milliseconds timeout{0};
   Clock::time_point deadline;
+  std::shared_ptr<FlightRecorder> recorder;  // the group's (it may be destroyed while this drains)
+  uint64_t record = 0;                       // the collective's id there
 };
 
 // What the group and its watchdog thread share (the watchdog keeps it alive while it drains).

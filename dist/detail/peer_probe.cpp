@@ -1,0 +1,80 @@
+#include "dist/detail/peer_probe.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <atomic>
+
+#include "dist/detail/flight_recorder.h"
+#include "dist/flight_recorder.h"
+
+namespace tandem::dist {
+
+namespace {
+std::atomic<PeerProber> g_prober{nullptr};
+
+std::string rank_list(const std::vector<int>& ranks) {
+  return fmt::format("{} {}", ranks.size() == 1 ? "rank" : "ranks", fmt::join(ranks, ", "));
+}
+}  // namespace
+
+void set_peer_prober(PeerProber prober) { g_prober.store(prober); }
+
+std::optional<PeerReport> probe_peers(const FlightRecorder& recorder, uint64_t seq) {
+  PeerProber prober = g_prober.load();
+  if (prober == nullptr || recorder.size() < 2) return std::nullopt;
+  PeerQuery q;
+  q.group = recorder.group();
+  q.backend = recorder.backend();
+  q.rank = recorder.rank();
+  q.world_ranks = recorder.world_ranks();
+  if (static_cast<int>(q.world_ranks.size()) != recorder.size()) return std::nullopt;
+  q.seq = seq;
+  q.dump = !flight_recorder_dir().empty();
+  const FlightPosition mine = recorder.position(seq);
+  const std::string my_signature = mine.at_seq ? mine.at_seq->signature() : "";
+  try {
+    return describe_peer_answers(prober(q), seq, my_signature, q.wait);
+  } catch (...) {
+    return std::nullopt;  // the error being raised must not turn into this one
+  }
+}
+
+PeerReport describe_peer_answers(const std::vector<PeerAnswer>& answers, uint64_t seq, const std::string& my_signature,
+                                 std::chrono::milliseconds wait) {
+  PeerReport r;
+  std::vector<std::string> parts;
+  std::vector<int> in_it;
+  for (const PeerAnswer& a : answers) {
+    if (!a.answered) {
+      r.missing.push_back(a.rank);
+      parts.push_back(fmt::format("rank {} did not arrive: it did not answer within {} ms (stopped, hung, or gone)",
+                                  a.rank, wait.count()));
+    } else if (!a.knows_group) {
+      r.missing.push_back(a.rank);
+      parts.push_back(fmt::format("rank {} did not arrive: it has no such group (destroyed, or never made)", a.rank));
+    } else if (a.last_issued < static_cast<int64_t>(seq)) {
+      r.missing.push_back(a.rank);
+      if (a.last_seq < 0) {
+        parts.push_back(fmt::format("rank {} did not arrive: it has issued no collective on this group", a.rank));
+      } else {
+        parts.push_back(fmt::format("rank {} did not arrive: its last collective on this group is #{}, {}, {}", a.rank,
+                                    a.last_seq, a.last_summary, a.last_state));
+      }
+    } else if (a.has_at_seq && !my_signature.empty() && a.at_seq_signature != my_signature) {
+      parts.push_back(fmt::format("rank {} issued {} as #{} ({}), where this rank issued {}", a.rank, a.at_seq_summary,
+                                  seq, a.at_seq_state, my_signature));
+    } else {
+      in_it.push_back(a.rank);
+    }
+  }
+  if (r.missing.empty() && parts.empty()) {
+    r.text = "every rank issued it (a rank may be stuck inside it)";
+    return r;
+  }
+  r.text = fmt::format("{}", fmt::join(parts, "; "));
+  if (!in_it.empty()) r.text += fmt::format("; {} issued it too", rank_list(in_it));
+  return r;
+}
+
+}  // namespace tandem::dist

@@ -1,0 +1,271 @@
+#include "dist/mpi/detail/peer_responder.h"
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string_view>
+#include <thread>
+
+#include "core/error.h"
+#include "dist/detail/flight_recorder.h"
+#include "dist/detail/peer_probe.h"
+#include "dist/flight_recorder.h"
+#include "dist/mpi/detail/runtime.h"
+
+namespace tandem::dist {
+
+namespace {
+
+constexpr int kQueryTag = 1;
+constexpr int kAnswerTagBase = 1000;  // + the asker's round (mod kRounds): a late answer to an
+constexpr int kRounds = 20000;        // earlier round is never taken for this one's
+constexpr auto kTick = std::chrono::milliseconds(20);
+
+// Fixed-size messages: every rank runs the same binary.
+struct Query {
+  int64_t seq;
+  int32_t answer_tag;
+  int32_t dump;
+  int32_t rank_in_group;  // the rank asked about, in the group
+  int32_t asker;          // the asking rank, in the group
+  char group[160];
+  char backend[16];
+};
+
+struct Answer {
+  int64_t last_issued;
+  int64_t last_seq;
+  int32_t knows_group;
+  int32_t has_at_seq;
+  char at_seq_signature[160];
+  char at_seq_summary[224];
+  char at_seq_state[16];
+  char last_summary[224];
+  char last_state[16];
+};
+
+template <size_t N>
+void put(char (&to)[N], std::string_view from) {
+  const size_t n = std::min(from.size(), N - 1);
+  std::memcpy(to, from.data(), n);
+  to[n] = '\0';
+}
+
+template <size_t N>
+std::string get(const char (&from)[N]) {
+  return std::string(from, strnlen(from, N));
+}
+
+Answer answer_for(const Query& q) {
+  Answer a{};
+  a.last_issued = a.last_seq = -1;
+  auto rec = find_flight_recorder(get(q.group), get(q.backend), q.rank_in_group);
+  if (!rec) return a;
+  a.knows_group = 1;
+  const FlightPosition p = rec->position(static_cast<uint64_t>(q.seq));
+  a.last_issued = p.last_issued;
+  if (p.at_seq) {
+    a.has_at_seq = 1;
+    put(a.at_seq_signature, p.at_seq->signature());
+    put(a.at_seq_summary, p.at_seq->summary());
+    put(a.at_seq_state, flight_state_name(p.at_seq->state));
+  }
+  if (p.last) {
+    a.last_seq = static_cast<int64_t>(p.last->seq);
+    put(a.last_summary, p.last->summary());
+    put(a.last_state, flight_state_name(p.last->state));
+  } else if (p.last_issued >= 0) {
+    a.last_seq = p.last_issued;  // a ring of 0 entries: the number alone
+    put(a.last_summary, "(not recorded: TANDEM_FLIGHT_RECORDER_ENTRIES=0)");
+    put(a.last_state, p.last_ended >= p.last_issued ? "ended" : "running");
+  }
+  return a;
+}
+
+struct Responder {
+  MPI_Comm comm = MPI_COMM_NULL;
+  std::thread thread;
+  std::mutex mutex;
+  std::condition_variable cv;
+  bool stopping = false;
+  std::atomic<int> round{0};
+
+  void run() {
+    struct Sent {
+      MPI_Request req;
+      Answer answer;
+    };
+    // On the heap: answers whose sends are still pending at the stop stay allocated for good.
+    auto* sent_ptr = new std::deque<Sent>();  // push_back keeps the buffers of earlier sends in place
+    std::deque<Sent>& sent = *sent_ptr;
+    std::unique_lock lock(mutex);
+    while (!stopping) {
+      cv.wait_for(lock, kTick);
+      if (stopping) break;
+      lock.unlock();
+      bool dump = false;
+      int asker = -1;
+      for (;;) {
+        int flag = 0;
+        MPI_Status st;
+        Query q{};
+        {
+          auto lk = mpi_runtime().lock();
+          if (MPI_Iprobe(MPI_ANY_SOURCE, kQueryTag, comm, &flag, &st) != MPI_SUCCESS || !flag) break;
+          if (MPI_Recv(&q, sizeof q, MPI_BYTE, st.MPI_SOURCE, kQueryTag, comm, MPI_STATUS_IGNORE) != MPI_SUCCESS) break;
+        }
+        sent.push_back(Sent{MPI_REQUEST_NULL, answer_for(q)});
+        {
+          auto lk = mpi_runtime().lock();
+          MPI_Isend(&sent.back().answer, sizeof(Answer), MPI_BYTE, st.MPI_SOURCE, q.answer_tag, comm, &sent.back().req);
+        }
+        dump |= q.dump != 0;
+        asker = st.MPI_SOURCE;
+      }
+      // Answers delivered (or to a rank that gave up: small, so MPI sends them eagerly) are freed.
+      while (!sent.empty()) {
+        int done = 0;
+        auto lk = mpi_runtime().lock();
+        if (sent.front().req != MPI_REQUEST_NULL && MPI_Test(&sent.front().req, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS)
+          done = 1;
+        if (!done && sent.front().req != MPI_REQUEST_NULL) break;
+        sent.pop_front();
+      }
+      if (dump) flight_dump_on_failure(fmt::format("rank {} timed out and asked for it", asker));
+      lock.lock();
+    }
+    auto lk = mpi_runtime().lock();
+    bool pending = false;
+    for (Sent& s : sent) {
+      if (s.req == MPI_REQUEST_NULL) continue;
+      MPI_Request_free(&s.req);
+      pending = true;
+    }
+    if (!pending) delete sent_ptr;
+  }
+};
+
+Responder& responder() {
+  static Responder* r = new Responder();  // never destroyed: stopped by mpi_finalize
+  return *r;
+}
+
+std::vector<PeerAnswer> ask(const PeerQuery& pq) {
+  Responder& r = responder();
+  const int n = static_cast<int>(pq.world_ranks.size());
+  const int tag = kAnswerTagBase + r.round.fetch_add(1) % kRounds;
+  // The queries live on until their sends complete (see below).
+  auto queries = std::make_unique<std::vector<Query>>(n);
+  std::vector<Answer> answers(n);
+  std::vector<MPI_Request> recvs(n, MPI_REQUEST_NULL), sends(n, MPI_REQUEST_NULL);
+  {
+    auto lk = mpi_runtime().lock();
+    for (int k = 0; k < n; ++k) {
+      if (k == pq.rank) continue;
+      Query& q = (*queries)[k];
+      q.seq = static_cast<int64_t>(pq.seq);
+      q.answer_tag = tag;
+      q.dump = pq.dump ? 1 : 0;
+      q.rank_in_group = k;
+      q.asker = pq.rank;
+      put(q.group, pq.group);
+      put(q.backend, pq.backend);
+      const int peer = pq.world_ranks[k];
+      TANDEM_MPI_CHECK(MPI_Irecv(&answers[k], sizeof(Answer), MPI_BYTE, peer, tag, r.comm, &recvs[k]));
+      TANDEM_MPI_CHECK(MPI_Isend(&q, sizeof(Query), MPI_BYTE, peer, kQueryTag, r.comm, &sends[k]));
+    }
+  }
+  std::vector<bool> got(n, false);
+  const auto deadline = std::chrono::steady_clock::now() + pq.wait;
+  for (;;) {
+    bool all = true;
+    {
+      auto lk = mpi_runtime().lock();
+      for (int k = 0; k < n; ++k) {
+        if (k == pq.rank || got[k]) continue;
+        int done = 0;
+        TANDEM_MPI_CHECK(MPI_Test(&recvs[k], &done, MPI_STATUS_IGNORE));
+        got[k] = done != 0;
+        all &= got[k];
+      }
+    }
+    if (all || std::chrono::steady_clock::now() >= deadline) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  {
+    // A peer that did not answer: its receive is cancelled (and waited for, so no late answer
+    // lands in freed memory). A query to it is small and normally sent eagerly; should its send
+    // still be pending, its buffer is kept for good rather than freed under MPI.
+    auto lk = mpi_runtime().lock();
+    bool sends_pending = false;
+    for (int k = 0; k < n; ++k) {
+      if (recvs[k] != MPI_REQUEST_NULL) {
+        MPI_Cancel(&recvs[k]);
+        MPI_Wait(&recvs[k], MPI_STATUS_IGNORE);
+      }
+      if (sends[k] != MPI_REQUEST_NULL) {
+        int done = 0;
+        if (MPI_Test(&sends[k], &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) done = 0;
+        if (!done) {
+          MPI_Request_free(&sends[k]);
+          sends_pending = true;
+        }
+      }
+    }
+    if (sends_pending) {
+      static std::mutex kept_mutex;
+      static auto* kept = new std::vector<std::unique_ptr<std::vector<Query>>>();
+      std::lock_guard keep(kept_mutex);
+      kept->push_back(std::move(queries));
+    }
+  }
+  std::vector<PeerAnswer> out;
+  for (int k = 0; k < n; ++k) {
+    if (k == pq.rank) continue;
+    PeerAnswer a;
+    a.rank = k;
+    a.answered = got[k];
+    if (got[k]) {
+      const Answer& x = answers[k];
+      a.knows_group = x.knows_group != 0;
+      a.last_issued = x.last_issued;
+      a.has_at_seq = x.has_at_seq != 0;
+      a.at_seq_signature = get(x.at_seq_signature);
+      a.at_seq_summary = get(x.at_seq_summary);
+      a.at_seq_state = get(x.at_seq_state);
+      a.last_summary = get(x.last_summary);
+      a.last_state = get(x.last_state);
+      a.last_seq = x.last_seq;
+    }
+    out.push_back(std::move(a));
+  }
+  return out;
+}
+
+}  // namespace
+
+void start_peer_responder(MPI_Comm comm) {
+  Responder& r = responder();
+  r.comm = comm;
+  r.thread = std::thread([&r] { r.run(); });
+  set_peer_prober(ask);
+}
+
+void stop_peer_responder() noexcept {
+  set_peer_prober(nullptr);
+  Responder& r = responder();
+  {
+    std::lock_guard lock(r.mutex);
+    r.stopping = true;
+  }
+  r.cv.notify_all();
+  if (r.thread.joinable()) r.thread.join();
+}
+
+}  // namespace tandem::dist
