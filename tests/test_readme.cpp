@@ -4,6 +4,8 @@
 #include <atomic>
 
 #include <cstdio>
+#include <fstream>
+#include <iterator>
 #include <sstream>
 
 #include "tandem.h"
@@ -517,6 +519,32 @@ TEST_CASE("README sharded optimizer state: ZeroRedundancyOptimizer", "[readme]")
     if (pg->rank() == 1) failed += opt.state_dict().size() == nn::load_safetensors(path).size() ? 0 : 1;
   });
   std::remove(path.c_str());
+  REQUIRE(failed == 0);
+}
+
+TEST_CASE("README flight recorder: tags and dumps", "[readme]") {
+  const std::string file = "readme_flight.json";
+  std::atomic<int> failed{0};
+  dist::run_threads(2, [&](dist::ProcessGroup& group) {
+    dist::ProcessGroupPtr pg(std::shared_ptr<void>(), &group);
+    Tensor loss = full({1}, 1.0 + group.rank());
+    {
+      dist::CollectiveTag tag("loss average");  // collectives issued on this thread while it lives
+      pg->allreduce(loss, dist::ReduceOp::avg)->wait();
+    }
+    pg->barrier()->wait();
+    if (group.rank() == 0) {
+      std::string path = dist::dump_flight_recorder("after epoch 3", file);  // this process's rings
+      std::ifstream in(path);
+      std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      failed += text.find("\"caller\": \"loss average\"") != std::string::npos &&
+                        text.find("\"reason\": \"after epoch 3\"") != std::string::npos
+                    ? 0
+                    : 1;
+    }
+    failed += loss.item<float>() == 1.5f ? 0 : 1;
+  });
+  std::remove(file.c_str());
   REQUIRE(failed == 0);
 }
 

@@ -21,6 +21,8 @@
 //                         communication time per step with bf16 mixed precision vs f32 DDP
 //   mp_bf16_step_np2      the same model, whole step, bf16 mixed precision vs f32 DDP
 //   zero_step_np2         the bench MLP's DDP step with ZeroRedundancyOptimizer(Adam) vs DDP + Adam, interleaved
+//   flight_recorder_np2   the bench MLP's DDP step with the flight recorder (2000 entries) vs off (0 entries),
+//                         interleaved; the note: the same with 400 single-parameter buckets a step
 //   zero_adam_state_rss_np2/np4  the 50 M-parameter model under DDP: the resident memory Adam's first step adds
 //                         (its state) with ZeroRedundancyOptimizer vs plain Adam, the largest over the ranks
 // The three DDP-step variants and the floor run in the same two processes, in interleaved batches
@@ -33,6 +35,7 @@
 #include <array>
 #include <cstdio>
 #include <memory>
+#include <numeric>
 #include <nlohmann/json.hpp>
 
 #include "bench_common.h"
@@ -260,6 +263,54 @@ double backward_comm_ms(dist::ProcessGroupPtr g, std::optional<double> cap_mb, i
   return samples[samples.size() / 2] * 1e3;
 }
 
+// The flight recorder's cost: the same DDP steps on the world group (recording, the default 2000
+// entries) and on a copy of it made with TANDEM_FLIGHT_RECORDER_ENTRIES=0 (counters only),
+// interleaved in the same processes: the bench MLP (a few buckets a step) and the 200-layer model
+// with a bucket per parameter (400 collectives a step), where a per-operation cost would show.
+nlohmann::json flight_steps(dist::ProcessGroupPtr g, int runs) {
+  std::vector<int> all(static_cast<size_t>(g->size()));
+  std::iota(all.begin(), all.end(), 0);
+  setenv("TANDEM_FLIGHT_RECORDER_ENTRIES", "0", 1);
+  dist::ProcessGroupPtr off = g->new_group(all);
+  unsetenv("TANDEM_FLIGHT_RECORDER_ENTRIES");
+  manual_seed(0);
+  MlpBench on_mlp(64, 784, 512, 10);
+  manual_seed(0);
+  MlpBench off_mlp(64, 784, 512, 10);
+  dist::DistributedDataParallel on_ddp(on_mlp.model, g), off_ddp(off_mlp.model, off);
+  auto mlp_step = [](MlpBench& m, dist::DistributedDataParallel& ddp) {
+    return [&] {
+      m.opt->zero_grad(true);
+      nn::cross_entropy(ddp(m.x), m.y).backward();
+      m.opt->step();
+    };
+  };
+  manual_seed(1);
+  auto on_deep = deep_narrow();
+  manual_seed(1);
+  auto off_deep = deep_narrow();
+  dist::DdpOptions per_param;
+  per_param.bucket_cap_mb = 1e-9;
+  dist::DistributedDataParallel on_deep_ddp(on_deep, g, per_param), off_deep_ddp(off_deep, off, per_param);
+  Tensor x = randn({16, 32});
+  auto deep_step = [&x](std::shared_ptr<nn::Sequential>& m, dist::DistributedDataParallel& ddp) {
+    return [&] {
+      m->zero_grad(false);
+      pow(ddp(x), 2).mean().backward();
+    };
+  };
+  auto ms = bench::median_seconds_interleaved(
+      {mlp_step(on_mlp, on_ddp), mlp_step(off_mlp, off_ddp), deep_step(on_deep, on_deep_ddp),
+       deep_step(off_deep, off_deep_ddp)},
+      20, runs, 5, [&] { g->barrier()->wait(); });
+  nlohmann::json out;
+  out["mlp_on_ms"] = ms[0] * 1e3;
+  out["mlp_off_ms"] = ms[1] * 1e3;
+  out["deep_on_ms"] = ms[2] * 1e3;
+  out["deep_off_ms"] = ms[3] * 1e3;
+  return out;
+}
+
 std::shared_ptr<nn::Sequential> fifty_million() {
   auto m = std::make_shared<nn::Sequential>();
   for (int i = 0; i < 50; ++i) m->push_back(std::make_shared<nn::Linear>(1000, 1000));  // 50.05 M parameters
@@ -318,6 +369,8 @@ int worker(const std::string& what, int runs, double momentum) {
     out["per_param_ms"] = backward_comm_ms(g, 1e-9, runs);
   } else if (what == "zero_step") {
     out = zero_steps(g, runs);
+  } else if (what == "flight") {
+    out = flight_steps(g, runs);
   } else if (what == "zero_rss" || what == "adam_rss") {
     out = adam_state_rss(g, what == "zero_rss");
   } else if (what == "rss_ddp") {
@@ -413,6 +466,15 @@ int main(int argc, char** argv) {
                       fmt::format("the bench MLP, DDP + ZeroRedundancyOptimizer(Adam) vs DDP + Adam (parameters {} "
                                   "apart at the end)",
                                   figure(zero, "max_param_diff"))});
+    }
+    auto flight = run_json(fmt::format("{} {} --worker flight --runs {} 2>&1", bench::mpirun_prefix(2), self, runs));
+    if (flight) {
+      const double deep_on = figure(flight, "deep_on_ms"), deep_off = figure(flight, "deep_off_ms");
+      rows.push_back({"flight_recorder_np2", figure(flight, "mlp_on_ms"), figure(flight, "mlp_off_ms"), "ms",
+                      "ratio <= 1.05",
+                      fmt::format("the bench MLP's DDP step recording (2000 entries) vs the recorder off; 400 "
+                                  "buckets a step: {:.3f} vs {:.3f} ms = {:.3f}",
+                                  deep_on, deep_off, deep_on / deep_off)});
     }
     if (!quick) {
       for (int np : {2, 4}) {
