@@ -127,6 +127,41 @@ inline void zero_equivalence_all(ProcessGroupPtr g) {
   zero_equivalence(g, optim::AdamOptions{.lr = 0.01}, 4e-4, 1, false);  // a few parameters per bucket
 }
 
+// Behind DDP with native mixed precision (bf16 shadows, f32 masters): ZeRO steps its partition of
+// the f32 masters, which are the parameters themselves (the shadows live only from a forward to
+// the end of its backward), and broadcasts them; the plain optimizer behind the same DDP setup
+// must end bitwise equal, with no_sync accumulation between steps.
+inline void zero_mixed_precision(ProcessGroupPtr g) {
+  const int W = g->size(), R = g->rank();
+  const std::string what = fmt::format("zero mixed precision rank {}/{}", R, W);
+  auto zero_model = make_net_without_never(f32, R == 0 ? 7 : 100 + R);
+  auto plain_model = make_net_without_never(f32, R == 0 ? 7 : 200 + R);
+  DdpOptions o;
+  o.mixed_precision = MixedPrecision{.param_dtype = bf16, .reduce_dtype = f32};
+  DistributedDataParallel zero_ddp(zero_model, g, o);
+  DistributedDataParallel plain_ddp(plain_model, g, o);
+  const optim::AdamWOptions adamw{.lr = 0.01};
+  ZeroRedundancyOptimizer zero(zero_model->parameters(), adamw, g, {.bucket_cap_mb = 4e-4});
+  optim::AdamW plain(plain_model->parameters(), adamw);
+  for (int step = 0; step < 4; ++step) {
+    for (auto [ddp, opt] : {std::pair<DistributedDataParallel*, optim::Optimizer*>{&zero_ddp, &zero},
+                            std::pair<DistributedDataParallel*, optim::Optimizer*>{&plain_ddp, &plain}}) {
+      opt->zero_grad();
+      for (int k = 0; k < 2; ++k) {
+        auto guard = k == 0 ? std::optional<DistributedDataParallel::NoSyncGuard>(ddp->no_sync()) : std::nullopt;
+        const int64_t first = ((step * 4 + k) * 16 + R) * kRowsPerRank;
+        Tensor out = (*ddp)(inputs(first, kRowsPerRank, 8, f32));
+        expect(out.dtype() == bf16, "{}: the forward ran in {}, not bf16", what, out.dtype());
+        mse_loss(out.to(f32), targets(first, kRowsPerRank, 4, f32)).backward();
+      }
+      opt->step();
+    }
+    for (const Tensor& p : zero_model->parameters())
+      expect(p.dtype() == f32, "{}: a parameter reads as {} between steps, not its f32 master", what, p.dtype());
+    expect_same_parameters(*zero_model, *plain_model, 0, fmt::format("{} step {}", what, step));
+  }
+}
+
 // Two parameter groups (weight decay on the matrices only, as train's GPT), one with its own
 // learning rate: the same as the plain optimizer with those groups, state dict included.
 inline void zero_two_groups(ProcessGroupPtr g) {
