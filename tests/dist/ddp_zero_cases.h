@@ -254,8 +254,22 @@ inline void zero_errors(ProcessGroupPtr g) {
   expect_join_error([&] { ZeroRedundancyOptimizer z({params[0], params[0]}, optim::SGDOptions{}, g); },
                     "parameter 1 appears more than once");
   expect_join_error([&] { ZeroRedundancyOptimizer z(params, optim::SGDOptions{.lr = -1}, g); }, "invalid learning rate");
+  expect_join_error([&] { ZeroRedundancyOptimizer z(params, optim::SGDOptions{}, g, {.bucket_cap_mb = 0}); },
+                    "[ZeroRedundancyOptimizer] bucket_cap_mb must be positive, got 0");
   ZeroRedundancyOptimizer zero(params, optim::AdamOptions{}, g);
   expect_join_error([&] { zero.consolidate_state_dict(g->size()); }, "is not in the group");
+  expect_join_error([&] { zero.set_lr(1, 0.1); }, "[ZeroRedundancyOptimizer] has 1 parameter groups, not 2");
+  expect_join_error([&] { (void)zero.lr(3); }, "has 1 parameter groups, not 4");
+  {
+    // Joinables must share one group: a ZeRO over a copy of DDP's group is refused at once.
+    std::vector<int> all(static_cast<size_t>(g->size()));
+    for (int r = 0; r < g->size(); ++r) all[static_cast<size_t>(r)] = r;
+    ProcessGroupPtr copy = g->new_group(all);
+    auto net = make_net_without_never(f64, 7);
+    DistributedDataParallel ddp(net, g);
+    ZeroRedundancyOptimizer z(net->parameters(), optim::AdamOptions{}, copy);
+    expect_join_error([&] { Join join({&ddp, &z}); }, "[Join] every joinable must communicate over the same group");
+  }
   expect_join_error([&] { zero.state_dict(); }, "call consolidate_state_dict");
   {
     auto net = make_net_without_never(f64, 7);
