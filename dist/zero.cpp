@@ -124,9 +124,32 @@ ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(std::vector<ZeroParamGroup> gro
     for (size_t k = 0; k < groups_[g].params.size(); ++k, ++i)
       if (owner_[i] == group_->rank()) local[g].push_back(params_[i]);
   local_ = make_local(groups_, local);
+  if (options_.overlap_with_ddp) register_overlap_steps();
 }
 
-ZeroRedundancyOptimizer::~ZeroRedundancyOptimizer() = default;
+void ZeroRedundancyOptimizer::register_overlap_steps() {
+  std::vector<std::shared_ptr<optim::InBackwardStep>> steps;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const Tensor& p = params_[i];
+    if (!p.requires_grad()) continue;  // frozen: never gets a gradient, never stepped
+    TANDEM_CHECK(p.is_leaf(), "[{}] overlap_with_ddp: parameter {} (shape {}) is not a leaf", kName, i, p.shape());
+    std::function<void()> step;
+    if (owner_[i] == group_->rank()) {
+      step = [this, p] {
+        std::lock_guard lock(local_mutex_);
+        local_->step_only(p);
+      };
+    } else {
+      step = [] {};  // its owner steps it; the broadcast in step() brings it here
+    }
+    steps.push_back(std::make_shared<optim::InBackwardStep>(p, std::move(step), /*keep_grads=*/false));
+  }
+  overlap_ = optim::register_in_backward_steps(std::move(steps), kName);
+}
+
+ZeroRedundancyOptimizer::~ZeroRedundancyOptimizer() {
+  if (overlap_) overlap_->remove();  // a step in flight ends first; none starts after
+}
 
 void ZeroRedundancyOptimizer::partition() {
   // Largest first, each to the rank with the fewest elements so far (the lowest on a tie), as
@@ -190,6 +213,7 @@ void ZeroRedundancyOptimizer::set_group_hyperparameter(size_t group, const std::
 
 void ZeroRedundancyOptimizer::push_options() {
   if (!local_) return;
+  std::lock_guard lock(local_mutex_);  // overlap_with_ddp: not while a step in backward runs
   for (size_t g = 0; g < groups_.size(); ++g) {
     std::visit(
         [&](const auto& o) {
@@ -225,6 +249,24 @@ Device ZeroRedundancyOptimizer::join_device() const { return params_.front().dev
 
 void ZeroRedundancyOptimizer::step() {
   Join* join = join_context();
+  if (overlap_) {
+    TANDEM_CHECK(join == nullptr, "[{}] overlap_with_ddp does not work under a Join", kName);
+    for (const auto& s : overlap_->steps()) {
+      if (s->taken_over()) continue;
+      const auto i = std::find_if(params_.begin(), params_.end(),
+                                  [&](const Tensor& p) { return p.impl() == s->parameter().impl(); }) -
+                     params_.begin();
+      fail("[{}] overlap_with_ddp: no DistributedDataParallel steps parameter {} (shape {}) in backward: make the "
+           "DistributedDataParallel after the ZeroRedundancyOptimizer, over the same parameters",
+           kName, i, s->parameter().shape());
+    }
+    TANDEM_TRACE_SCOPE("zero step (overlapped)", "optim");
+    state_.clear();  // a consolidated state is a snapshot: stale after the steps in backward
+    consolidated_on_ = -1;
+    NoGradGuard no_grad;
+    broadcast_partitions();
+    return;
+  }
   step_partition_and_broadcast(join ? join->authority() : -1);
 }
 
@@ -444,6 +486,7 @@ void ZeroRedundancyOptimizer::load_state_dict(const nn::TensorDict& sd) {
 
 void ZeroRedundancyOptimizer::join_shadow(const JoinIteration& it) {
   if (!(it.flags & Join::kSynchronises)) return;
+  TANDEM_CHECK(!overlap_, "[{}] overlap_with_ddp does not work under a Join", kName);
   // The step the ranks still training take after this iteration's reduction, on the gradients
   // the joinables before this one (DDP) left; then .grad is dropped, as their zero_grad() does.
   step_partition_and_broadcast(it.authority());

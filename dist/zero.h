@@ -22,6 +22,7 @@
 #pragma once
 
 #include <memory>
+#include <mutex>
 #include <vector>
 
 #include "dist/join.h"
@@ -42,6 +43,13 @@ struct ZeroOptions {
   // The updated parameters of less than 1 MiB are broadcast from each owner in flat buckets of
   // at most this size (one dtype and device each); bigger ones alone, in place (no copy).
   double bucket_cap_mb = 25;
+  // PyTorch's overlap_with_ddp: each rank steps its parameters inside backward, as soon as DDP
+  // has reduced their bucket (DDP runs the steps, as it runs apply_optimizer_in_backward's), so
+  // the update overlaps the rest of backward; step() then only broadcasts the partitions. Build
+  // the ZeroRedundancyOptimizer before the DistributedDataParallel that wraps its parameters
+  // (DDP takes the steps over when it is made; step() says so otherwise). Gradients are dropped
+  // after their step (.grad is none after backward). Not under a Join.
+  bool overlap_with_ddp = false;
 };
 
 class ZeroRedundancyOptimizer : public optim::Optimizer, public Joinable {
@@ -57,7 +65,8 @@ class ZeroRedundancyOptimizer : public optim::Optimizer, public Joinable {
   ~ZeroRedundancyOptimizer() override;
 
   // Steps this rank's partition (parameters whose gradient is undefined are skipped, as by the
-  // plain optimizer), then broadcasts every partition from its owner. Collective.
+  // plain optimizer), then broadcasts every partition from its owner. Collective. With
+  // overlap_with_ddp the partition was stepped in backward: only the broadcasts are left.
   void step() override;
 
   size_t num_param_groups() const override { return groups_.size(); }
@@ -98,6 +107,7 @@ class ZeroRedundancyOptimizer : public optim::Optimizer, public Joinable {
 
  private:
   void partition();
+  void register_overlap_steps();  // overlap_with_ddp
   void push_options();                 // the groups' hyperparameters into the local optimizer
   void step_partition_and_broadcast(int hyperparameters_from);
   void sync_hyperparameters(int root);  // under a Join: the schedule of a rank still training
@@ -112,6 +122,10 @@ class ZeroRedundancyOptimizer : public optim::Optimizer, public Joinable {
   std::vector<size_t> local_index_;  // local parameter j is params_[local_index_[j]]
   std::unique_ptr<optim::Optimizer> local_;
   int consolidated_on_ = -1;  // the rank whose state_ holds the consolidated state (-1: none)
+  // overlap_with_ddp: local_'s steps of one parameter each, run by DDP's reduction (on whichever
+  // thread completes it) while set_lr may run on the caller's; one at a time.
+  std::mutex local_mutex_;
+  std::unique_ptr<optim::InBackwardRegistration> overlap_;  // before local_ goes: declared after it
 };
 
 }  // namespace tandem::dist

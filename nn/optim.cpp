@@ -349,12 +349,22 @@ void run_per_device(const std::vector<Entry>& entries, Run run) {
 
 }  // namespace
 
+void Optimizer::step_only(const Tensor& param) {
+  struct Only {
+    const TensorImpl*& slot;
+    ~Only() { slot = nullptr; }
+  } only{only_};
+  only_ = param.impl();
+  step();
+}
+
 void SGD::step() {
   NoGradGuard guard;
   for (auto& group : groups_) {
     const SGDOptions& o = group.options;
     std::vector<detail::SgdStepTensors> on_device;
     for (const Tensor& p : group.params) {
+      if (skips(p)) continue;
       Tensor g = p.grad();
       if (!g.defined()) continue;
       Tensor buf;
@@ -494,6 +504,7 @@ void Adam::step() {
     const AdamOptions& o = group.options;
     std::vector<detail::AdamStepTensors> on_device;
     for (const Tensor& p : group.params) {
+      if (skips(p)) continue;
       Tensor g = p.grad();
       if (!g.defined()) continue;
       ParamState& st = state_for(p);

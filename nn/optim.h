@@ -87,6 +87,10 @@ class Optimizer {
   Optimizer& operator=(const Optimizer&) = delete;
 
   virtual void step() = 0;
+  // Steps `param` alone, as step() would step it (nothing if its gradient is undefined): the
+  // step of one parameter of a larger optimizer, run in backward once its gradient is reduced
+  // (ZeroRedundancyOptimizer's overlap_with_ddp). Not thread-safe against other steps.
+  void step_only(const Tensor& param);
   // set_to_none drops the gradients (the default, as in PyTorch 2); otherwise zeroes them.
   void zero_grad(bool set_to_none = true);
 
@@ -114,11 +118,16 @@ class Optimizer {
   virtual bool counts_steps() const = 0;
 
   ParamState& state_for(const Tensor& param) { return state_[param.impl()]; }
+  // True when step() must leave `param` alone: a step_only of another parameter runs.
+  bool skips(const Tensor& param) const { return only_ != nullptr && param.impl() != only_; }
   // Parameters must be defined floating leaves, each in one group only.
   void check_new_params(const TensorList& params) const;
 
   std::string name_;
   std::unordered_map<const TensorImpl*, ParamState> state_;
+
+ private:
+  const TensorImpl* only_ = nullptr;  // step_only's parameter while it runs
 };
 
 template <class Options>

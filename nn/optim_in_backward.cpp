@@ -1,6 +1,7 @@
 #include "nn/optim_in_backward.h"
 
 #include <type_traits>
+#include <unordered_set>
 #include <utility>
 
 #include "autograd/grad_mode.h"
@@ -81,13 +82,30 @@ InBackwardStep::InBackwardStep(Tensor param, std::unique_ptr<Optimizer> optimize
                kApply);
 }
 
+InBackwardStep::InBackwardStep(Tensor param, std::function<void()> step, bool keep_grads)
+    : param_(std::move(param)), step_fn_(std::move(step)), keep_grads_(keep_grads) {
+  TANDEM_CHECK(param_.defined() && step_fn_ != nullptr, "{} an InBackwardStep needs a parameter and a step", kApply);
+}
+
+Optimizer& InBackwardStep::optimizer() {
+  TANDEM_CHECK(optimizer_ != nullptr, "{} this parameter's step belongs to another optimizer: it has none of its own",
+               kApply);
+  return *optimizer_;
+}
+
+const Optimizer& InBackwardStep::optimizer() const { return const_cast<InBackwardStep*>(this)->optimizer(); }
+
 void InBackwardStep::step() {
   std::lock_guard lock(mu_);
   if (removed_.load(std::memory_order_acquire)) return;
   if (!param_.grad().defined()) return;
   // The taker may call this from its communication thread, whose grad mode is its own.
   NoGradGuard no_grad;
-  optimizer_->step();
+  if (optimizer_) {
+    optimizer_->step();
+  } else {
+    step_fn_();
+  }
   if (!keep_grads_) param_.set_grad(Tensor());  // the gradient's memory goes while backward still runs
 }
 
@@ -122,25 +140,40 @@ InBackwardOptimizers::InBackwardOptimizers(const OptimizerSpec& spec, const Tens
   }
 }
 
-void InBackwardOptimizers::attach() {
-  {
-    Registry& r = registry();
-    std::lock_guard lock(r.mu);
-    // Every check before the first insertion: a failed apply leaves the registry as it was.
-    for (size_t i = 0; i < params_.size(); ++i) {
-      const Tensor& p = params_[i];
-      TANDEM_CHECK(!r.steps.count(p.impl()),
-                   "{} parameter {} (shape {}) already has an optimizer in backward: apply it once per parameter "
-                   "(or remove() the earlier one first)",
-                   kApply, i, p.shape());
-      auto claim = r.claims.find(p.impl());
-      TANDEM_CHECK(claim == r.claims.end(),
-                   "{} parameter {} is managed by {}: apply the optimizer in backward before wrapping the module in {}",
-                   kApply, p.shape(), claim->second.owner, claim->second.owner);
-    }
-    for (size_t i = 0; i < params_.size(); ++i) r.steps.emplace(params_[i].impl(), steps_[i]);
-    registered_ = true;
+namespace {
+
+// Every check before the first insertion: a failed registration leaves the registry as it was.
+void register_steps(const std::vector<std::shared_ptr<InBackwardStep>>& steps, const char* who) {
+  Registry& r = registry();
+  std::lock_guard lock(r.mu);
+  for (size_t i = 0; i < steps.size(); ++i) {
+    const Tensor& p = steps[i]->parameter();
+    TANDEM_CHECK(!r.steps.count(p.impl()),
+                 "{} parameter {} (shape {}) already has an optimizer in backward: apply it once per parameter "
+                 "(or remove() the earlier one first)",
+                 who, i, p.shape());
+    auto claim = r.claims.find(p.impl());
+    TANDEM_CHECK(claim == r.claims.end(),
+                 "{} parameter {} is managed by {}: apply the optimizer in backward before wrapping the module in {}",
+                 who, p.shape(), claim->second.owner, claim->second.owner);
   }
+  for (const auto& step : steps) r.steps.emplace(step->parameter().impl(), step);
+}
+
+void unregister_steps(const std::vector<std::shared_ptr<InBackwardStep>>& steps) noexcept {
+  Registry& r = registry();
+  std::lock_guard lock(r.mu);
+  for (const auto& s : steps) {
+    auto it = r.steps.find(s->parameter().impl());
+    if (it != r.steps.end() && it->second == s) r.steps.erase(it);
+  }
+}
+
+}  // namespace
+
+void InBackwardOptimizers::attach() {
+  register_steps(steps_, kApply);
+  registered_ = true;
   hooks_.reserve(steps_.size());
   for (const auto& step : steps_) {
     // Weak: the parameter owns its hook list, and a strong reference from there would keep the
@@ -163,14 +196,38 @@ void InBackwardOptimizers::remove() noexcept {
     std::lock_guard lock(s->mu_);
   }
   if (registered_) {
-    Registry& r = registry();
-    std::lock_guard lock(r.mu);
-    for (const auto& s : steps_) {
-      auto it = r.steps.find(s->parameter().impl());
-      if (it != r.steps.end() && it->second == s) r.steps.erase(it);
-    }
+    unregister_steps(steps_);
     registered_ = false;
   }
+}
+
+// ---- InBackwardRegistration ----
+
+InBackwardRegistration::~InBackwardRegistration() { remove(); }
+
+void InBackwardRegistration::remove() noexcept {
+  for (const auto& s : steps_) {
+    s->removed_.store(true, std::memory_order_release);
+    std::lock_guard lock(s->mu_);  // a step in flight on another thread ends first
+  }
+  if (registered_) {
+    unregister_steps(steps_);
+    registered_ = false;
+  }
+}
+
+std::unique_ptr<InBackwardRegistration> register_in_backward_steps(std::vector<std::shared_ptr<InBackwardStep>> steps,
+                                                                   const std::string& who) {
+  std::unordered_set<const TensorImpl*> seen;
+  for (size_t i = 0; i < steps.size(); ++i) {
+    TANDEM_CHECK(steps[i] != nullptr, "[{}] in-backward step {} is null", who, i);
+    TANDEM_CHECK(seen.insert(steps[i]->parameter().impl()).second, "[{}] parameter {} has two in-backward steps", who,
+                 i);
+  }
+  std::unique_ptr<InBackwardRegistration> reg(new InBackwardRegistration(std::move(steps)));
+  register_steps(reg->steps_, fmt::format("[{}]", who).c_str());
+  reg->registered_ = true;
+  return reg;
 }
 
 Optimizer& InBackwardOptimizers::optimizer(size_t i) {

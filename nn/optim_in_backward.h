@@ -19,6 +19,7 @@
 #pragma once
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -45,6 +46,9 @@ struct InBackwardOptions {
 class InBackwardStep {
  public:
   InBackwardStep(Tensor param, std::unique_ptr<Optimizer> optimizer, bool keep_grads);
+  // A step another optimizer provides (register_in_backward_steps): `step` updates the
+  // parameter from its .grad; it has no optimizer() of its own.
+  InBackwardStep(Tensor param, std::function<void()> step, bool keep_grads);
   InBackwardStep(const InBackwardStep&) = delete;
   InBackwardStep& operator=(const InBackwardStep&) = delete;
 
@@ -56,8 +60,8 @@ class InBackwardStep {
   void step();
 
   bool keep_grads() const { return keep_grads_; }
-  Optimizer& optimizer() { return *optimizer_; }
-  const Optimizer& optimizer() const { return *optimizer_; }
+  Optimizer& optimizer();
+  const Optimizer& optimizer() const;
   const Tensor& parameter() const { return param_; }
   // False once the owner was removed or destroyed.
   bool active() const { return !removed_.load(std::memory_order_acquire); }
@@ -66,6 +70,7 @@ class InBackwardStep {
 
  private:
   friend class InBackwardOptimizers;
+  friend class InBackwardRegistration;
   friend std::shared_ptr<InBackwardStep> take_over_in_backward_step(const Tensor&, const std::string&);
   friend void give_back_in_backward_step(const Tensor&) noexcept;
 
@@ -75,6 +80,7 @@ class InBackwardStep {
   mutable std::mutex mu_;
   Tensor param_;
   std::unique_ptr<Optimizer> optimizer_;
+  std::function<void()> step_fn_;  // instead of optimizer_
   bool keep_grads_;
   std::atomic<bool> removed_{false};
   std::atomic<bool> taken_{false};
@@ -132,6 +138,31 @@ class InBackwardOptimizers {
 // changes when a check fails.
 std::shared_ptr<InBackwardOptimizers> apply_optimizer_in_backward(const OptimizerSpec& spec, const TensorList& params,
                                                                   InBackwardOptions options = {});
+
+// In-backward steps that another optimizer provides, registered for a synchroniser to take over
+// as it takes over apply_optimizer_in_backward's, but with no local hooks: they run only once a
+// synchroniser (DDP) has reduced the gradient. ZeroRedundancyOptimizer's overlap_with_ddp
+// registers one per parameter. Destroying the registration (or remove()) stops stepping and
+// removes the entries.
+class InBackwardRegistration {
+ public:
+  ~InBackwardRegistration();  // remove()
+  InBackwardRegistration(const InBackwardRegistration&) = delete;
+  InBackwardRegistration& operator=(const InBackwardRegistration&) = delete;
+  void remove() noexcept;
+  const std::vector<std::shared_ptr<InBackwardStep>>& steps() const { return steps_; }
+
+ private:
+  friend std::unique_ptr<InBackwardRegistration> register_in_backward_steps(
+      std::vector<std::shared_ptr<InBackwardStep>>, const std::string&);
+  explicit InBackwardRegistration(std::vector<std::shared_ptr<InBackwardStep>> steps) : steps_(std::move(steps)) {}
+  std::vector<std::shared_ptr<InBackwardStep>> steps_;
+  bool registered_ = false;
+};
+// Registers `steps` (each parameter once, none with an in-backward step already, none claimed by a
+// synchroniser; `who` names the caller in errors). Nothing changes when a check fails.
+std::unique_ptr<InBackwardRegistration> register_in_backward_steps(std::vector<std::shared_ptr<InBackwardStep>> steps,
+                                                                   const std::string& who);
 
 // True while `param` has an optimizer in backward (from apply_optimizer_in_backward until its
 // owner is removed or destroyed), whether or not a synchroniser has taken its step over. What

@@ -172,7 +172,10 @@ inline void failed_backward_then_training(ProcessGroupPtr g) {
   X("ddp threads: ZeroRedundancyOptimizer equals DDP + the plain optimizer; its state dict is the plain one's",       \
     "[ddp][zero]", "ddp mpi: ZeroRedundancyOptimizer",                                                                \
     Step{zero_equivalence_all, {1, 2, 3, 4}}, Step{zero_two_groups, {1, 2, 3}}, Step{zero_with_join, {1, 2, 4}},      \
-    Step{zero_errors, {1, 2}}, Step{zero_mixed_precision, {1, 2, 4}})                                                                                        \
+    Step{zero_errors, {1, 2}}, Step{zero_mixed_precision, {1, 2, 4}})                                                 \
+  X("ddp threads: ZeroRedundancyOptimizer with overlap_with_ddp steps in backward and equals DDP + the plain one",    \
+    "[ddp][zero]", "ddp mpi: ZeroRedundancyOptimizer overlap_with_ddp",                                               \
+    Step{zero_overlap_all, {1, 2, 4}}, Step{zero_overlap_errors, {1, 2}})                                             \
   /* The modes on train's GPT, each alone and together (ddp_gpt_cases.h). */                                          \
   X("ddp threads: the GPT in every mode combination without mixed precision trains as one process in f64",            \
     "[ddp][gpt]", "ddp mpi: the GPT in every mode combination trains as one process",                                 \

@@ -162,6 +162,71 @@ inline void zero_mixed_precision(ProcessGroupPtr g) {
   }
 }
 
+// overlap_with_ddp: the partition is stepped inside backward as DDP reduces each bucket; step()
+// only broadcasts. The same parameters as DDP + the plain optimizer stepped after backward, with
+// no_sync accumulation, a schedule and a bucket per parameter or a few; and under bf16 mixed
+// precision (the steps run on the f32 masters) bitwise.
+inline void zero_overlap(ProcessGroupPtr g, const optim::OptimizerSpec& spec, double ddp_cap_mb, int micro,
+                         std::optional<Dtype> low) {
+  const int W = g->size(), R = g->rank();
+  const Dtype dt = low ? f32 : f64;
+  const std::string what = fmt::format("zero overlap {} cap={} micro={} mp={} rank {}/{}", spec_name(spec), ddp_cap_mb,
+                                       micro, low ? dtype_name(*low) : "none", R, W);
+  auto zero_model = make_net_without_never(dt, R == 0 ? 7 : 100 + R);
+  auto plain_model = make_net_without_never(dt, R == 0 ? 7 : 200 + R);
+  // Before DDP, which takes its steps over.
+  ZeroRedundancyOptimizer zero(zero_model->parameters(), spec, g, {.overlap_with_ddp = true});
+  DdpOptions o;
+  o.bucket_cap_mb = ddp_cap_mb;
+  if (low) o.mixed_precision = MixedPrecision{.param_dtype = *low, .reduce_dtype = f32};
+  DistributedDataParallel zero_ddp(zero_model, g, o);
+  DistributedDataParallel plain_ddp(plain_model, g, o);
+  auto plain = plain_optimizer(spec, plain_model->parameters());
+  optim::StepLR zero_sched(zero, 2, 0.5), plain_sched(*plain, 2, 0.5);
+  for (int step = 0; step < 5; ++step) {
+    for (auto [ddp, opt] : {std::pair<DistributedDataParallel*, optim::Optimizer*>{&zero_ddp, &zero},
+                            std::pair<DistributedDataParallel*, optim::Optimizer*>{&plain_ddp, plain.get()}}) {
+      opt->zero_grad();
+      for (int k = 0; k < micro; ++k) {
+        auto guard = k + 1 < micro ? std::optional<DistributedDataParallel::NoSyncGuard>(ddp->no_sync()) : std::nullopt;
+        const int64_t first = ((step * 4 + k) * 16 + R) * kRowsPerRank;
+        Tensor out = (*ddp)(inputs(first, kRowsPerRank, 8, dt));
+        mse_loss(out.to(dt), targets(first, kRowsPerRank, 4, dt)).backward();
+      }
+      opt->step();
+    }
+    zero_sched.step();
+    plain_sched.step();
+    for (const Tensor& p : zero_model->parameters())
+      expect(!p.grad().defined(), "{}: a gradient is left after the steps in backward", what);
+    expect_same_parameters(*zero_model, *plain_model, low ? 0 : 1e-12, fmt::format("{} step {}", what, step));
+  }
+  zero.consolidate_state_dict(0);
+  if (R == 0) expect_same_state_dicts(zero.state_dict(), plain->state_dict(), what);
+}
+
+inline void zero_overlap_all(ProcessGroupPtr g) {
+  zero_overlap(g, optim::AdamOptions{.lr = 0.01, .amsgrad = true}, 1e-9, 1, std::nullopt);  // a bucket per parameter
+  zero_overlap(g, optim::SGDOptions{.lr = 0.1, .momentum = 0.9, .nesterov = true}, 4e-4, 2, std::nullopt);
+  zero_overlap(g, optim::AdamWOptions{.lr = 0.01}, 25, 2, bf16);
+}
+
+// overlap_with_ddp's misuse: DDP made first (it claimed the gradients), or no DDP at all.
+inline void zero_overlap_errors(ProcessGroupPtr g) {
+  {
+    auto net = make_net_without_never(f64, 7);
+    DistributedDataParallel ddp(net, g);
+    expect_join_error(
+        [&] { ZeroRedundancyOptimizer z(net->parameters(), optim::AdamOptions{}, g, {.overlap_with_ddp = true}); },
+        "is managed by DistributedDataParallel: apply the optimizer in backward before wrapping the module");
+  }
+  auto net = make_net_without_never(f64, 7);
+  ZeroRedundancyOptimizer z(net->parameters(), optim::AdamOptions{}, g, {.overlap_with_ddp = true});
+  mse_loss((*net)(inputs(0, 4, 8, f64)), targets(0, 4, 4, f64)).backward();
+  expect_join_error([&] { z.step(); }, "[ZeroRedundancyOptimizer] overlap_with_ddp: no DistributedDataParallel steps "
+                                       "parameter 0");
+}
+
 // Two parameter groups (weight decay on the matrices only, as train's GPT), one with its own
 // learning rate: the same as the plain optimizer with those groups, state dict included.
 inline void zero_two_groups(ProcessGroupPtr g) {
