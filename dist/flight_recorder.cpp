@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <csignal>
@@ -71,7 +72,9 @@ std::string_view flight_state_name(FlightState s) {
 std::string FlightEntry::signature() const {
   std::string s(op_kind_name(kind));
   if (has_reduce) s += fmt::format(" {}", reduce_op_name(reduce));
-  if (has_dtype) s += fmt::format(" {}[{}]", dtype_name(dtype), numel);
+  // all_to_all's inputs may differ in size from rank to rank (uneven splits): its dtype only.
+  if (has_dtype) s += kind == OpKind::all_to_all ? fmt::format(" {}", dtype_name(dtype))
+                                                 : fmt::format(" {}[{}]", dtype_name(dtype), numel);
   if (tensors > 1) s += fmt::format(" in {} tensors", tensors);
   if (kind == OpKind::broadcast) s += fmt::format(" root {}", peer);
   if (kind == OpKind::send) s += fmt::format(" to {} tag {}", peer, tag);
@@ -115,6 +118,7 @@ uint64_t FlightRecorder::issued(OpKind kind, uint64_t seq, const TensorList& inp
   const int64_t t = now_us();
   std::lock_guard lock(mutex_);
   const uint64_t id = next_id_++;
+  issued_before_ = last_issued_;
   if (!is_p2p(kind)) last_issued_ = static_cast<int64_t>(seq);
   if (capacity_ == 0) return id;
   if (ring_.size() < capacity_) ring_.emplace_back();
@@ -149,11 +153,12 @@ void FlightRecorder::started(uint64_t id) {
   }
 }
 
-void FlightRecorder::ended(uint64_t id, bool ok, std::string_view error, const std::vector<int>& missing) {
+void FlightRecorder::ended(uint64_t id, int64_t seq, bool ok, std::string_view error,
+                           const std::vector<int>& missing) {
   const int64_t t = now_us();
   std::lock_guard lock(mutex_);
+  if (seq >= 0) last_ended_ = std::max(last_ended_, seq);
   FlightEntry* e = slot(id);
-  if (e && !is_p2p(e->kind)) last_ended_ = std::max<int64_t>(last_ended_, static_cast<int64_t>(e->seq));
   if (!e) return;
   if (e->started_us == 0) e->started_us = t;
   e->ended_us = t;
@@ -162,6 +167,17 @@ void FlightRecorder::ended(uint64_t id, bool ok, std::string_view error, const s
     e->error = error;
     e->missing = missing;
   }
+}
+
+void FlightRecorder::withdraw(uint64_t id) {
+  std::lock_guard lock(mutex_);
+  if (id == 0 || id + 1 != next_id_) return;  // only the newest
+  if (FlightEntry* e = slot(id)) {
+    e->id = 0;
+    if (ring_.size() == id) ring_.pop_back();  // not wrapped yet: the slot was the last one added
+  }
+  --next_id_;
+  last_issued_ = issued_before_;
 }
 
 void FlightRecorder::set_broken(std::string_view reason) {
@@ -255,9 +271,13 @@ std::vector<std::shared_ptr<FlightRecorder>> all_recorders() {
   return out;
 }
 
-// SIGUSR1 wakes a thread that dumps (a signal handler may do almost nothing itself: sem_post is
-// one of the few calls it may make).
+// A thread that dumps when woken: by SIGUSR1 (a signal handler may do almost nothing itself:
+// sem_post is one of the few calls it may make) or by a failure (flight_dump_on_failure), whose
+// reason waits in g_dump_reason.
 sem_t g_dump_signal;
+std::mutex g_dump_reason_mutex;
+std::string g_dump_reason;  // empty: SIGUSR1
+std::atomic<bool> g_dump_thread{false};
 
 extern "C" void on_dump_signal(int) { sem_post(&g_dump_signal); }
 
@@ -276,15 +296,21 @@ void install_hooks_locked(Registry& r) {
   if (r.hooks_installed || flight_recorder_dir().empty()) return;
   r.hooks_installed = true;
   std::atexit([] { dump_quietly("exit"); });
-  struct sigaction old = {};
-  if (sigaction(SIGUSR1, nullptr, &old) != 0 || old.sa_handler != SIG_DFL) return;
   if (sem_init(&g_dump_signal, 0, 0) != 0) return;
   std::thread([] {
     for (;;) {
       if (sem_wait(&g_dump_signal) != 0) continue;  // EINTR
-      dump_quietly("SIGUSR1");
+      std::string reason;
+      {
+        std::lock_guard lock(g_dump_reason_mutex);
+        reason.swap(g_dump_reason);
+      }
+      dump_quietly(reason.empty() ? "SIGUSR1" : reason);
     }
   }).detach();
+  g_dump_thread.store(true);
+  struct sigaction old = {};
+  if (sigaction(SIGUSR1, nullptr, &old) != 0 || old.sa_handler != SIG_DFL) return;  // the program's own
   struct sigaction sa = {};
   sa.sa_handler = on_dump_signal;
   sigemptyset(&sa.sa_mask);
@@ -340,10 +366,12 @@ void retire_flight_recorder(const std::shared_ptr<FlightRecorder>& recorder) {
 }
 
 std::shared_ptr<FlightRecorder> find_flight_recorder(std::string_view group, std::string_view backend, int rank) {
-  std::shared_ptr<FlightRecorder> found;
-  for (auto& rec : all_recorders())
-    if (rec->group() == group && rec->rank() == rank && rec->backend() == backend) found = rec;  // the newest wins
-  return found;
+  Registry& r = registry();
+  std::lock_guard lock(r.mutex);
+  for (auto it = r.live.rbegin(); it != r.live.rend(); ++it)  // the newest first
+    if (auto rec = it->lock(); rec && rec->group() == group && rec->rank() == rank && rec->backend() == backend)
+      return rec;
+  return nullptr;
 }
 
 void set_flight_process_rank(int rank) { registry().process_rank.store(rank); }
@@ -383,7 +411,8 @@ std::string flight_recorder_json(std::string_view reason) {
     for (const FlightEntry& e : s.entries) g["entries"].push_back(entry_json(e));
     doc["groups"].push_back(std::move(g));
   }
-  return doc.dump(1);
+  // Tags are cut at a byte count and errors quote what they met: never let a stray byte stop a dump.
+  return doc.dump(1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
 }
 
 std::string dump_flight_recorder(std::string_view reason, const std::string& path) {
@@ -393,9 +422,9 @@ std::string dump_flight_recorder(std::string_view reason, const std::string& pat
     TANDEM_CHECK(!dir.empty(), "[flight_recorder] no dump path given and TANDEM_FLIGHT_RECORDER is not set");
     target = fmt::format("{}/tandem_flight_rank{}.json", dir, flight_process_rank());
   }
-  const std::string text = flight_recorder_json(reason);
   Registry& r = registry();
-  std::lock_guard lock(r.dump_mutex);
+  std::lock_guard lock(r.dump_mutex);  // taken before the snapshot: a later dump is never overwritten by an older one
+  const std::string text = flight_recorder_json(reason);
   // Written beside and renamed: a reader (the report tool, another dump) never sees half a file.
   const std::string tmp = fmt::format("{}.{}.tmp", target, getpid());
   {
@@ -414,6 +443,19 @@ std::string dump_flight_recorder(std::string_view reason, const std::string& pat
 }
 
 void flight_dump_on_failure(const std::string& reason) {
+  try {
+    if (flight_recorder_dir().empty()) return;
+    if (!g_dump_thread.load()) return dump_quietly(reason);
+    {
+      std::lock_guard lock(g_dump_reason_mutex);
+      g_dump_reason = reason;
+    }
+    sem_post(&g_dump_signal);
+  } catch (...) {  // a failure path: the dump is a courtesy
+  }
+}
+
+void flight_dump_now(const std::string& reason) noexcept {
   if (!flight_recorder_dir().empty()) dump_quietly(reason);
 }
 

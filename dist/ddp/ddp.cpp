@@ -449,7 +449,7 @@ void DistributedDataParallel::join_shadow(const JoinIteration& it) {
   if (reducer_ && (f & kJoinRebuild)) reducer_->rebuild_for_join();
   if (f & kJoinBuffers) {
     TANDEM_TRACE_SCOPE("ddp broadcast buffers", "ddp");
-    broadcast_from(*group_, synced_buffers(), it.authority(), "ddp buffers (join)");
+    broadcast_from(*group_, synced_buffers(), it.authority(), "ddp buffers");  // the same as the ranks still training
   }
   if (reducer_ && (f & Join::kSynchronises)) reducer_->shadow_reduction((f & kJoinStaticFirst) != 0);
   // The buffers the others broadcast at their next window start came from their forward; this

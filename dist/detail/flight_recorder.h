@@ -69,7 +69,11 @@ class FlightRecorder {
   uint64_t issued(OpKind kind, uint64_t seq, const TensorList& inputs, std::optional<ReduceOp> reduce, int peer,
                   int tag);
   void started(uint64_t id);
-  void ended(uint64_t id, bool ok, std::string_view error = {}, const std::vector<int>& missing = {});
+  // `seq`: the collective's number, or -1 for send/recv (the counters follow it even when the
+  // entry is no longer in the ring, or there is none).
+  void ended(uint64_t id, int64_t seq, bool ok, std::string_view error = {}, const std::vector<int>& missing = {});
+  // Takes back the newest entry `id` (an operation refused at issue, which consumed no number).
+  void withdraw(uint64_t id);
   // The group broke (the first reason stays).
   void set_broken(std::string_view reason);
 
@@ -103,6 +107,7 @@ class FlightRecorder {
   std::vector<FlightEntry> ring_;  // grows to capacity_, then wraps
   uint64_t next_id_ = 1;
   int64_t last_issued_ = -1, last_ended_ = -1;  // collectives
+  int64_t issued_before_ = -1;  // last_issued_ before the newest entry (withdraw)
 };
 
 // Every recorder of the process, for dumps and for the answers to peers: the live groups' and the
@@ -110,15 +115,19 @@ class FlightRecorder {
 std::shared_ptr<FlightRecorder> make_flight_recorder(std::string group, int rank, int size);
 // A destroyed group's recorder: kept for the dumps while few others have gone since.
 void retire_flight_recorder(const std::shared_ptr<FlightRecorder>& recorder);
-// The live recorder of the group called `group` on `backend` in which this process is `rank`.
+// The live recorder of the group called `group` on `backend` in which this process is `rank` (the
+// newest such group; a destroyed one never answers).
 std::shared_ptr<FlightRecorder> find_flight_recorder(std::string_view group, std::string_view backend, int rank);
 // The rank the dump files are named by: the MPI world rank, set once MPI is up (else the
 // launcher's OMPI_COMM_WORLD_RANK / PMI_RANK, else 0).
 void set_flight_process_rank(int rank);
 int flight_process_rank();
-// A failed operation: writes the dumps when TANDEM_FLIGHT_RECORDER is set and the failure
-// broke the group (a timeout, or any error that leaves the ranks out of step).
+// A failure (a broken group, a peer's request): with TANDEM_FLIGHT_RECORDER set, the dump thread
+// writes this process's dump soon after (the caller, a communication thread, does not wait for
+// the disk); the exit writes one too.
 void flight_dump_on_failure(const std::string& reason);
+// The same, written before it returns: for a process that is about to end (MPI_Abort).
+void flight_dump_now(const std::string& reason) noexcept;
 // The sentence an error appends about the dumps: where they are, or how to get them.
 std::string flight_dump_hint();
 

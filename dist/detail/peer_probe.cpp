@@ -3,7 +3,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include <atomic>
+#include <condition_variable>
+#include <mutex>
 
 #include "dist/detail/flight_recorder.h"
 #include "dist/flight_recorder.h"
@@ -11,32 +12,54 @@
 namespace tandem::dist {
 
 namespace {
-std::atomic<PeerProber> g_prober{nullptr};
+// The prober, and the calls of it in flight: set_peer_prober(nullptr) waits them out, so the
+// transport is never used after it is torn down (MPI_Finalize).
+std::mutex g_prober_mutex;
+std::condition_variable g_prober_idle;
+PeerProber g_prober = nullptr;
+int g_prober_calls = 0;
 
 std::string rank_list(const std::vector<int>& ranks) {
   return fmt::format("{} {}", ranks.size() == 1 ? "rank" : "ranks", fmt::join(ranks, ", "));
 }
 }  // namespace
 
-void set_peer_prober(PeerProber prober) { g_prober.store(prober); }
+void set_peer_prober(PeerProber prober) {
+  std::unique_lock lock(g_prober_mutex);
+  g_prober = prober;
+  if (prober == nullptr) g_prober_idle.wait(lock, [] { return g_prober_calls == 0; });
+}
 
 std::optional<PeerReport> probe_peers(const FlightRecorder& recorder, uint64_t seq) {
-  PeerProber prober = g_prober.load();
-  if (prober == nullptr || recorder.size() < 2) return std::nullopt;
-  PeerQuery q;
-  q.group = recorder.group();
-  q.backend = recorder.backend();
-  q.rank = recorder.rank();
-  q.world_ranks = recorder.world_ranks();
-  if (static_cast<int>(q.world_ranks.size()) != recorder.size()) return std::nullopt;
-  q.seq = seq;
-  q.dump = !flight_recorder_dir().empty();
-  const FlightPosition mine = recorder.position(seq);
-  const std::string my_signature = mine.at_seq ? mine.at_seq->signature() : "";
+  if (recorder.size() < 2) return std::nullopt;
+  PeerProber prober = nullptr;
+  {
+    std::lock_guard lock(g_prober_mutex);
+    if (g_prober == nullptr) return std::nullopt;
+    prober = g_prober;
+    ++g_prober_calls;
+  }
+  struct Done {
+    ~Done() {
+      std::lock_guard lock(g_prober_mutex);
+      if (--g_prober_calls == 0) g_prober_idle.notify_all();
+    }
+  } done;
+  // Whatever goes wrong here, the timeout being raised must not turn into another error.
   try {
+    PeerQuery q;
+    q.group = recorder.group();
+    q.backend = recorder.backend();
+    q.rank = recorder.rank();
+    q.world_ranks = recorder.world_ranks();
+    if (static_cast<int>(q.world_ranks.size()) != recorder.size()) return std::nullopt;
+    q.seq = seq;
+    q.dump = !flight_recorder_dir().empty();
+    const FlightPosition mine = recorder.position(seq);
+    const std::string my_signature = mine.at_seq ? mine.at_seq->signature() : "";
     return describe_peer_answers(prober(q), seq, my_signature, q.wait);
   } catch (...) {
-    return std::nullopt;  // the error being raised must not turn into this one
+    return std::nullopt;
   }
 }
 

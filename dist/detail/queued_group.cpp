@@ -97,8 +97,8 @@ WorkPtr QueuedGroup::issue(Op op) {
       try {
         broken().check(what);
         TANDEM_CHECK(!stopping_, "[dist] cannot run {}: the group is shut down", what);
-      } catch (const std::exception& e) {
-        recorder().ended(op.record, false, e.what());
+      } catch (...) {
+        recorder().withdraw(op.record);  // refused: it consumed no number
         throw;
       }
       run_here = (blocking || may_inline || may_pend) && queue_.empty() && !busy_;
@@ -136,6 +136,8 @@ void QueuedGroup::record_issue(Op& op) {
 }
 
 void QueuedGroup::record_start(const Op& op) { recorder().started(op.record); }
+
+int64_t QueuedGroup::recorded_seq(const Op& op) { return is_p2p(op.kind) ? -1 : static_cast<int64_t>(op.seq); }
 
 void QueuedGroup::start_thread_locked() {
   if (!thread_.joinable()) thread_ = std::thread([this] { run_loop(); });
@@ -460,7 +462,7 @@ void QueuedGroup::complete(Op& op) {
     case OpKind::barrier:
     case OpKind::new_group: break;
   }
-  recorder().ended(op.record, true);  // before the continuations, which may issue more
+  recorder().ended(op.record, recorded_seq(op), true);  // before the continuations, which may issue more
   op.work->mark_completed(std::move(result));
 }
 
@@ -470,21 +472,33 @@ void QueuedGroup::fail_op(Op& op, std::exception_ptr error) {
   try {
     std::rethrow_exception(error);
   } catch (const TimeoutError& e) {
-    what = e.what();
-    recorder().ended(op.record, false, what, e.missing_ranks());
     if (!e.group_survives()) {
-      broken().mark(what);
-      recorder().set_broken(what);
+      broken().mark(e.what());
       broke = true;
     }
-  } catch (const std::exception& e) {
-    what = e.what();
-    recorder().ended(op.record, false, what);
   } catch (...) {
-    recorder().ended(op.record, false, "an unknown error");
   }
-  // The dumps (TANDEM_FLIGHT_RECORDER) come before the error reaches the program, which may exit.
-  if (broke) flight_dump_on_failure(what);
+  // The flight recorder's part never stops the failure from reaching its Work (nothing here may
+  // throw past this point: the turn and the completion order depend on it).
+  try {
+    std::vector<int> missing;
+    try {
+      std::rethrow_exception(error);
+    } catch (const TimeoutError& e) {
+      what = e.what();
+      missing = e.missing_ranks();
+    } catch (const std::exception& e) {
+      what = e.what();
+    } catch (...) {
+      what = "an unknown error";
+    }
+    recorder().ended(op.record, recorded_seq(op), false, what, missing);
+    if (broke) {
+      recorder().set_broken(what);
+      flight_dump_on_failure(what);  // TANDEM_FLIGHT_RECORDER: written by the dump thread
+    }
+  } catch (...) {
+  }
   op.work->mark_failed(std::move(error));
 }
 

@@ -139,6 +139,7 @@ class QueuedGroup : public GroupBase {
   void start_thread_locked();  // queue_mutex_ held
   void record_issue(Op& op);    // issue_mutex_ held, op numbered
   void record_start(const Op& op);
+  static int64_t recorded_seq(const Op& op);  // the recorder's counters: -1 for send/recv
 
   std::mutex issue_mutex_;  // sequence numbers follow queue order
 

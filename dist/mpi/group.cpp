@@ -476,7 +476,7 @@ bool all_ranks_reach_exit(MpiRuntime& rt, std::optional<Clock::time_point> deadl
 // down, MPI_Abort ends the whole job (mpirun then stops every rank) with a non-zero status. The
 // reason goes to stderr first: the program may have caught the error without printing it.
 [[noreturn]] void abort_job(const MpiRuntime& rt, const std::string& reason, Milliseconds waited) noexcept {
-  flight_dump_on_failure(reason);  // TANDEM_FLIGHT_RECORDER: what this rank saw last, before it goes
+  flight_dump_now(reason);  // TANDEM_FLIGHT_RECORDER: what this rank saw last, before it goes
   std::fprintf(stderr,
                "[dist] rank %d of %d: a group broke (%s) and not every rank reached the exit within %lld ms; "
                "ending the job with MPI_Abort, as MPI_Finalize would wait for them forever\n",

@@ -400,6 +400,7 @@ class NcclGroup final : public GroupBase {
     p.recorder = recorder_ptr();
     p.record = p.recorder->issued(l.kind, seq, l.result, l.reduce, l.kind == OpKind::broadcast || !collective ? l.peer : -1,
                                   l.tag);
+    p.record_seq = collective ? static_cast<int64_t>(seq) : -1;
     p.recorder->started(p.record);  // on the device once the caller's stream gets there
     p.what = what;
     p.kind = std::string(op_kind_name(l.kind));
@@ -430,12 +431,12 @@ class NcclGroup final : public GroupBase {
       p.done->record(s);  // still under the issue lock: in launch order
     } catch (const TimeoutError& e) {
       // NCCL was still waiting for a peer at the deadline; the message names the operation.
-      p.recorder->ended(p.record, false, e.what());
+      p.recorder->ended(p.record, p.record_seq, false, e.what());
       c.break_group(e.what());
       flight_dump_on_failure(e.what());
       throw;
     } catch (const std::exception& e) {
-      p.recorder->ended(p.record, false, e.what());
+      p.recorder->ended(p.record, p.record_seq, false, e.what());
       if (c.broken->is_broken()) throw;  // broken by another thread meanwhile: its error says why
       // This rank's part may be missing while the peers' went ahead: they would wait for it until
       // their timeout, so this group cannot be trusted any more.

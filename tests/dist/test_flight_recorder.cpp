@@ -107,7 +107,9 @@ TEST_CASE("flight recorder: the ring keeps the last TANDEM_FLIGHT_RECORDER_ENTRI
       auto s = snapshot_of(pg);
       CHECK(s.entries.empty());
       CHECK(s.recorded == 3);
-      CHECK(dynamic_cast<GroupBase&>(pg).recorder().position(2).last_issued == 2);  // the counters stay
+      FlightPosition p = dynamic_cast<GroupBase&>(pg).recorder().position(2);  // the counters stay
+      CHECK(p.last_issued == 2);
+      CHECK(p.last_ended == 2);
     }, quick());
   }
   ScopedEnv bad("TANDEM_FLIGHT_RECORDER_ENTRIES", "lots");
@@ -137,6 +139,11 @@ TEST_CASE("flight recorder: a timeout leaves a failed entry naming the missing r
       CHECK(e.missing == std::vector<int>{1, 2});
       CHECK_THAT(e.error, Catch::Contains("timed out after 300 ms"));
       CHECK_THAT(s.broken, Catch::Contains("timed out"));
+      // An operation the broken group refuses consumes no number and leaves no entry.
+      CHECK_THROWS_WITH(g->barrier(), Catch::Contains("the group is broken"));
+      auto& rec = dynamic_cast<GroupBase&>(*g).recorder();
+      CHECK(rec.snapshot().recorded == 1);
+      CHECK(rec.position(0).last_issued == 0);
       // The dump: every recorder of the process, this broken group among them.
       const std::string path = dump_flight_recorder("test", dir.file("dump.json"));
       std::ifstream in(path);

@@ -35,7 +35,9 @@ struct Entry {
   std::vector<int> missing;
   int64_t issued_us = 0, ended_us = 0;
 
-  std::string key() const { return signature + "|" + caller; }
+  // What the ranks must agree on: the op, reduce op, dtype, size and root. The caller tag is shown,
+  // not compared (a program may tag the same collective differently on different ranks).
+  const std::string& key() const { return signature; }
   std::string summary() const { return caller.empty() ? signature : fmt::format("{} ({})", signature, caller); }
 };
 
@@ -48,7 +50,7 @@ struct Timeline {
 };
 
 struct Group {
-  std::string name;
+  std::string name, backend;
   int size = 0;
   std::map<int, Timeline> ranks;
 };
@@ -79,10 +81,14 @@ void load(const fs::path& path, std::map<std::string, Group>& groups, std::vecto
   std::set<std::pair<std::string, int>> seen;
   for (const json& g : doc.at("groups")) {
     const std::string name = g.at("group");
+    const std::string backend = g.value("backend", "");
     const int rank = g.at("rank");
-    if (!seen.insert({name, rank}).second) continue;
-    Group& group = groups[name];
+    // An nccl group shares its name with its companion mpi group: the backend tells them apart.
+    const std::string id = backend + ":" + name;
+    if (!seen.insert({id, rank}).second) continue;
+    Group& group = groups[id];
     group.name = name;
+    group.backend = backend;
     group.size = std::max(group.size, g.at("size").get<int>());
     if (group.ranks.count(rank)) continue;  // threads groups in several files: the first file's
     Timeline& t = group.ranks[rank];
@@ -113,7 +119,7 @@ void load(const fs::path& path, std::map<std::string, Group>& groups, std::vecto
 bool report(const Group& g) {
   std::vector<int> present, absent;
   for (int r = 0; r < g.size; ++r) (g.ranks.count(r) ? present : absent).push_back(r);
-  fmt::print("group {} ({} ranks, {}):\n", g.name, g.size, g.ranks.begin()->second.backend);
+  fmt::print("group {} ({} ranks, {}):\n", g.name, g.size, g.backend);
   if (!absent.empty())
     fmt::print("  {} left no dump (stopped, killed, or not dumping)\n", rank_list(absent));
   // The window every present rank still holds in its ring.
@@ -171,8 +177,12 @@ bool report(const Group& g) {
       fmt::print("  collective #{} {} was entered by {} ({}) and never by {}\n", s, e.summary(), rank_list(entered),
                  e.state, rank_list(missing));
       for (int r : never) {
-        const Entry* last = last_of(g.ranks.at(r));
-        if (last == nullptr) {
+        const Timeline& t = g.ranks.at(r);
+        const Entry* last = last_of(t);
+        if (last == nullptr && t.recorded > 0) {
+          fmt::print("    rank {}'s ring holds no collectives ({} operations recorded; TANDEM_FLIGHT_RECORDER_ENTRIES "
+                     "too small there?)\n", r, t.recorded);
+        } else if (last == nullptr) {
           fmt::print("    rank {} issued no collective on this group\n", r);
         } else {
           fmt::print("    rank {} last issued #{} {}, {}{}\n", r, last->seq, last->summary(), last->state,

@@ -156,19 +156,26 @@ Responder& responder() {
   return *r;
 }
 
+// Never throws: an MPI error on a peer's request counts as no answer from it, and every request
+// is cancelled or completed before the buffers go (which are kept for good should one not be).
 std::vector<PeerAnswer> ask(const PeerQuery& pq) {
   Responder& r = responder();
   const int n = static_cast<int>(pq.world_ranks.size());
   const int tag = kAnswerTagBase + r.round.fetch_add(1) % kRounds;
-  // The queries live on until their sends complete (see below).
-  auto queries = std::make_unique<std::vector<Query>>(n);
-  std::vector<Answer> answers(n);
+  struct Buffers {
+    std::vector<Query> queries;
+    std::vector<Answer> answers;
+  };
+  auto buffers = std::make_unique<Buffers>();
+  buffers->queries.resize(n);
+  buffers->answers.resize(n);
   std::vector<MPI_Request> recvs(n, MPI_REQUEST_NULL), sends(n, MPI_REQUEST_NULL);
+  std::vector<bool> got(n, false), failed(n, false);
   {
     auto lk = mpi_runtime().lock();
     for (int k = 0; k < n; ++k) {
       if (k == pq.rank) continue;
-      Query& q = (*queries)[k];
+      Query& q = buffers->queries[k];
       q.seq = static_cast<int64_t>(pq.seq);
       q.answer_tag = tag;
       q.dump = pq.dump ? 1 : 0;
@@ -177,20 +184,23 @@ std::vector<PeerAnswer> ask(const PeerQuery& pq) {
       put(q.group, pq.group);
       put(q.backend, pq.backend);
       const int peer = pq.world_ranks[k];
-      TANDEM_MPI_CHECK(MPI_Irecv(&answers[k], sizeof(Answer), MPI_BYTE, peer, tag, r.comm, &recvs[k]));
-      TANDEM_MPI_CHECK(MPI_Isend(&q, sizeof(Query), MPI_BYTE, peer, kQueryTag, r.comm, &sends[k]));
+      if (MPI_Irecv(&buffers->answers[k], sizeof(Answer), MPI_BYTE, peer, tag, r.comm, &recvs[k]) != MPI_SUCCESS ||
+          MPI_Isend(&q, sizeof(Query), MPI_BYTE, peer, kQueryTag, r.comm, &sends[k]) != MPI_SUCCESS)
+        failed[k] = true;
     }
   }
-  std::vector<bool> got(n, false);
   const auto deadline = std::chrono::steady_clock::now() + pq.wait;
   for (;;) {
     bool all = true;
     {
       auto lk = mpi_runtime().lock();
       for (int k = 0; k < n; ++k) {
-        if (k == pq.rank || got[k]) continue;
+        if (k == pq.rank || got[k] || failed[k]) continue;
         int done = 0;
-        TANDEM_MPI_CHECK(MPI_Test(&recvs[k], &done, MPI_STATUS_IGNORE));
+        if (MPI_Test(&recvs[k], &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) {
+          failed[k] = true;
+          continue;
+        }
         got[k] = done != 0;
         all &= got[k];
       }
@@ -198,31 +208,37 @@ std::vector<PeerAnswer> ask(const PeerQuery& pq) {
     if (all || std::chrono::steady_clock::now() >= deadline) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
   }
+  std::vector<Answer> answers(n);
+  for (int k = 0; k < n; ++k)
+    if (got[k]) answers[k] = buffers->answers[k];  // complete: MPI is done writing these
   {
     // A peer that did not answer: its receive is cancelled (and waited for, so no late answer
     // lands in freed memory). A query to it is small and normally sent eagerly; should its send
     // still be pending, its buffer is kept for good rather than freed under MPI.
     auto lk = mpi_runtime().lock();
-    bool sends_pending = false;
+    bool pending = false;
     for (int k = 0; k < n; ++k) {
-      if (recvs[k] != MPI_REQUEST_NULL) {
+      if (recvs[k] != MPI_REQUEST_NULL && !got[k]) {
         MPI_Cancel(&recvs[k]);
-        MPI_Wait(&recvs[k], MPI_STATUS_IGNORE);
+        if (MPI_Wait(&recvs[k], MPI_STATUS_IGNORE) != MPI_SUCCESS && recvs[k] != MPI_REQUEST_NULL) {
+          MPI_Request_free(&recvs[k]);
+          pending = true;
+        }
       }
       if (sends[k] != MPI_REQUEST_NULL) {
         int done = 0;
         if (MPI_Test(&sends[k], &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) done = 0;
         if (!done) {
           MPI_Request_free(&sends[k]);
-          sends_pending = true;
+          pending = true;
         }
       }
     }
-    if (sends_pending) {
+    if (pending) {
       static std::mutex kept_mutex;
-      static auto* kept = new std::vector<std::unique_ptr<std::vector<Query>>>();
+      static auto* kept = new std::vector<std::unique_ptr<Buffers>>();
       std::lock_guard keep(kept_mutex);
-      kept->push_back(std::move(queries));
+      kept->push_back(std::move(buffers));
     }
   }
   std::vector<PeerAnswer> out;

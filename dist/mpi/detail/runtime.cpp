@@ -62,7 +62,9 @@ void ensure_mpi_initialized() {
   if (rt.we_initialized) {
     // Made now, while every rank is here: at exit a collective that creates it could block.
     TANDEM_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &rt.exit_comm));  // inherits MPI_ERRORS_RETURN
-    if (info.size > 1) {
+    // Only where MPI takes calls from any thread at any time: under SERIALIZED the responder's
+    // polls would have to share the lock with calls that block (a communicator's creation).
+    if (info.size > 1 && !rt.serialized) {
       TANDEM_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &rt.probe_comm));
       start_peer_responder(rt.probe_comm);
     }

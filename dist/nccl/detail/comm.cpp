@@ -163,7 +163,7 @@ void NcclComm::push(NcclPending p) {
     cv.notify_one();
     return;
   }
-  if (p.recorder) p.recorder->ended(p.record, false, broken->reason());
+  if (p.recorder) p.recorder->ended(p.record, p.record_seq, false, broken->reason());
   p.work->mark_failed(broken_error(p.what));
 }
 
@@ -222,7 +222,7 @@ void NcclComm::fail_pending(std::exception_ptr front_error) noexcept {
         } catch (const std::exception& e) {
           what = e.what();
         }
-        p.recorder->ended(p.record, false, what, missing);
+        p.recorder->ended(p.record, p.record_seq, false, what, missing);
         if (first) p.recorder->set_broken(broken->reason());
       }
       p.work->mark_failed(error);
@@ -304,17 +304,7 @@ void NcclComm::watch() {
           break;
         }
         if (Clock::now() > front->deadline) {
-          timed_out = true;
-          // NCCL cannot say who is missing: the ranks are asked over MPI where they are, when
-          // launched by mpirun (detail/peer_probe.h).
-          std::optional<PeerReport> peers = front->recorder ? probe_peers(*front->recorder, front->seq) : std::nullopt;
-          if (peers) missing = peers->missing;
-          failure = fmt::format(
-              "[dist] {} #{} timed out after {} on {}; {}; the communicator was aborted and the group is broken. {}",
-              front->kind, front->seq, duration_text(front->timeout), label(),
-              peers ? peers->text : "NCCL cannot tell which ranks did not arrive (TANDEM_DIST_DEBUG=detail checks "
-                                    "that every rank called it)",
-              flight_dump_hint());
+          timed_out = true;  // described below, outside the handle lock
           break;
         }
       }
@@ -327,6 +317,18 @@ void NcclComm::watch() {
       } else {
         std::this_thread::sleep_for(std::chrono::microseconds(500));
       }
+    }
+    if (timed_out) {
+      // NCCL cannot say who is missing: the ranks are asked over MPI where they are, when
+      // launched by mpirun (detail/peer_probe.h).
+      std::optional<PeerReport> peers = front->recorder ? probe_peers(*front->recorder, front->seq) : std::nullopt;
+      if (peers) missing = peers->missing;
+      failure = fmt::format(
+          "[dist] {} #{} timed out after {} on {}; {}; the communicator was aborted and the group is broken. {}",
+          front->kind, front->seq, duration_text(front->timeout), label(),
+          peers ? peers->text : "NCCL cannot tell which ranks did not arrive (TANDEM_DIST_DEBUG=detail checks "
+                                "that every rank called it)",
+          flight_dump_hint());
     }
     if (!failure.empty()) {
       std::exception_ptr e = timed_out ? std::make_exception_ptr(TimeoutError(failure, false, missing))
@@ -347,7 +349,7 @@ void NcclComm::watch() {
       room_cv.notify_all();
       if (free_events.size() < 64) free_events.push_back(std::move(p.done));
     }
-    if (p.recorder) p.recorder->ended(p.record, true);
+    if (p.recorder) p.recorder->ended(p.record, p.record_seq, true);
     try {
       p.work->mark_completed(std::move(p.result));  // runs the continuations, on this thread
     } catch (...) {

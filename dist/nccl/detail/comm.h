@@ -109,6 +109,7 @@ struct NcclPending {
   Clock::time_point deadline;
   std::shared_ptr<FlightRecorder> recorder;  // the group's (it may be destroyed while this drains)
   uint64_t record = 0;                       // the collective's id there
+  int64_t record_seq = -1;                   // its collective number (-1: send/recv)
 };
 
 // What the group and its watchdog thread share (the watchdog keeps it alive while it drains).
