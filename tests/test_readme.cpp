@@ -522,6 +522,25 @@ TEST_CASE("README sharded optimizer state: ZeroRedundancyOptimizer", "[readme]")
   REQUIRE(failed == 0);
 }
 
+TEST_CASE("README sharded optimizer state: overlap_with_ddp", "[readme]") {
+  std::vector<Tensor> weights(2);
+  dist::run_threads(2, [&](dist::ProcessGroup& group) {
+    dist::ProcessGroupPtr pg(std::shared_ptr<void>(), &group);
+    manual_seed(0);
+    auto model = std::make_shared<nn::Sequential>(nn::Linear(32, 64), nn::ReLU(), nn::Linear(64, 10));
+    Tensor x = randn({8, 32}), y = randn({8, 10});
+    dist::ZeroRedundancyOptimizer opt(model->parameters(), optim::AdamOptions{}, pg, {.overlap_with_ddp = true});
+    dist::DistributedDataParallel ddp(model, pg);  // after: it takes over the steps
+    for (int step = 0; step < 3; ++step) {
+      opt.zero_grad();
+      nn::mse_loss(ddp(x), y).backward();  // each rank's partition is stepped in here
+      opt.step();                          // the partitions broadcast from their owners
+    }
+    weights[group.rank()] = model->at<nn::Linear>(0)->weight.detach().clone();
+  });
+  REQUIRE(weights[0].equal(weights[1]));
+}
+
 TEST_CASE("README flight recorder: tags and dumps", "[readme]") {
   const std::string file = "readme_flight.json";
   std::atomic<int> failed{0};

@@ -21,6 +21,7 @@
 //                         communication time per step with bf16 mixed precision vs f32 DDP
 //   mp_bf16_step_np2      the same model, whole step, bf16 mixed precision vs f32 DDP
 //   zero_step_np2         the bench MLP's DDP step with ZeroRedundancyOptimizer(Adam) vs DDP + Adam, interleaved
+//   zero_overlap_step_np2 the same with overlap_with_ddp (the partition stepped in backward) vs DDP + Adam
 //   flight_recorder_np2   the bench MLP's DDP step with the flight recorder (2000 entries) vs off (0 entries),
 //                         interleaved; the note: the same with 400 single-parameter buckets a step
 //   zero_adam_state_rss_np2/np4  the 50 M-parameter model under DDP: the resident memory Adam's first step adds
@@ -170,7 +171,12 @@ nlohmann::json zero_steps(dist::ProcessGroupPtr g, int runs) {
   MlpBench zero_mlp(64, 784, 512, 10);
   manual_seed(0);
   MlpBench plain_mlp(64, 784, 512, 10);
-  dist::DistributedDataParallel zero_ddp(zero_mlp.model, g), plain_ddp(plain_mlp.model, g);
+  manual_seed(0);
+  MlpBench overlap_mlp(64, 784, 512, 10);
+  // overlap_with_ddp: made before its DDP, which takes over its steps.
+  dist::ZeroRedundancyOptimizer overlap(overlap_mlp.model->parameters(), adam, g, {.overlap_with_ddp = true});
+  dist::DistributedDataParallel zero_ddp(zero_mlp.model, g), plain_ddp(plain_mlp.model, g),
+      overlap_ddp(overlap_mlp.model, g);
   dist::ZeroRedundancyOptimizer zero(zero_mlp.model->parameters(), adam, g);
   optim::Adam plain(plain_mlp.model->parameters(), adam);
   auto zero_step = [&] {
@@ -183,11 +189,19 @@ nlohmann::json zero_steps(dist::ProcessGroupPtr g, int runs) {
     nn::cross_entropy(plain_ddp(plain_mlp.x), plain_mlp.y).backward();
     plain.step();
   };
-  auto ms = bench::median_seconds_interleaved({zero_step, plain_step}, 20, runs, 5, [&] { g->barrier()->wait(); });
+  auto overlap_step = [&] {
+    overlap.zero_grad();
+    nn::cross_entropy(overlap_ddp(overlap_mlp.x), overlap_mlp.y).backward();
+    overlap.step();
+  };
+  auto ms = bench::median_seconds_interleaved({zero_step, plain_step, overlap_step}, 20, runs, 5,
+                                              [&] { g->barrier()->wait(); });
   nlohmann::json out;
   out["zero_step_ms"] = ms[0] * 1e3;
   out["adam_step_ms"] = ms[1] * 1e3;
-  out["max_param_diff"] = max_abs_diff(zero_mlp.model->parameters(), plain_mlp.model->parameters());
+  out["overlap_step_ms"] = ms[2] * 1e3;
+  out["max_param_diff"] = std::max(max_abs_diff(zero_mlp.model->parameters(), plain_mlp.model->parameters()),
+                                   max_abs_diff(overlap_mlp.model->parameters(), plain_mlp.model->parameters()));
   return out;
 }
 
@@ -466,6 +480,10 @@ int main(int argc, char** argv) {
                       fmt::format("the bench MLP, DDP + ZeroRedundancyOptimizer(Adam) vs DDP + Adam (parameters {} "
                                   "apart at the end)",
                                   figure(zero, "max_param_diff"))});
+      rows.push_back({"zero_overlap_step_np2", figure(zero, "overlap_step_ms"), figure(zero, "adam_step_ms"), "ms",
+                      "ratio <= 1.1",
+                      "the same with overlap_with_ddp (each partition stepped in backward as its bucket is reduced) "
+                      "vs DDP + Adam"});
     }
     auto flight = run_json(fmt::format("{} {} --worker flight --runs {} 2>&1", bench::mpirun_prefix(2), self, runs));
     if (flight) {
