@@ -75,8 +75,10 @@ case $case_name in
     [ "$rc" -ne 0 ] || fail "the job ended with status 0 although a rank stopped"
     grep -Eq "timed out after 3000 ms; the group is broken: rank 1 did not arrive: it did not answer" "$out" ||
       fail "the survivors' timeout error does not name rank 1"
-    expect_report "rank 1 left no dump"
-    expect_report "collective #[0-9]+ allreduce [a-z]+ f32\[[0-9]+\] \(ddp bucket 0\) was entered by ranks 0, 2, 3 \(failed\) and never by rank 1"
+    # Rank 1 normally leaves no dump; when mpirun lets it go again (SIGCONT) before ending it, its
+    # responder may still write one, which then shows it past the collective: the survivors'
+    # timeouts name it either way.
+    expect_report "collective #[0-9]+ allreduce [a-z]+ f32\[[0-9]+\] \(ddp bucket 0\) (was entered by ranks 0, 2, 3 \(failed\) and never by rank 1|timed out on ranks 0, 2, 3, which found rank 1 missing)"
     ;;
   usr1)
     [ "$rc" -eq 0 ] || fail "the job failed"

@@ -194,6 +194,25 @@ bool report(const Group& g) {
       return true;
     }
   }
+  // Every rank issued the same collectives. A timeout that found ranks missing still names them:
+  // e.g. a rank stopped (SIGSTOP) whose dump was written after it was let go again.
+  for (int64_t s = lo; s <= hi; ++s) {
+    std::vector<int> timed_out;
+    std::set<int> missing;
+    const Entry* first = nullptr;
+    for (int r : present) {
+      auto it = g.ranks.at(r).collectives.find(s);
+      if (it == g.ranks.at(r).collectives.end() || it->second.missing.empty()) continue;
+      timed_out.push_back(r);
+      missing.insert(it->second.missing.begin(), it->second.missing.end());
+      if (first == nullptr) first = &it->second;
+    }
+    if (first == nullptr) continue;
+    fmt::print("  collective #{} {} timed out on {}, which found {} missing\n", s, first->summary(),
+               rank_list(timed_out), rank_list(std::vector<int>(missing.begin(), missing.end())));
+    fmt::print("    rank {}: {}\n", timed_out.front(), first->error);
+    return true;
+  }
   // Everything agrees: what failed or is still running, if anything.
   bool wrong = false;
   for (int r : present) {

@@ -89,7 +89,14 @@ Answer answer_for(const Query& q) {
 }
 
 struct Responder {
+  struct Sent {
+    MPI_Request req;
+    Answer answer;
+  };
   MPI_Comm comm = MPI_COMM_NULL;
+  // Answers on their way (push_back keeps earlier ones in place for MPI); one still pending at
+  // the stop (an asker that went away) stays here for good: the Responder is never destroyed.
+  std::deque<Sent> sent;
   std::thread thread;
   std::mutex mutex;
   std::condition_variable cv;
@@ -97,13 +104,6 @@ struct Responder {
   std::atomic<int> round{0};
 
   void run() {
-    struct Sent {
-      MPI_Request req;
-      Answer answer;
-    };
-    // On the heap: answers whose sends are still pending at the stop stay allocated for good.
-    auto* sent_ptr = new std::deque<Sent>();  // push_back keeps the buffers of earlier sends in place
-    std::deque<Sent>& sent = *sent_ptr;
     std::unique_lock lock(mutex);
     while (!stopping) {
       cv.wait_for(lock, kTick);
@@ -141,13 +141,8 @@ struct Responder {
       lock.lock();
     }
     auto lk = mpi_runtime().lock();
-    bool pending = false;
-    for (Sent& s : sent) {
-      if (s.req == MPI_REQUEST_NULL) continue;
-      MPI_Request_free(&s.req);
-      pending = true;
-    }
-    if (!pending) delete sent_ptr;
+    for (Sent& s : sent)
+      if (s.req != MPI_REQUEST_NULL) MPI_Request_free(&s.req);  // the buffer stays (see `sent`)
   }
 };
 
