@@ -223,6 +223,24 @@ FlightRecorder::Snapshot FlightRecorder::snapshot() const {
   return s;
 }
 
+FlightFailure flight_failure(std::exception_ptr error, std::string fallback) noexcept {
+  FlightFailure f;
+  try {
+    try {
+      std::rethrow_exception(error);
+    } catch (const TimeoutError& e) {
+      f.what = e.what();
+      f.missing = e.missing_ranks();
+    } catch (const std::exception& e) {
+      f.what = e.what();
+    } catch (...) {
+      f.what = std::move(fallback);
+    }
+  } catch (...) {  // no memory for the text: the entry says less
+  }
+  return f;
+}
+
 // ---- settings ----
 
 std::string flight_recorder_dir() {

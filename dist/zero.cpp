@@ -247,6 +247,13 @@ int64_t ZeroRedundancyOptimizer::local_state_bytes() const {
 
 Device ZeroRedundancyOptimizer::join_device() const { return params_.front().device(); }
 
+ProcessGroup& ZeroRedundancyOptimizer::join_group() {
+  // Every rank makes the Join, so every rank raises here, before any collective.
+  TANDEM_CHECK(!overlap_, "[{}] overlap_with_ddp does not work under a Join (the steps run inside DDP's "
+               "reductions, which joined ranks only shadow)", kName);
+  return *group_;
+}
+
 void ZeroRedundancyOptimizer::step() {
   Join* join = join_context();
   if (overlap_) {

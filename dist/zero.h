@@ -94,7 +94,7 @@ class ZeroRedundancyOptimizer : public optim::Optimizer, public Joinable {
   // (so every rank's parameters and state stay those of one run) and takes part in the
   // broadcasts; the learning rate comes from a rank still training (before each step, and at the
   // end).
-  ProcessGroup& join_group() override { return *group_; }
+  ProcessGroup& join_group() override;  // refuses overlap_with_ddp: a Join fails at construction
   Device join_device() const override;
   void join_shadow(const JoinIteration& iteration) override;
   void join_finish(int authority) override;

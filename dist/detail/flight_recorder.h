@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <exception>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -109,6 +110,14 @@ class FlightRecorder {
   int64_t last_issued_ = -1, last_ended_ = -1;  // collectives
   int64_t issued_before_ = -1;  // last_issued_ before the newest entry (withdraw)
 };
+
+// How a failed operation's error reads in its entry: the message, and for a timeout the ranks it
+// found missing. Never throws (`fallback` when the error is no std::exception).
+struct FlightFailure {
+  std::string what;
+  std::vector<int> missing;
+};
+FlightFailure flight_failure(std::exception_ptr error, std::string fallback = "an unknown error") noexcept;
 
 // Every recorder of the process, for dumps and for the answers to peers: the live groups' and the
 // last few destroyed groups'.

@@ -468,7 +468,6 @@ void QueuedGroup::complete(Op& op) {
 
 void QueuedGroup::fail_op(Op& op, std::exception_ptr error) {
   bool broke = false;
-  std::string what;
   try {
     std::rethrow_exception(error);
   } catch (const TimeoutError& e) {
@@ -481,21 +480,11 @@ void QueuedGroup::fail_op(Op& op, std::exception_ptr error) {
   // The flight recorder's part never stops the failure from reaching its Work (nothing here may
   // throw past this point: the turn and the completion order depend on it).
   try {
-    std::vector<int> missing;
-    try {
-      std::rethrow_exception(error);
-    } catch (const TimeoutError& e) {
-      what = e.what();
-      missing = e.missing_ranks();
-    } catch (const std::exception& e) {
-      what = e.what();
-    } catch (...) {
-      what = "an unknown error";
-    }
-    recorder().ended(op.record, recorded_seq(op), false, what, missing);
+    const FlightFailure f = flight_failure(error);
+    recorder().ended(op.record, recorded_seq(op), false, f.what, f.missing);
     if (broke) {
-      recorder().set_broken(what);
-      flight_dump_on_failure(what);  // TANDEM_FLIGHT_RECORDER: written by the dump thread
+      recorder().set_broken(f.what);
+      flight_dump_on_failure(f.what);  // TANDEM_FLIGHT_RECORDER: written by the dump thread
     }
   } catch (...) {
   }

@@ -7,6 +7,7 @@
 
 #include <fmt/format.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -47,6 +48,22 @@ inline Tensor ddp_shard_loss(DistributedDataParallel& ddp, int step, int r, int 
   return mse_loss(ddp(inputs(first, kRowsPerRank, 8, f64)), targets(first, kRowsPerRank, 4, f64));
 }
 
+using DdpAndOptimizer = std::pair<DistributedDataParallel*, optim::Optimizer*>;
+
+// One step of each model: zero_grad, `micro` backwards of loss(ddp, k) (all but the last under
+// no_sync), then the optimizer's step.
+inline void step_each(std::initializer_list<DdpAndOptimizer> models, int micro,
+                      const std::function<Tensor(DistributedDataParallel&, int micro)>& loss) {
+  for (auto [ddp, opt] : models) {
+    opt->zero_grad();
+    for (int k = 0; k < micro; ++k) {
+      auto guard = k + 1 < micro ? std::optional<DistributedDataParallel::NoSyncGuard>(ddp->no_sync()) : std::nullopt;
+      loss(*ddp, k).backward();
+    }
+    opt->step();
+  }
+}
+
 // ZeRO and the plain optimizer, each behind its own DDP, over `steps` steps of `micro` micro-batches.
 inline void zero_equivalence(ProcessGroupPtr g, const optim::OptimizerSpec& spec, double bucket_cap_mb, int micro,
                              bool schedule) {
@@ -65,15 +82,8 @@ inline void zero_equivalence(ProcessGroupPtr g, const optim::OptimizerSpec& spec
     plain_sched = std::make_unique<optim::StepLR>(*plain, 2, 0.5);
   }
   for (int step = 0; step < 5; ++step) {
-    for (auto [ddp, opt] : {std::pair<DistributedDataParallel*, optim::Optimizer*>{&zero_ddp, &zero},
-                            std::pair<DistributedDataParallel*, optim::Optimizer*>{&plain_ddp, plain.get()}}) {
-      opt->zero_grad();
-      for (int k = 0; k < micro; ++k) {
-        auto guard = k + 1 < micro ? std::optional<DistributedDataParallel::NoSyncGuard>(ddp->no_sync()) : std::nullopt;
-        ddp_shard_loss(*ddp, step, R, k).backward();
-      }
-      opt->step();
-    }
+    step_each({{&zero_ddp, &zero}, {&plain_ddp, plain.get()}}, micro,
+              [&](DistributedDataParallel& ddp, int k) { return ddp_shard_loss(ddp, step, R, k); });
     if (schedule) {
       zero_sched->step();
       plain_sched->step();
@@ -111,12 +121,8 @@ inline void zero_equivalence(ProcessGroupPtr g, const optim::OptimizerSpec& spec
   // here: a fresh ZeRO loads it and steps as the plain optimizer does.
   ZeroRedundancyOptimizer resumed(zero_model->parameters(), spec, g, {.bucket_cap_mb = bucket_cap_mb});
   resumed.load_state_dict(plain->state_dict());
-  for (auto [ddp, opt] : {std::pair<DistributedDataParallel*, optim::Optimizer*>{&zero_ddp, &resumed},
-                          std::pair<DistributedDataParallel*, optim::Optimizer*>{&plain_ddp, plain.get()}}) {
-    opt->zero_grad();
-    ddp_shard_loss(*ddp, 9, R).backward();
-    opt->step();
-  }
+  step_each({{&zero_ddp, &resumed}, {&plain_ddp, plain.get()}}, 1,
+            [&](DistributedDataParallel& ddp, int) { return ddp_shard_loss(ddp, 9, R); });
   expect_same_parameters(*zero_model, *plain_model, 1e-12, what + " after load_state_dict");
 }
 
@@ -144,18 +150,12 @@ inline void zero_mixed_precision(ProcessGroupPtr g) {
   ZeroRedundancyOptimizer zero(zero_model->parameters(), adamw, g, {.bucket_cap_mb = 4e-4});
   optim::AdamW plain(plain_model->parameters(), adamw);
   for (int step = 0; step < 4; ++step) {
-    for (auto [ddp, opt] : {std::pair<DistributedDataParallel*, optim::Optimizer*>{&zero_ddp, &zero},
-                            std::pair<DistributedDataParallel*, optim::Optimizer*>{&plain_ddp, &plain}}) {
-      opt->zero_grad();
-      for (int k = 0; k < 2; ++k) {
-        auto guard = k == 0 ? std::optional<DistributedDataParallel::NoSyncGuard>(ddp->no_sync()) : std::nullopt;
-        const int64_t first = ((step * 4 + k) * 16 + R) * kRowsPerRank;
-        Tensor out = (*ddp)(inputs(first, kRowsPerRank, 8, f32));
-        expect(out.dtype() == bf16, "{}: the forward ran in {}, not bf16", what, out.dtype());
-        mse_loss(out.to(f32), targets(first, kRowsPerRank, 4, f32)).backward();
-      }
-      opt->step();
-    }
+    step_each({{&zero_ddp, &zero}, {&plain_ddp, &plain}}, 2, [&](DistributedDataParallel& ddp, int k) {
+      const int64_t first = ((step * 4 + k) * 16 + R) * kRowsPerRank;
+      Tensor out = ddp(inputs(first, kRowsPerRank, 8, f32));
+      expect(out.dtype() == bf16, "{}: the forward ran in {}, not bf16", what, out.dtype());
+      return mse_loss(out.to(f32), targets(first, kRowsPerRank, 4, f32));
+    });
     for (const Tensor& p : zero_model->parameters())
       expect(p.dtype() == f32, "{}: a parameter reads as {} between steps, not its f32 master", what, p.dtype());
     expect_same_parameters(*zero_model, *plain_model, 0, fmt::format("{} step {}", what, step));
@@ -184,17 +184,10 @@ inline void zero_overlap(ProcessGroupPtr g, const optim::OptimizerSpec& spec, do
   auto plain = plain_optimizer(spec, plain_model->parameters());
   optim::StepLR zero_sched(zero, 2, 0.5), plain_sched(*plain, 2, 0.5);
   for (int step = 0; step < 5; ++step) {
-    for (auto [ddp, opt] : {std::pair<DistributedDataParallel*, optim::Optimizer*>{&zero_ddp, &zero},
-                            std::pair<DistributedDataParallel*, optim::Optimizer*>{&plain_ddp, plain.get()}}) {
-      opt->zero_grad();
-      for (int k = 0; k < micro; ++k) {
-        auto guard = k + 1 < micro ? std::optional<DistributedDataParallel::NoSyncGuard>(ddp->no_sync()) : std::nullopt;
-        const int64_t first = ((step * 4 + k) * 16 + R) * kRowsPerRank;
-        Tensor out = (*ddp)(inputs(first, kRowsPerRank, 8, dt));
-        mse_loss(out.to(dt), targets(first, kRowsPerRank, 4, dt)).backward();
-      }
-      opt->step();
-    }
+    step_each({{&zero_ddp, &zero}, {&plain_ddp, plain.get()}}, micro, [&](DistributedDataParallel& ddp, int k) {
+      const int64_t first = ((step * 4 + k) * 16 + R) * kRowsPerRank;
+      return mse_loss(ddp(inputs(first, kRowsPerRank, 8, dt)).to(dt), targets(first, kRowsPerRank, 4, dt));
+    });
     zero_sched.step();
     plain_sched.step();
     for (const Tensor& p : zero_model->parameters())
@@ -219,6 +212,12 @@ inline void zero_overlap_errors(ProcessGroupPtr g) {
     expect_join_error(
         [&] { ZeroRedundancyOptimizer z(net->parameters(), optim::AdamOptions{}, g, {.overlap_with_ddp = true}); },
         "is managed by DistributedDataParallel: apply the optimizer in backward before wrapping the module");
+  }
+  {
+    auto net = make_net_without_never(f64, 7);
+    ZeroRedundancyOptimizer z(net->parameters(), optim::AdamOptions{}, g, {.overlap_with_ddp = true});
+    DistributedDataParallel ddp(net, g);
+    expect_join_error([&] { Join join({&ddp, &z}); }, "overlap_with_ddp does not work under a Join");
   }
   auto net = make_net_without_never(f64, 7);
   ZeroRedundancyOptimizer z(net->parameters(), optim::AdamOptions{}, g, {.overlap_with_ddp = true});
@@ -253,12 +252,8 @@ inline void zero_two_groups(ProcessGroupPtr g) {
       zero.set_lr(1, 0.003);
       plain.set_lr(1, 0.003);
     }
-    for (auto [ddp, opt] : {std::pair<DistributedDataParallel*, optim::Optimizer*>{&zero_ddp, &zero},
-                            std::pair<DistributedDataParallel*, optim::Optimizer*>{&plain_ddp, &plain}}) {
-      opt->zero_grad();
-      ddp_shard_loss(*ddp, step, R).backward();
-      opt->step();
-    }
+    step_each({{&zero_ddp, &zero}, {&plain_ddp, &plain}}, 1,
+              [&](DistributedDataParallel& ddp, int) { return ddp_shard_loss(ddp, step, R); });
     expect_same_parameters(*zero_model, *plain_model, 1e-12, fmt::format("{} step {}", what, step));
   }
   expect(zero.num_param_groups() == 2 && zero.lr(1) == 0.003, "{}: groups or lr wrong", what);

@@ -212,17 +212,8 @@ void NcclComm::fail_pending(std::exception_ptr front_error) noexcept {
     try {
       std::exception_ptr error = first && front_error ? front_error : broken_error(p.what);
       if (p.recorder) {
-        std::string what = broken->reason();
-        std::vector<int> missing;
-        try {
-          std::rethrow_exception(error);
-        } catch (const TimeoutError& e) {
-          what = e.what();
-          missing = e.missing_ranks();
-        } catch (const std::exception& e) {
-          what = e.what();
-        }
-        p.recorder->ended(p.record, p.record_seq, false, what, missing);
+        const FlightFailure f = flight_failure(error, broken->reason());
+        p.recorder->ended(p.record, p.record_seq, false, f.what, f.missing);
         if (first) p.recorder->set_broken(broken->reason());
       }
       p.work->mark_failed(error);
