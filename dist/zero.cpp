@@ -128,20 +128,27 @@ ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(std::vector<ZeroParamGroup> gro
 }
 
 void ZeroRedundancyOptimizer::register_overlap_steps() {
+  stepped_.assign(params_.size(), 0);
+  has_step_.assign(params_.size(), 0);
   std::vector<std::shared_ptr<optim::InBackwardStep>> steps;
   for (size_t i = 0; i < params_.size(); ++i) {
     const Tensor& p = params_[i];
     if (!p.requires_grad()) continue;  // frozen: never gets a gradient, never stepped
     TANDEM_CHECK(p.is_leaf(), "[{}] overlap_with_ddp: parameter {} (shape {}) is not a leaf", kName, i, p.shape());
-    std::function<void()> step;
-    if (owner_[i] == group_->rank()) {
-      step = [this, p] {
-        std::lock_guard lock(local_mutex_);
-        local_->step_only(p);
-      };
-    } else {
-      step = [] {};  // its owner steps it; the broadcast in step() brings it here
-    }
+    // Every rank marks the parameter stepped, its owner also steps it (the others get it from
+    // the broadcast in step()): a second synchronised backward before step() is then an error on
+    // every rank at the same parameter, where DDP + the plain optimizer would have accumulated.
+    const bool mine = owner_[i] == group_->rank();
+    has_step_[i] = 1;
+    std::function<void()> step = [this, p, i, mine] {
+      std::lock_guard lock(local_mutex_);
+      TANDEM_CHECK(!stepped_[i],
+                   "[{}] overlap_with_ddp: parameter {} (shape {}) was reduced again before step(): call step() after "
+                   "every synchronised backward (accumulate gradients under no_sync)",
+                   kName, i, p.shape());
+      stepped_[i] = 1;
+      if (mine) local_->step_only(p);
+    };
     steps.push_back(std::make_shared<optim::InBackwardStep>(p, std::move(step), /*keep_grads=*/false));
   }
   overlap_ = optim::register_in_backward_steps(std::move(steps), kName);
@@ -238,6 +245,7 @@ bool ZeroRedundancyOptimizer::counts_steps() const {
 }
 
 int64_t ZeroRedundancyOptimizer::local_state_bytes() const {
+  std::lock_guard lock(local_mutex_);  // overlap_with_ddp: not while a step in backward runs
   int64_t bytes = 0;
   for (const Tensor& p : local_params_)
     if (const optim::ParamState* st = local_->state(p))
@@ -266,6 +274,18 @@ void ZeroRedundancyOptimizer::step() {
       fail("[{}] overlap_with_ddp: no DistributedDataParallel steps parameter {} (shape {}) in backward: make the "
            "DistributedDataParallel after the ZeroRedundancyOptimizer, over the same parameters",
            kName, i, s->parameter().shape());
+    }
+    {
+      // A parameter frozen when this optimizer was made has no step in backward: if it trains
+      // now, nobody would update it.
+      std::lock_guard lock(local_mutex_);
+      for (size_t i = 0; i < params_.size(); ++i) {
+        TANDEM_CHECK(has_step_[i] || !params_[i].grad().defined(),
+                     "[{}] overlap_with_ddp: parameter {} (shape {}) has a gradient but no step in backward (it did "
+                     "not require grad when the optimizer was made)",
+                     kName, i, params_[i].shape());
+        stepped_[i] = 0;
+      }
     }
     TANDEM_TRACE_SCOPE("zero step (overlapped)", "optim");
     state_.clear();  // a consolidated state is a snapshot: stale after the steps in backward
@@ -390,6 +410,7 @@ void ZeroRedundancyOptimizer::broadcast_partitions() {
 }
 
 void ZeroRedundancyOptimizer::consolidate_state_dict(int to) {
+  std::lock_guard lock(local_mutex_);  // overlap_with_ddp: not while a step in backward runs
   const int world = group_->size(), rank = group_->rank();
   TANDEM_CHECK(to >= 0 && to < world, "[{}] consolidate_state_dict: rank {} is not in the group of {} ranks", kName, to,
                world);
@@ -486,7 +507,10 @@ void ZeroRedundancyOptimizer::load_state_dict(const nn::TensorDict& sd) {
     for (const auto& [name, v] : hyperparameters_of(groups_[g].spec))
       local.insert(fmt::format("param_groups.{}.{}", g, name), scalar_tensor(v, f64));
   }
-  local_->load_state_dict(local);
+  {
+    std::lock_guard lock(local_mutex_);  // overlap_with_ddp: not while a step in backward runs
+    local_->load_state_dict(local);
+  }
   state_.clear();
   consolidated_on_ = -1;
 }

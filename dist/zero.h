@@ -48,7 +48,9 @@ struct ZeroOptions {
   // the update overlaps the rest of backward; step() then only broadcasts the partitions. Build
   // the ZeroRedundancyOptimizer before the DistributedDataParallel that wraps its parameters
   // (DDP takes the steps over when it is made; step() says so otherwise). Gradients are dropped
-  // after their step (.grad is none after backward). Not under a Join.
+  // after their step (.grad is none after backward). Call step() after every synchronised
+  // backward (accumulate under no_sync): a parameter stepped by a second backward before it is
+  // an error on every rank. Not under a Join.
   bool overlap_with_ddp = false;
 };
 
@@ -124,7 +126,9 @@ class ZeroRedundancyOptimizer : public optim::Optimizer, public Joinable {
   int consolidated_on_ = -1;  // the rank whose state_ holds the consolidated state (-1: none)
   // overlap_with_ddp: local_'s steps of one parameter each, run by DDP's reduction (on whichever
   // thread completes it) while set_lr may run on the caller's; one at a time.
-  std::mutex local_mutex_;
+  mutable std::mutex local_mutex_;
+  std::vector<char> has_step_;  // overlap_with_ddp: parameter i has a step in backward (it required grad)
+  std::vector<char> stepped_;  // overlap_with_ddp: parameter i was stepped since the last step() (local_mutex_)
   std::unique_ptr<optim::InBackwardRegistration> overlap_;  // before local_ goes: declared after it
 };
 

@@ -350,6 +350,13 @@ void run_per_device(const std::vector<Entry>& entries, Run run) {
 }  // namespace
 
 void Optimizer::step_only(const Tensor& param) {
+  TANDEM_CHECK(supports_step_only(), "[{}] step_only: this optimizer cannot step one parameter alone", name_);
+  bool held = false;
+  for (size_t g = 0; g < num_param_groups() && !held; ++g)
+    for (const Tensor& p : group_params(g))
+      if (p.impl() == param.impl()) held = true;
+  TANDEM_CHECK(held, "[{}] step_only: the tensor of shape {} is not one of this optimizer's parameters", name_,
+               param.shape());
   struct Only {
     const TensorImpl*& slot;
     ~Only() { slot = nullptr; }

@@ -89,8 +89,11 @@ class Optimizer {
   virtual void step() = 0;
   // Steps `param` alone, as step() would step it (nothing if its gradient is undefined): the
   // step of one parameter of a larger optimizer, run in backward once its gradient is reduced
-  // (ZeroRedundancyOptimizer's overlap_with_ddp). Not thread-safe against other steps.
+  // (ZeroRedundancyOptimizer's overlap_with_ddp). Not thread-safe against other steps. An
+  // optimizer whose step() cannot skip parameters (supports_step_only() false), or a parameter it
+  // does not hold, is an error.
   void step_only(const Tensor& param);
+  virtual bool supports_step_only() const { return false; }
   // set_to_none drops the gradients (the default, as in PyTorch 2); otherwise zeroes them.
   void zero_grad(bool set_to_none = true);
 
@@ -168,6 +171,7 @@ class SGD : public OptimizerWithOptions<SGDOptions> {
   explicit SGD(const TensorList& params, SGDOptions options = {});
   explicit SGD(std::vector<Group> groups);
   void step() override;
+  bool supports_step_only() const override { return true; }
 
  protected:
   std::vector<std::string> state_names() const override { return {"momentum_buffer"}; }
@@ -181,6 +185,7 @@ class Adam : public OptimizerWithOptions<AdamOptions> {
   explicit Adam(const TensorList& params, AdamOptions options = {});
   explicit Adam(std::vector<Group> groups);
   void step() override;
+  bool supports_step_only() const override { return true; }
 
  protected:
   Adam(std::string name, bool decoupled) : OptimizerWithOptions(std::move(name)), decoupled_(decoupled) {}

@@ -442,6 +442,10 @@ void DistributedDataParallel::join_attached() {
   TANDEM_CHECK(!delayed_,
                "[Join] DDP with delay_all_reduce_named_params is not supported under Join: the delayed parameters are "
                "reduced on a group of their own, which the joined ranks do not shadow");
+  TANDEM_CHECK(!optimizer_in_backward_,
+               "[Join] DDP with an optimizer in backward (apply_optimizer_in_backward, or a ZeroRedundancyOptimizer "
+               "with overlap_with_ddp) is not supported under Join: a joined rank's shadow reductions run no steps, "
+               "so its parameters would fall behind");
 }
 
 void DistributedDataParallel::join_shadow(const JoinIteration& it) {

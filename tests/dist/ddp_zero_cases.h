@@ -219,9 +219,44 @@ inline void zero_overlap_errors(ProcessGroupPtr g) {
     DistributedDataParallel ddp(net, g);
     expect_join_error([&] { Join join({&ddp, &z}); }, "overlap_with_ddp does not work under a Join");
   }
+  const Tensor x = inputs(0, 4, 8, f64), y = targets(0, 4, 4, f64);
+  {
+    // A Join over DDP alone: its shadow reductions would run no steps on a joined rank.
+    auto net = make_net_without_never(f64, 7);
+    ZeroRedundancyOptimizer z(net->parameters(), optim::AdamOptions{}, g, {.overlap_with_ddp = true});
+    DistributedDataParallel ddp(net, g);
+    expect_join_error([&] { Join join({&ddp}); }, "[Join] DDP with an optimizer in backward");
+  }
+  {
+    // Two synchronised backwards before step(): DDP + Adam would accumulate; here every rank raises.
+    auto net = make_net_without_never(f64, 7);
+    ZeroRedundancyOptimizer z(net->parameters(), optim::AdamOptions{}, g, {.overlap_with_ddp = true});
+    DistributedDataParallel ddp(net, g);
+    mse_loss(ddp(x), y).backward();
+    expect_join_error([&] { mse_loss(ddp(x), y).backward(); }, "was reduced again before step()");
+  }
+  {
+    // A parameter frozen when the optimizer was made and trained later has no step in backward.
+    auto net = make_net_without_never(f64, 7);
+    net->fc1->bias.requires_grad_(false);
+    ZeroRedundancyOptimizer z(net->parameters(), optim::AdamOptions{}, g, {.overlap_with_ddp = true});
+    net->fc1->bias.requires_grad_(true);
+    DistributedDataParallel ddp(net, g);
+    mse_loss(ddp(x), y).backward();
+    expect_join_error([&] { z.step(); }, "has a gradient but no step in backward");
+  }
+  {
+    // step_only: only optimizers that can skip parameters, only their own parameters.
+    auto net = make_net_without_never(f64, 7);
+    TensorList ps = net->parameters();
+    optim::SGD sgd({ps[0]}, {.lr = 0.1});
+    expect_join_error([&] { sgd.step_only(ps[1]); }, "[SGD] step_only: the tensor of shape [16] is not one of");
+    ZeroRedundancyOptimizer plain(ps, optim::SGDOptions{}, g);
+    expect_join_error([&] { plain.step_only(ps[0]); }, "step_only: this optimizer cannot step one parameter alone");
+  }
   auto net = make_net_without_never(f64, 7);
   ZeroRedundancyOptimizer z(net->parameters(), optim::AdamOptions{}, g, {.overlap_with_ddp = true});
-  mse_loss((*net)(inputs(0, 4, 8, f64)), targets(0, 4, 4, f64)).backward();
+  mse_loss((*net)(x), y).backward();
   expect_join_error([&] { z.step(); }, "[ZeroRedundancyOptimizer] overlap_with_ddp: no DistributedDataParallel steps "
                                        "parameter 0");
 }
