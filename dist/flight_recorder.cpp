@@ -336,8 +336,6 @@ void install_hooks_locked(Registry& r) {
   sigaction(SIGUSR1, &sa, nullptr);
 }
 
-std::string json_caller(const FlightEntry& e) { return e.caller; }
-
 nlohmann::ordered_json entry_json(const FlightEntry& e) {
   nlohmann::ordered_json j;
   j["id"] = e.id;
@@ -351,7 +349,7 @@ nlohmann::ordered_json entry_json(const FlightEntry& e) {
   if (e.kind == OpKind::broadcast || is_p2p(e.kind)) j["peer"] = e.peer;
   if (is_p2p(e.kind)) j["tag"] = e.tag;
   j["signature"] = e.signature();
-  j["caller"] = json_caller(e);
+  j["caller"] = std::string(e.caller);
   j["state"] = std::string(flight_state_name(e.state));
   j["issued_us"] = e.issued_us;
   j["started_us"] = e.started_us;

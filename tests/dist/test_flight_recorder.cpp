@@ -164,6 +164,10 @@ TEST_CASE("flight recorder: a timeout leaves a failed entry naming the missing r
   }, quick());
   // Without a directory, a dump needs a path.
   CHECK_THROWS_WITH(dump_flight_recorder("test"), Catch::Contains("[flight_recorder] no dump path given"));
+  // A path that cannot be written is one error naming it, and leaves no temporary file behind.
+  const std::string bad = dir.file("no/such/dir/dump.json");
+  CHECK_THROWS_WITH(dump_flight_recorder("test", bad),
+                    Catch::Contains("[flight_recorder] cannot write") && Catch::Contains("no/such/dir/dump.json"));
 }
 
 TEST_CASE("flight recorder: a timed-out rank describes its peers' answers", "[dist][flight]") {
