@@ -410,6 +410,42 @@ TEST_CASE("max_pool2d matches the definition, first maximum and NaN included", "
   REQUIRE(max_pool2d(zeros({1, 1, 6, 6}), 2, 1).shape() == Shape{1, 1, 5, 5});
 }
 
+TEST_CASE("max_pool2d 2x2/2 in f32 (AVX-512 where the CPU has it) equals the f64 walk, indices and gradients too",
+          "[conv][pool]") {
+  // f32's 2x2/2 pool runs 16 outputs of a row at a time on AVX-512 CPUs, with masked tails; f64
+  // keeps the scalar walk. Widths around the 16-lane steps, odd input sizes (an unused last row
+  // and column), few distinct values (ties: the first maximum in row-major order), signed zeros,
+  // and a NaN in some planes (the plane is rewritten by the general rule).
+  manual_seed(29);
+  for (int64_t ow : {1, 7, 8, 9, 14, 15, 16, 17, 31, 33}) {
+    for (int64_t extra : {0, 1}) {
+      INFO("output width " << ow << ", input " << 2 * ow + extra << " wide");
+      const Shape shape{2, 3, 2 * 3 + extra, 2 * ow + extra};
+      Tensor xd = to_dtype(randint(-2, 3, shape), f64) * 0.5;
+      std::vector<double> v = vals(xd);
+      for (size_t i = 0; i < v.size(); i += 5) v[i] = -0.0 * (i % 2 ? 1 : -1);
+      v[v.size() / 3] = std::nan("");  // one plane with a NaN
+      xd = from_vector<double>(v, shape);
+      Tensor xf = leaf(xd.to(f32));
+      Tensor xl = leaf(xd);
+      auto [yd, id] = max_pool2d_with_indices(xl, 2);
+      auto [yf, jf] = max_pool2d_with_indices(xf, 2);
+      const std::vector<double> a = vals(yd), b = vals(yf);
+      REQUIRE(a.size() == b.size());
+      for (size_t i = 0; i < a.size(); ++i) {
+        INFO("output " << i);
+        REQUIRE((std::isnan(a[i]) ? std::isnan(b[i]) : (a[i] == b[i] && std::signbit(a[i]) == std::signbit(b[i]))));
+      }
+      require_close(vals(jf), vals(id), 0);
+      // Backward scatters through the indices: the same gradient at each input.
+      Tensor g = to_dtype(randint(1, 9, yd.shape()), f64);
+      sum(yd * g).backward();
+      sum(yf * g.to(f32)).backward();
+      require_close(vals(xf.grad()), vals(xl.grad()), 0);
+    }
+  }
+}
+
 TEST_CASE("max_pool2d agrees with PyTorch 1.13, ties and overlapping windows", "[conv][pool]") {
   // x[i] = (7 i) % 5 as [1, 2, 5, 5]; max_pool2d(x, 3, 2, 1, ceil_mode=True, return_indices=True),
   // then y.sum().backward().
