@@ -12,8 +12,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 
+#include "core/detail/bf16_convert.h"
 #include "core/detail/elementwise.h"
 #include "core/detail/iter.h"
 #include "core/parallel.h"
@@ -24,9 +26,60 @@ namespace tandem::detail {
 // before its stores even when out aliases an input (in-place ops), so the block vectorises
 // without runtime alias checks, also at -O2 (whose cheap cost model refuses versioned loops).
 // The functor is copied so its parameters cannot alias out either.
+// An operand of a bf16 block: bf16 runs are converted into f32 a block at a time by the SIMD
+// conversions of core/detail/bf16_convert.h (the same bits as load()); other types are read where
+// they are.
+template <class T, int64_t K>
+struct StagedOperand {
+  const T* p = nullptr;
+  TANDEM_INLINE void stage(const T* src, int64_t) { p = src; }
+  TANDEM_INLINE auto operator[](int64_t k) const { return load(p[k]); }
+};
+template <int64_t K>
+struct StagedOperand<BFloat16, K> {
+  float buf[K];
+  TANDEM_INLINE void stage(const BFloat16* src, int64_t m) { bf16_to_f32_n(src, buf, m); }
+  TANDEM_INLINE float operator[](int64_t k) const { return buf[k]; }
+};
+
+// contig_loop with a bf16 operand or result: blocks of 256 are converted in, computed in f32 by
+// the same functor, and converted out, so the conversions run as SIMD loops of their own. Every
+// input of a block is read before any of it is stored (in-place ops, as below).
+template <class Out, class... In, class F, size_t... I>
+void contig_loop_bf16(char* out, const std::array<const char*, sizeof...(In)>& in, int64_t n, const F& f_ref,
+                      std::index_sequence<I...>) {
+  Out* o = reinterpret_cast<Out*>(out);
+  if constexpr (std::is_same_v<F, Identity> && sizeof...(In) == 1) {
+    using Src = std::tuple_element_t<0, std::tuple<In...>>;
+    if constexpr (std::is_same_v<Out, float> && std::is_same_v<Src, BFloat16>) {
+      return bf16_to_f32_n(reinterpret_cast<const BFloat16*>(in[0]), o, n);  // a cast: no staging
+    } else if constexpr (std::is_same_v<Out, BFloat16> && std::is_same_v<Src, float>) {
+      return f32_to_bf16_n(reinterpret_cast<const float*>(in[0]), o, n);
+    }
+  }
+  const F f = f_ref;
+  constexpr int64_t kBlock = 256;
+  std::tuple<const In*...> p{reinterpret_cast<const In*>(in[I])...};
+  std::tuple<StagedOperand<In, kBlock>...> staged;
+  for (int64_t i = 0; i < n; i += kBlock) {
+    const int64_t m = n - i < kBlock ? n - i : kBlock;
+    (std::get<I>(staged).stage(std::get<I>(p) + i, m), ...);
+    if constexpr (std::is_same_v<Out, BFloat16>) {
+      float tmp[kBlock];
+      for (int64_t k = 0; k < m; ++k) tmp[k] = static_cast<float>(f(std::get<I>(staged)[k]...));
+      f32_to_bf16_n(tmp, o + i, m);
+    } else {
+      for (int64_t k = 0; k < m; ++k) o[i + k] = store<Out>(f(std::get<I>(staged)[k]...));
+    }
+  }
+}
+
 template <class Out, class... In, class F, size_t... I>
 TANDEM_INLINE void contig_loop(char* out, const std::array<const char*, sizeof...(In)>& in, int64_t n, const F& f_ref,
-                               std::index_sequence<I...>) {
+                               std::index_sequence<I...> seq) {
+  if constexpr (std::is_same_v<Out, BFloat16> || (std::is_same_v<In, BFloat16> || ...)) {
+    return contig_loop_bf16<Out, In...>(out, in, n, f_ref, seq);
+  }
   const F f = f_ref;
   Out* o = reinterpret_cast<Out*>(out);
   std::tuple<const In*...> p{reinterpret_cast<const In*>(in[I])...};

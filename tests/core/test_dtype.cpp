@@ -2,9 +2,12 @@
 // promote_types table. Expected bit patterns are derived by hand in the comments.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
+#include <vector>
 
+#include "core/detail/elementwise.h"
 #include "tandem.h"
 
 using namespace tandem;
@@ -201,4 +204,61 @@ TEST_CASE("tensor dtype conversions round like the scalar conversions", "[dtype]
   REQUIRE(b.data_ptr<BFloat16>()[0].bits == 0x3f82);
   // And back: exact.
   REQUIRE(h.to(f32).to_vector<float>()[3] == p2(-23));
+}
+
+TEST_CASE("bf16 tensor loops give the scalar conversions' bits: casts, divided copies, in-place ops", "[dtype][bf16]") {
+  // The CPU loops convert bf16 runs with SIMD clones (AVX-512 where the CPU has it) in blocks
+  // of 256; every element must get the bits of the scalar BFloat16 conversions of core/half.h.
+  // Floats with random bits (NaNs with payloads, subnormals, infinities) and rounding ties, an
+  // odd length so the blocks end in a tail; every bf16 bit pattern the other way.
+  std::vector<float> src;
+  uint64_t state = 0x9e3779b97f4a7c15ull;
+  for (int i = 0; i < 3001; ++i) {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    uint32_t bits = static_cast<uint32_t>(state >> 32);
+    if (i % 4 == 1) bits = (bits & 0xffff0000u) | 0x8000u;                   // a tie: to even
+    if (i % 7 == 2) bits = (bits & 0x807fffffu);                             // subnormal
+    if (i % 11 == 3) bits = (bits & 0x80000000u) | 0x7f800000u | (bits & 0x3fffffu);  // NaN or Inf
+    src.push_back(tandem::detail::bits_float(bits));
+  }
+  const int64_t n = static_cast<int64_t>(src.size());
+  Tensor x = from_vector<float>(src, {n});
+  Tensor b = x.to(bf16);
+  const BFloat16* bp = b.data_ptr<BFloat16>();
+  for (int64_t i = 0; i < n; ++i) {
+    INFO("element " << i << " bits " << float_bits(src[i]));
+    REQUIRE(bp[i].bits == float_to_bf16_bits(src[i]));
+  }
+  std::vector<BFloat16> every(65536);
+  for (uint32_t i = 0; i < 65536; ++i) every[i] = BFloat16::from_bits(static_cast<uint16_t>(i));
+  Tensor all = empty({65536}, bf16);
+  std::copy(every.begin(), every.end(), all.data_ptr<BFloat16>());
+  const std::vector<float> back = all.to(f32).to_vector<float>();
+  for (uint32_t i = 0; i < 65536; ++i) {
+    INFO("bf16 bits " << i);
+    REQUIRE(float_bits(back[i]) == float_bits(bf16_bits_to_float(static_cast<uint16_t>(i))));
+  }
+  // DDP's divided copy into a bf16 bucket (a bf16 source and destination), a bf16 in-place add
+  // and a bf16 result of an f32 op: each element computed in f32 and rounded once.
+  Tensor slot = empty({n}, bf16);
+  tandem::detail::copy_divided(slot, b, 3.0);
+  std::vector<float> rotated = src;
+  std::rotate(rotated.begin(), rotated.begin() + 1, rotated.end());
+  Tensor c = from_vector<float>(rotated, {n}).to(bf16);
+  Tensor sum = b.clone();
+  sum.add_(c);
+  const BFloat16* sp = slot.data_ptr<BFloat16>();
+  const BFloat16* up = sum.data_ptr<BFloat16>();
+  for (int64_t i = 0; i < n; ++i) {
+    INFO("element " << i);
+    const float v = bf16_bits_to_float(bp[i].bits), w = bf16_bits_to_float(c.data_ptr<BFloat16>()[i].bits);
+    // Which NaN an addition of two NaNs returns is the hardware's and the compiler's choice
+    // (operand order): a NaN result is checked as a NaN.
+    auto same = [](uint16_t got, uint16_t want) {
+      auto is_nan = [](uint16_t h) { return (h & 0x7fffu) > 0x7f80u; };
+      return is_nan(want) ? is_nan(got) : got == want;
+    };
+    REQUIRE(same(sp[i].bits, float_to_bf16_bits(v / 3.0f)));
+    REQUIRE(same(up[i].bits, float_to_bf16_bits(v + w)));
+  }
 }
