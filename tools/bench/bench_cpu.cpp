@@ -105,7 +105,7 @@ int main(int argc, char** argv) {
   }
   rows.push_back({"matmul_bf16", matmul_bf16_gflops(runs), std::nullopt, "GFLOP/s", "ratio >= 0.9",
                   "512x1024 by 1024x1024, peer: torch bf16"});
-  rows.push_back({"conv2d_fwd_bwd", conv2d_fwd_bwd_ms(runs), std::nullopt, "ms", "ratio <= 1.0",
+  rows.push_back({"conv2d_fwd_bwd", conv2d_fwd_bwd_ms(runs), std::nullopt, "ms", "ratio <= 0.85",
                   "64x32x28x28, 3x3 to 64, pad 1"});
   // Two intra-op threads: our kernels' chunks and OpenBLAS's, against torch.set_num_threads(2).
   set_num_threads(2);

@@ -10,6 +10,8 @@ import time
 
 import torch
 
+from peer_threads import set_threads
+
 sys.path.insert(0, __file__.rsplit("/", 1)[0])  # the other peers' models
 
 runs = 5  # samples per row; the command line's first argument (bench_train imports the rows)
@@ -84,11 +86,11 @@ def conv2d_fwd_bwd():
 
 
 if __name__ == "__main__":
-    torch.set_num_threads(1)
+    set_threads(1)
     runs = int(sys.argv[1]) if len(sys.argv) > 1 else runs
     out = {"mlp_step": mlp_step(), "tiny_op": tiny_op(), "matmul_bf16": matmul_bf16(),
            "conv2d_fwd_bwd": conv2d_fwd_bwd()}
-    torch.set_num_threads(2)
+    set_threads(2)
     out["mlp_step_2t"] = mlp_step()
     out["cnn_step_2t"] = cnn_step()
     print(json.dumps(out))

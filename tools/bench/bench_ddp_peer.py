@@ -15,6 +15,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from peer_threads import set_threads
+
 RUNS = int(sys.argv[1]) if len(sys.argv) > 1 else 5
 
 
@@ -41,7 +43,7 @@ def timed(step, sync=lambda: None):
 
 
 def rank_main(rank, world, port, queue):
-    torch.set_num_threads(1)
+    set_threads(1)
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
     dist.init_process_group("gloo", rank=rank, world_size=world)
@@ -60,7 +62,7 @@ def rank_main(rank, world, port, queue):
 
 
 def main():
-    torch.set_num_threads(1)
+    set_threads(1)
     model, x, y = make()
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
 

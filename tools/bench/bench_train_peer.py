@@ -54,6 +54,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from peer_threads import set_threads
+
 DTYPES = {"F32": np.float32, "F64": np.float64, "I64": np.int64, "I32": np.int32}
 
 
@@ -119,7 +121,7 @@ def lr_factor(step, total, schedule, warmup):
 
 def init_rank(rank, world, port):
     """One intra-op thread; a gloo group of `world` ranks on localhost when world > 1. Returns world."""
-    torch.set_num_threads(1)
+    set_threads(1)
     if world > 1:
         os.environ["MASTER_ADDR"] = "127.0.0.1"
         os.environ["MASTER_PORT"] = str(port)
@@ -184,7 +186,7 @@ def current_rss_mib():
 
 def sdpa():
     import resource
-    torch.set_num_threads(1)
+    set_threads(1)
     torch.manual_seed(0)
     shape = (8, 4, 512, 64)
     q, k, v = (torch.randn(shape, requires_grad=True) for _ in range(3))
@@ -362,7 +364,7 @@ def main():
     if len(sys.argv) > 1 and sys.argv[1] == "conv":
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
         import bench_cpu_peer
-        torch.set_num_threads(1)
+        set_threads(1)
         bench_cpu_peer.runs = 1
         print(json.dumps({"conv2d_fwd_bwd_ms": bench_cpu_peer.conv2d_fwd_bwd(), "version": torch.__version__}))
         return
@@ -405,7 +407,7 @@ def main():
 def run_world(target, args):
     """target(rank, args, port, queue) in this process (world 1) or in args.world spawned ones; rank
     0's result."""
-    torch.set_num_threads(1)
+    set_threads(1)
     if args.world == 1:
         import queue as q
         results = q.Queue()
