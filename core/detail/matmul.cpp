@@ -95,6 +95,8 @@ void gemm_one(int64_t M, int64_t N, int64_t K, const T* a, int64_t as0, int64_t 
     return;
   }
   if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
+    if constexpr (std::is_same_v<T, float>)
+      if (onednn_f32_gemm(M, N, K, a, as0, as1, b, bs0, bs1, c, ldc, accumulate, op)) return;
     blas_gemm(M, N, K, a, as0, as1, b, bs0, bs1, c, ldc, accumulate, op);
   } else if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>) {
     // bf16 natively where the CPU multiplies it (oneDNN, AVX512_BF16); both routes sum in f32

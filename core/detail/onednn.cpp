@@ -3,6 +3,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <type_traits>
 
 #include "core/detail/matmul.h"
 #include "core/error.h"
@@ -50,11 +51,12 @@ bool cpu_has_bf16_gemm() {
 struct GemmKey {
   int64_t M, N, K, as0, as1, bs0, bs1, ldc, threads;
   bool accumulate;
+  dnnl::memory::data_type type;  // bf16 or f32, every operand
   bool operator==(const GemmKey&) const = default;
 };
 struct GemmKeyHash {
   size_t operator()(const GemmKey& k) const {
-    size_t h = std::hash<bool>()(k.accumulate);
+    size_t h = std::hash<bool>()(k.accumulate) ^ (std::hash<int>()(static_cast<int>(k.type)) << 1);
     for (int64_t v : {k.M, k.N, k.K, k.as0, k.as1, k.bs0, k.bs1, k.ldc, k.threads})
       h = h * 1000003u ^ std::hash<int64_t>()(v);
     return h;
@@ -161,11 +163,10 @@ ThreadGemms& thread_gemms() {
 // The matmul is empty when oneDNN has only its reference (scalar) kernel or none for this problem.
 Gemm make_gemm(const dnnl::engine& engine, const GemmKey& k) {
   std::lock_guard lock(creation_mutex);
-  using dt = dnnl::memory::data_type;
   Gemm g;
-  g.a = dnnl::memory::desc({k.M, k.K}, dt::bf16, dnnl::memory::dims{k.as0, k.as1});
-  g.b = dnnl::memory::desc({k.K, k.N}, dt::bf16, dnnl::memory::dims{k.bs0, k.bs1});
-  g.c = dnnl::memory::desc({k.M, k.N}, dt::bf16, dnnl::memory::dims{k.ldc, 1});
+  g.a = dnnl::memory::desc({k.M, k.K}, k.type, dnnl::memory::dims{k.as0, k.as1});
+  g.b = dnnl::memory::desc({k.K, k.N}, k.type, dnnl::memory::dims{k.bs0, k.bs1});
+  g.c = dnnl::memory::desc({k.M, k.N}, k.type, dnnl::memory::dims{k.ldc, 1});
   dnnl::primitive_attr attr;
   if (k.accumulate) {
     dnnl::post_ops ops;
@@ -397,10 +398,37 @@ bool onednn_bf16_available() {
   return available;
 }
 
-bool onednn_bf16_gemm(int64_t M, int64_t N, int64_t K, const BFloat16* a, int64_t as0, int64_t as1,
-                      const BFloat16* b, int64_t bs0, int64_t bs1, BFloat16* c, int64_t ldc, bool accumulate,
-                      const char* op) {
-  if (!onednn_bf16_available() || M <= 0 || N <= 0 || K <= 0) return false;
+namespace {
+
+// OpenBLAS 0.3.21 does not know AMD's Zen 4 and Zen 5 and runs its AVX2 (Haswell) kernels there;
+// oneDNN's f32 matmul uses the AVX-512 the CPU has: twice OpenBLAS's rate on a Zen 5 core
+// (240 vs 124 GFLOP/s at 512), about the same on a CPU whose AVX-512 is 256 bits wide inside.
+// Where OpenBLAS runs one of its AVX-512 kernels, it stays.
+extern "C" char* openblas_get_corename();
+bool openblas_has_avx512_kernels() {
+  const char* core = openblas_get_corename();
+  if (core == nullptr) return false;
+  for (const char* name : {"SkylakeX", "Cooperlake", "SapphireRapids"})
+    if (std::strcmp(core, name) == 0) return true;
+  return false;
+}
+
+bool cpu_prefers_onednn_f32_gemm() {
+  if (onednn_switched_off()) return false;
+  try {
+    const auto want = static_cast<unsigned>(dnnl::cpu_isa::avx512_core);
+    if ((static_cast<unsigned>(dnnl::get_effective_cpu_isa()) & want) != want) return false;
+  } catch (const dnnl::error&) {
+    return false;
+  }
+  return !openblas_has_avx512_kernels();
+}
+
+// C = A·B (+ C) through a cached matmul primitive of element type T (bf16 or f32).
+template <class T>
+bool onednn_gemm(int64_t M, int64_t N, int64_t K, const T* a, int64_t as0, int64_t as1, const T* b, int64_t bs0,
+                 int64_t bs1, T* c, int64_t ldc, bool accumulate, const char* op) {
+  constexpr bool is_bf16 = std::is_same_v<T, BFloat16>;
   // oneDNN's fast kernels read plain layouts (one unit stride per operand), as BLAS does; the
   // layout blas_layout gives also settles size-1 dims' strides, so equal problems share a key.
   bool a_trans, b_trans;
@@ -416,7 +444,8 @@ bool onednn_bf16_gemm(int64_t M, int64_t N, int64_t K, const BFloat16* a, int64_
                     b_trans ? ldb : 1,
                     ldc,
                     intra_op_threads(),
-                    accumulate};
+                    accumulate,
+                    is_bf16 ? dnnl::memory::data_type::bf16 : dnnl::memory::data_type::f32};
   ThreadGemms& gemms = thread_gemms();
   auto it = gemms.primitives.find(key);
   if (it == gemms.primitives.end()) {
@@ -429,16 +458,36 @@ bool onednn_bf16_gemm(int64_t M, int64_t N, int64_t K, const BFloat16* a, int64_
   const Gemm& gemm = it->second;
   if (!gemm.matmul) return false;
   try {
-    dnnl::memory am(gemm.a, gemms.engine, const_cast<BFloat16*>(a));
-    dnnl::memory bm(gemm.b, gemms.engine, const_cast<BFloat16*>(b));
+    dnnl::memory am(gemm.a, gemms.engine, const_cast<T*>(a));
+    dnnl::memory bm(gemm.b, gemms.engine, const_cast<T*>(b));
     dnnl::memory cm(gemm.c, gemms.engine, c);
     gemm.matmul.execute(gemms.stream, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
     gemms.stream.wait();
   } catch (const dnnl::error& e) {
-    fail("[{}] oneDNN's bf16 matmul failed for A {}x{} · B {}x{}: {} (status {})", op, M, K, K, N, e.what(),
-                 static_cast<int>(e.status));
+    fail("[{}] oneDNN's {} matmul failed for A {}x{} · B {}x{}: {} (status {})", op, is_bf16 ? "bf16" : "f32", M, K,
+         K, N, e.what(), static_cast<int>(e.status));
   }
   return true;
+}
+
+}  // namespace
+
+bool onednn_bf16_gemm(int64_t M, int64_t N, int64_t K, const BFloat16* a, int64_t as0, int64_t as1,
+                      const BFloat16* b, int64_t bs0, int64_t bs1, BFloat16* c, int64_t ldc, bool accumulate,
+                      const char* op) {
+  if (!onednn_bf16_available() || M <= 0 || N <= 0 || K <= 0) return false;
+  return onednn_gemm(M, N, K, a, as0, as1, b, bs0, bs1, c, ldc, accumulate, op);
+}
+
+bool onednn_f32_gemm_preferred() {
+  static const bool preferred = cpu_prefers_onednn_f32_gemm();
+  return preferred;
+}
+
+bool onednn_f32_gemm(int64_t M, int64_t N, int64_t K, const float* a, int64_t as0, int64_t as1, const float* b,
+                     int64_t bs0, int64_t bs1, float* c, int64_t ldc, bool accumulate, const char* op) {
+  if (!onednn_f32_gemm_preferred() || M <= 0 || N <= 0 || K <= 0) return false;
+  return onednn_gemm(M, N, K, a, as0, as1, b, bs0, bs1, c, ldc, accumulate, op);
 }
 
 #else  // no oneDNN: always the portable route
@@ -451,6 +500,11 @@ bool onednn_conv2d_backward(const Conv2dGeometry&, const float*, const float*, c
 }
 
 bool onednn_bf16_available() { return false; }
+bool onednn_f32_gemm_preferred() { return false; }
+bool onednn_f32_gemm(int64_t, int64_t, int64_t, const float*, int64_t, int64_t, const float*, int64_t, int64_t, float*,
+                     int64_t, bool, const char*) {
+  return false;
+}
 
 bool onednn_bf16_gemm(int64_t, int64_t, int64_t, const BFloat16*, int64_t, int64_t, const BFloat16*, int64_t, int64_t,
                       BFloat16*, int64_t, bool, const char*) {

@@ -6,6 +6,10 @@
 // oneDNN kernel. Built only when CMake finds oneDNN (Debian's libdnnl-dev); everything else in
 // core reaches it through onednn_bf16_gemm, which says whether it ran.
 //
+// f32 GEMM through the same primitive where OpenBLAS runs no AVX-512 kernel on an AVX-512 CPU
+// (onednn_f32_gemm: Debian's OpenBLAS 0.3.21 takes AMD Zen 4/5 for Haswell). Its results do not
+// depend on the intra-op thread count (OpenBLAS's do, at 1 vs 2 threads, for most shapes).
+//
 // f32 convolution (conv2d forward, and its input and weight gradients) through oneDNN's direct
 // convolution kernels (jit:avx512_core on an AVX-512 CPU), which run on blocked channel layouts:
 // the plain NCHW operands are reordered in and out on every call, as PyTorch's CPU convolution
@@ -32,6 +36,14 @@ bool onednn_bf16_available();
 bool onednn_bf16_gemm(int64_t M, int64_t N, int64_t K, const BFloat16* a, int64_t as0, int64_t as1,
                       const BFloat16* b, int64_t bs0, int64_t bs1, BFloat16* c, int64_t ldc, bool accumulate,
                       const char* op);
+
+// f32 GEMM through oneDNN's matmul primitive where it beats OpenBLAS: the CPU has AVX-512 but
+// OpenBLAS does not run one of its AVX-512 kernels on it (0.3.21 takes AMD's Zen 4 and 5 for
+// Haswell), checked once; TANDEM_ONEDNN=0 keeps OpenBLAS. The same contract as onednn_bf16_gemm:
+// false, computing nothing, when oneDNN is not preferred or has no kernel for these operands.
+bool onednn_f32_gemm_preferred();
+bool onednn_f32_gemm(int64_t M, int64_t N, int64_t K, const float* a, int64_t as0, int64_t as1, const float* b,
+                     int64_t bs0, int64_t bs1, float* c, int64_t ldc, bool accumulate, const char* op);
 
 // Whether the oneDNN convolutions may run: oneDNN is built in and TANDEM_ONEDNN is not 0.
 bool onednn_conv_available();

@@ -294,12 +294,14 @@ TEST_CASE("linear and matmul of empty operands whose strides are near INT64_MAX"
   REQUIRE(z.abs().sum().item<float>() == 0.0f);
 }
 
-TEST_CASE("bf16 GEMM: the oneDNN route and the f32 route agree with the exact product", "[matmul][bf16]") {
-  // Both routes sum exact bf16 products in f32 and round C once, so each is within about one
-  // bf16 rounding of the exact (f64) product; they differ only in the order of the f32 sums.
-  if (!detail::onednn_bf16_available())
-    WARN("oneDNN's bf16 GEMM is not used here (not built in, no AVX512_BF16, or TANDEM_ONEDNN=0): "
-         "only the f32 route is checked");
+namespace {
+// GEMMs of element type T over layouts (transposed operands, C accumulated), through the public
+// ops and through `direct` (a oneDNN route called on its own, true when it ran; `runs` says
+// whether it must): each within `bound` of the exact f64 product. Both routes sum in f32 and
+// round C once (`result_bits`: the mantissa bits of C's type), so they differ only in the order
+// of the f32 sums.
+template <class T, class Direct>
+void check_gemm_routes(Dtype dtype, int result_bits, bool runs, const Direct& direct) {
   manual_seed(11);
   struct Case {
     int64_t M, N, K;
@@ -309,9 +311,9 @@ TEST_CASE("bf16 GEMM: the oneDNN route and the f32 route agree with the exact pr
                  Case{33, 65, 17, false, true, false}, Case{64, 48, 129, true, true, true},
                  Case{5, 3, 1, false, false, true}, Case{128, 256, 64, false, true, false}}) {
     INFO("M " << c.M << " N " << c.N << " K " << c.K << " a_t " << c.a_t << " b_t " << c.b_t << " acc " << c.accumulate);
-    Tensor a = (c.a_t ? randn({c.K, c.M}).t() : randn({c.M, c.K})).to(bf16);
-    Tensor b = (c.b_t ? randn({c.N, c.K}).t() : randn({c.K, c.N})).to(bf16);
-    Tensor c0 = randn({c.M, c.N}).to(bf16);
+    Tensor a = (c.a_t ? randn({c.K, c.M}).t() : randn({c.M, c.K})).to(dtype);
+    Tensor b = (c.b_t ? randn({c.N, c.K}).t() : randn({c.K, c.N})).to(dtype);
+    Tensor c0 = randn({c.M, c.N}).to(dtype);
     const auto A = vals(a), B = vals(b), C0 = vals(c0);
     std::vector<double> exact(c.M * c.N), bound(c.M * c.N);
     for (int64_t i = 0; i < c.M; ++i)
@@ -322,8 +324,8 @@ TEST_CASE("bf16 GEMM: the oneDNN route and the f32 route agree with the exact pr
           m += std::abs(A[i * c.K + k] * B[k * c.N + j]);
         }
         exact[i * c.N + j] = s;
-        // one bf16 rounding of the result, plus f32 sums' error
-        bound[i * c.N + j] = std::ldexp(std::abs(s), -8) + (c.K + 1) * std::ldexp(m, -23);
+        // one rounding of the result to T, plus the f32 sums' error
+        bound[i * c.N + j] = std::ldexp(std::abs(s), -result_bits) + (c.K + 1) * std::ldexp(m, -23);
       }
     auto check = [&](const Tensor& got) {
       const auto g = vals(got);
@@ -332,20 +334,34 @@ TEST_CASE("bf16 GEMM: the oneDNN route and the f32 route agree with the exact pr
         REQUIRE(std::abs(g[e] - exact[e]) <= bound[e]);
       }
     };
-    // The public op: oneDNN where available, else the f32 route.
+    // The public ops: oneDNN where it is used, else the portable route.
     check(c.accumulate ? addmm(c0, a, b) : matmul(a, b));
     // oneDNN called directly, when it runs here.
     Tensor out = c0.clone();
-    const bool ran = detail::onednn_bf16_gemm(c.M, c.N, c.K, a.data_ptr<BFloat16>(), a.stride(0), a.stride(1),
-                                              b.data_ptr<BFloat16>(), b.stride(0), b.stride(1), out.data_ptr<BFloat16>(),
-                                              c.N, c.accumulate, "test");
-    if (detail::onednn_bf16_available()) {
-      REQUIRE(ran);
-      check(out);
-    } else {
-      REQUIRE_FALSE(ran);
-    }
+    const bool ran = direct(c.M, c.N, c.K, a.template data_ptr<T>(), a.stride(0), a.stride(1), b.template data_ptr<T>(),
+                            b.stride(0), b.stride(1), out.template data_ptr<T>(), c.N, c.accumulate, "test");
+    REQUIRE(ran == runs);
+    if (ran) check(out);
   }
+}
+}  // namespace
+
+TEST_CASE("f32 GEMM: oneDNN (where OpenBLAS has no AVX-512 kernel for this CPU) agrees with the exact product",
+          "[matmul]") {
+  if (!detail::onednn_f32_gemm_preferred())
+    WARN("oneDNN's f32 GEMM is not used here (not built in, no AVX-512, OpenBLAS runs an AVX-512 kernel, or "
+         "TANDEM_ONEDNN=0): only OpenBLAS is checked");
+  check_gemm_routes<float>(f32, 24, detail::onednn_f32_gemm_preferred(), detail::onednn_f32_gemm);
+  // A batched product and linear's three GEMMs take the same route.
+  Tensor x = randn({3, 20, 30}), w = randn({30, 40});
+  require_close(vals(matmul(x, w)), vals(matmul(x.to(f64), w.to(f64))), 1e-4);
+}
+
+TEST_CASE("bf16 GEMM: the oneDNN route and the f32 route agree with the exact product", "[matmul][bf16]") {
+  if (!detail::onednn_bf16_available())
+    WARN("oneDNN's bf16 GEMM is not used here (not built in, no AVX512_BF16, or TANDEM_ONEDNN=0): "
+         "only the f32 route is checked");
+  check_gemm_routes<BFloat16>(bf16, 8, detail::onednn_bf16_available(), detail::onednn_bf16_gemm);
   // Operands with no unit stride are not oneDNN's: the caller copies them (the f32 route here).
   Tensor s = randn({8, 8}).to(bf16);
   Tensor strided = s.slice(0, 0, 8, 2).slice(1, 0, 8, 2);
