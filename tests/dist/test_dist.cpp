@@ -230,8 +230,12 @@ TEST_CASE("dist init: a world of size 1 without mpirun, and backend selection", 
   expect_values(t, [](int64_t i) { return static_cast<double>(i); }, "size-1 allreduce");
   {
     AsyncIssueGuard queued;  // through the communication thread instead: the same result
-    dist::allreduce(t, ReduceOp::sum)->wait();
-    expect_values(t, [](int64_t i) { return static_cast<double>(i); }, "size-1 allreduce, queued");
+    for (ReduceOp op : {ReduceOp::sum, ReduceOp::avg, ReduceOp::max, ReduceOp::product}) {
+      WorkPtr w1 = dist::allreduce(t, op);
+      w1->wait();
+      REQUIRE(w1->result()[0].is_same(t));
+      expect_values(t, [](int64_t i) { return static_cast<double>(i); }, "size-1 allreduce, queued");
+    }
   }
   REQUIRE_NOTHROW(allreduce_all(*w));
   finalize();
