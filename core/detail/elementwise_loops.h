@@ -15,8 +15,8 @@
 #include <type_traits>
 #include <utility>
 
-#include "core/detail/bf16_convert.h"
 #include "core/detail/elementwise.h"
+#include "core/detail/simd_loops.h"
 #include "core/detail/iter.h"
 #include "core/parallel.h"
 
@@ -27,7 +27,7 @@ namespace tandem::detail {
 // without runtime alias checks, also at -O2 (whose cheap cost model refuses versioned loops).
 // The functor is copied so its parameters cannot alias out either.
 // An operand of a bf16 block: bf16 runs are converted into f32 a block at a time by the SIMD
-// conversions of core/detail/bf16_convert.h (the same bits as load()); other types are read where
+// conversions of core/detail/simd_loops.h (the same bits as load()); other types are read where
 // they are.
 template <class T, int64_t K>
 struct StagedOperand {
@@ -79,6 +79,16 @@ TANDEM_INLINE void contig_loop(char* out, const std::array<const char*, sizeof..
                                std::index_sequence<I...> seq) {
   if constexpr (std::is_same_v<Out, BFloat16> || (std::is_same_v<In, BFloat16> || ...)) {
     return contig_loop_bf16<Out, In...>(out, in, n, f_ref, seq);
+  }
+  // Exact GELU and its gradient in f32: the SIMD clones of core/detail/simd_loops.h (same bits).
+  if constexpr (std::is_same_v<F, Gelu> && std::is_same_v<Out, float> && sizeof...(In) == 1 &&
+                (std::is_same_v<In, float> && ...)) {
+    return gelu_f32_n(reinterpret_cast<const float*>(in[0]), reinterpret_cast<float*>(out), n);
+  }
+  if constexpr (std::is_same_v<F, GeluGradX> && std::is_same_v<Out, float> && sizeof...(In) == 2 &&
+                (std::is_same_v<In, float> && ...)) {
+    return gelu_grad_f32_n(reinterpret_cast<const float*>(in[0]), reinterpret_cast<const float*>(in[1]),
+                           reinterpret_cast<float*>(out), n);
   }
   const F f = f_ref;
   Out* o = reinterpret_cast<Out*>(out);
