@@ -10,6 +10,7 @@
 #include "core/detail/copy.h"
 #include "core/detail/elementwise.h"
 #include "core/detail/fast_math.h"
+#include "core/detail/simd_loops.h"
 #include "core/detail/index.h"
 #include "core/detail/reduce.h"
 #include "core/detail/views.h"
@@ -176,9 +177,16 @@ void forward_cpu(const AttentionProblem& p, const Tensor& out, const Tensor& lse
             }
             const C corr = fast_exp(m[r] - mx);  // 0 when m[r] was -inf
             C sum = 0;
-            for (int64_t c = 0; c < nk; ++c) {
-              sr[c] = fast_exp(sr[c] - mx);
-              sum += sr[c];
+            if constexpr (std::is_same_v<C, float>) {
+              // The exponentials on the SIMD clones, then the row's sum in the same order: the
+              // sum inside the loop kept it scalar.
+              exp_shifted_f32_n(sr, mx, nk);
+              for (int64_t c = 0; c < nk; ++c) sum += sr[c];
+            } else {
+              for (int64_t c = 0; c < nk; ++c) {
+                sr[c] = fast_exp(sr[c] - mx);
+                sum += sr[c];
+              }
             }
             l[r] = l[r] * corr + sum;
             m[r] = mx;
@@ -249,7 +257,11 @@ void backward_cpu(const AttentionProblem& p, const Tensor& out, const Tensor& ls
           for (int64_t r = 0; r < nq; ++r) {
             const C lse_r = lse_p[bh * L + i0 + r];  // +inf for a fully masked row: every weight 0
             C* pr = prob.data() + r * nk;
-            for (int64_t c = 0; c < nk; ++c) pr[c] = fast_exp(pr[c] - lse_r);
+            if constexpr (std::is_same_v<C, float>) {
+              exp_shifted_f32_n(pr, lse_r, nk);
+            } else {
+              for (int64_t c = 0; c < nk; ++c) pr[c] = fast_exp(pr[c] - lse_r);
+            }
           }
           // dP = dO · Vᵀ (of the dropped weights; times the dropout factor for the weights themselves).
           gemm<C>(false, true, nq, nk, Ev, g.data() + i0 * Ev, Ev, v.data() + j0 * Ev, Ev, false, ds.data(), nk);

@@ -50,4 +50,8 @@ TANDEM_LOOP_CLONES void gelu_grad_f32_n(const float* g, const float* x, float* o
   blocked(out, n, [&](int64_t i) { return f(g[i], x[i]); });
 }
 
+TANDEM_LOOP_CLONES void exp_shifted_f32_n(float* x, float shift, int64_t n) {
+  blocked(x, n, [&](int64_t i) { return fast_exp(x[i] - shift); });
+}
+
 }  // namespace tandem::detail

@@ -6,7 +6,7 @@
 //   nearest even, NaN kept quiet with its sign and payload, subnormals kept): a bf16 cast or
 //   divided copy took 2.6x the time of the f32 one on half the bytes at SSE2.
 // - exact GELU and its gradient in f32 (the vectorisable erf and exp of core/detail/fast_math.h),
-//   a fifth of a GPT step at SSE2 width. The file is compiled with -ffp-contract=off, so the
+//   a fifth of a GPT step at SSE2 width, and the attention kernels' exponentials. The file is compiled with -ffp-contract=off, so the
 //   AVX2/AVX-512 clones make the same IEEE operations as the baseline (no fused multiply-adds):
 //   the same bits on every CPU.
 // Internal: not installed.
@@ -25,5 +25,7 @@ void f32_to_bf16_n(const float* src, BFloat16* dst, int64_t n);
 // The output may be one of the inputs (in place), not otherwise overlap them.
 void gelu_f32_n(const float* x, float* y, int64_t n);
 void gelu_grad_f32_n(const float* g, const float* x, float* out, int64_t n);
+// x[i] = fast_exp(x[i] - shift) in place: the attention kernels' softmax weights.
+void exp_shifted_f32_n(float* x, float shift, int64_t n);
 
 }  // namespace tandem::detail
