@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from peer_threads import set_threads
+from peer_threads import join_ranks, set_threads
 
 RUNS = int(sys.argv[1]) if len(sys.argv) > 1 else 5
 
@@ -80,8 +80,7 @@ def main():
     for p in procs:
         p.start()
     ms = queue.get(timeout=600)
-    for p in procs:
-        p.join()
+    join_ranks(procs)
     print(json.dumps({"ddp_step_ms": ms, "single_step_ms": single, "version": torch.__version__}))
 
 

@@ -54,7 +54,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from peer_threads import set_threads
+from peer_threads import join_ranks, set_threads
 
 DTYPES = {"F32": np.float32, "F64": np.float64, "I64": np.int64, "I32": np.int32}
 
@@ -434,8 +434,7 @@ def run_world(target, args):
                 for p in procs:
                     p.terminate()
                 sys.exit(f"bench_train_peer: a rank failed or timed out (exit codes {[p.exitcode for p in procs]})")
-    for proc in procs:
-        proc.join()
+    join_ranks(procs)
     return out
 
 if __name__ == "__main__":
