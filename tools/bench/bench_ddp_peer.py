@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from peer_threads import join_ranks, set_threads
+from peer_threads import end_rank, join_ranks, set_threads
 
 RUNS = int(sys.argv[1]) if len(sys.argv) > 1 else 5
 
@@ -58,7 +58,7 @@ def rank_main(rank, world, port, queue):
     ms = timed(step, dist.barrier)
     if rank == 0:
         queue.put(ms)
-    dist.destroy_process_group()
+    end_rank(queue)  # not Python's teardown, which can deadlock in PyTorch 1.13 (see end_rank)
 
 
 def main():

@@ -54,7 +54,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from peer_threads import join_ranks, set_threads
+from peer_threads import end_rank, join_ranks, set_threads
 
 DTYPES = {"F32": np.float32, "F64": np.float64, "I64": np.int64, "I32": np.int32}
 
@@ -176,7 +176,7 @@ def train_rank(rank, args, port, queue):
         queue.put({"epoch_s": first_epoch_s, "train_s": train_s, "loss": float(last_loss),
                    "accuracy": accuracy, "steps": total, "version": torch.__version__})
     if world > 1:
-        dist.destroy_process_group()
+        end_rank(queue)  # not Python's teardown, which can deadlock in PyTorch 1.13 (see end_rank)
 
 
 def current_rss_mib():
@@ -354,7 +354,7 @@ def gpt_rank(rank, args, port, queue):
                    "first_loss": first_loss, "loss": last_loss, "val_loss": val_loss,
                    "version": torch.__version__})
     if world > 1:
-        dist.destroy_process_group()
+        end_rank(queue)  # not Python's teardown, which can deadlock in PyTorch 1.13 (see end_rank)
 
 
 def main():
