@@ -66,7 +66,14 @@ void contig_loop_bf16(char* out, const std::array<const char*, sizeof...(In)>& i
     (std::get<I>(staged).stage(std::get<I>(p) + i, m), ...);
     if constexpr (std::is_same_v<Out, BFloat16>) {
       float tmp[kBlock];
-      for (int64_t k = 0; k < m; ++k) tmp[k] = static_cast<float>(f(std::get<I>(staged)[k]...));
+      constexpr bool all_bf16 = (std::is_same_v<In, BFloat16> && ...);
+      if constexpr (all_bf16 && std::is_same_v<F, Gelu> && sizeof...(In) == 1) {
+        gelu_f32_n(std::get<0>(staged).buf, tmp, m);  // GELU in f32 on the SIMD clones, as below
+      } else if constexpr (all_bf16 && std::is_same_v<F, GeluGradX> && sizeof...(In) == 2) {
+        gelu_grad_f32_n(std::get<0>(staged).buf, std::get<1>(staged).buf, tmp, m);
+      } else {
+        for (int64_t k = 0; k < m; ++k) tmp[k] = static_cast<float>(f(std::get<I>(staged)[k]...));
+      }
       f32_to_bf16_n(tmp, o + i, m);
     } else {
       for (int64_t k = 0; k < m; ++k) o[i + k] = store<Out>(f(std::get<I>(staged)[k]...));

@@ -875,7 +875,7 @@ TEST_CASE("Tensor methods give what the free functions give", "[elementwise][met
   require_close(vals(e.grad()), {0.25 * std::log(0.5), std::pow(1.5, 3) * std::log(1.5)});
 }
 
-TEST_CASE("f32 GELU and its gradient on the SIMD clones give the scalar functors' bits", "[elementwise]") {
+TEST_CASE("f32 and bf16 GELU and its gradient on the SIMD clones give the scalar functors' bits", "[elementwise]") {
   // Contiguous f32 GELU runs on clones built for AVX-512/AVX2/the baseline without multiply-add
   // contraction (core/detail/simd_loops.cpp): every element must equal the functor evaluated one
   // at a time here (this file is built for the baseline, which has no FMA). An odd length for the
@@ -901,5 +901,21 @@ TEST_CASE("f32 GELU and its gradient on the SIMD clones give the scalar functors
     const float want = f(xs[i]), want_grad = df(g.data_ptr<float>()[i], xs[i]);
     REQUIRE((std::isnan(want) ? std::isnan(yp[i]) : bits(yp[i]) == bits(want)));
     REQUIRE((std::isnan(want_grad) ? std::isnan(gx[i]) : bits(gx[i]) == bits(want_grad)));
+  }
+  // bf16 (mixed precision's activations): converted in blocks, the same f32 clones, rounded once.
+  Tensor xb = from_vector<float>(xs, {n}).to(bf16).requires_grad_();
+  Tensor yb = gelu(xb);
+  Tensor gb = g.to(bf16);
+  (yb * gb).sum().backward();
+  for (int64_t i = 0; i < n; ++i) {
+    const float xv = static_cast<float>(xb.data_ptr<BFloat16>()[i]);
+    const float gv = static_cast<float>(gb.data_ptr<BFloat16>()[i]);
+    INFO("bf16 x " << xv);
+    const BFloat16 want(f(xv)), want_grad(df(gv, xv));
+    auto same = [](BFloat16 got, BFloat16 w) {
+      return (w.bits & 0x7fffu) > 0x7f80u ? (got.bits & 0x7fffu) > 0x7f80u : got.bits == w.bits;
+    };
+    REQUIRE(same(yb.data_ptr<BFloat16>()[i], want));
+    REQUIRE(same(xb.grad().data_ptr<BFloat16>()[i], want_grad));
   }
 }
