@@ -22,10 +22,6 @@
 
 namespace tandem::detail {
 
-// Blocks of 8 computed into a local buffer, then stored: the loads of a block provably come
-// before its stores even when out aliases an input (in-place ops), so the block vectorises
-// without runtime alias checks, also at -O2 (whose cheap cost model refuses versioned loops).
-// The functor is copied so its parameters cannot alias out either.
 // An operand of a bf16 block: bf16 runs are converted into f32 a block at a time by the SIMD
 // conversions of core/detail/simd_loops.h (the same bits as load()); other types are read where
 // they are.
@@ -81,6 +77,11 @@ void contig_loop_bf16(char* out, const std::array<const char*, sizeof...(In)>& i
   }
 }
 
+// Blocks of 8 computed into a local buffer, then stored: the loads of a block provably come
+// before its stores even when out aliases an input (in-place ops), so the block vectorises
+// without runtime alias checks, also at -O2 (whose cheap cost model refuses versioned loops).
+// The functor is copied so its parameters cannot alias out either.
+// bf16 operands, and exact GELU in f32, take the SIMD loops of core/detail/simd_loops.h.
 template <class Out, class... In, class F, size_t... I>
 TANDEM_INLINE void contig_loop(char* out, const std::array<const char*, sizeof...(In)>& in, int64_t n, const F& f_ref,
                                std::index_sequence<I...> seq) {
