@@ -1,18 +1,9 @@
 #include "core/detail/simd_loops.h"
 
 #include "core/detail/elementwise.h"
-#include "core/detail/sanitizers.h"
+#include "core/detail/simd_clones.h"
 
 namespace tandem::detail {
-
-// Clones for AVX-512 (x86-64-v4), AVX2 and the baseline, by GCC's target_clones. Not under
-// ThreadSanitizer (its runtime crashes in the load-time ifunc resolver, see
-// dist/detail/reduce_kernels.h) nor clang (the fuzzers' build): the baseline there.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !TANDEM_TSAN
-#define TANDEM_LOOP_CLONES __attribute__((target_clones("arch=x86-64-v4", "avx2", "default")))
-#else
-#define TANDEM_LOOP_CLONES
-#endif
 
 namespace {
 // Blocks of 16 computed into a local buffer, then stored: every load of a block comes before its
@@ -30,27 +21,27 @@ TANDEM_INLINE void blocked(float* out, int64_t n, const F& f) {
 }
 }  // namespace
 
-TANDEM_LOOP_CLONES void bf16_to_f32_n(const BFloat16* src, float* dst, int64_t n) {
+TANDEM_SIMD_CLONES void bf16_to_f32_n(const BFloat16* src, float* dst, int64_t n) {
   const auto* s = reinterpret_cast<const uint16_t*>(src);
   for (int64_t i = 0; i < n; ++i) dst[i] = bf16_bits_to_float(s[i]);
 }
 
-TANDEM_LOOP_CLONES void f32_to_bf16_n(const float* src, BFloat16* dst, int64_t n) {
+TANDEM_SIMD_CLONES void f32_to_bf16_n(const float* src, BFloat16* dst, int64_t n) {
   auto* d = reinterpret_cast<uint16_t*>(dst);
   for (int64_t i = 0; i < n; ++i) d[i] = float_to_bf16_bits(src[i]);
 }
 
-TANDEM_LOOP_CLONES void gelu_f32_n(const float* x, float* y, int64_t n) {
+TANDEM_SIMD_CLONES void gelu_f32_n(const float* x, float* y, int64_t n) {
   const Gelu f;
   blocked(y, n, [&](int64_t i) { return f(x[i]); });
 }
 
-TANDEM_LOOP_CLONES void gelu_grad_f32_n(const float* g, const float* x, float* out, int64_t n) {
+TANDEM_SIMD_CLONES void gelu_grad_f32_n(const float* g, const float* x, float* out, int64_t n) {
   const GeluGradX f;
   blocked(out, n, [&](int64_t i) { return f(g[i], x[i]); });
 }
 
-TANDEM_LOOP_CLONES void exp_shifted_f32_n(float* x, float shift, int64_t n) {
+TANDEM_SIMD_CLONES void exp_shifted_f32_n(float* x, float shift, int64_t n) {
   blocked(x, n, [&](int64_t i) { return fast_exp(x[i] - shift); });
 }
 

@@ -7,7 +7,7 @@
 #include <cstdint>
 
 #include "core/dtype.h"
-#include "core/detail/sanitizers.h"
+#include "core/detail/simd_clones.h"
 #include "dist/process_group.h"
 
 namespace tandem::dist::detail {
@@ -32,17 +32,10 @@ inline auto combine(acc_t<T> a, acc_t<T> b, ReduceOp op) -> acc_t<T> {
 // times, for AVX-512 (x86-64-v4), AVX2 and the baseline, and picked at load time by the CPU (GCC's
 // target_clones): this loop is the ring allreduce's arithmetic and the MPI user op's (bf16, f16),
 // and the baseline's SSE2 version is slower than Open MPI's own AVX reduction. AVX-512's wider
-// integer shifts and packs make the bf16 loop 1.4x faster than AVX2's (128 Ki elements, in cache). Not under ThreadSanitizer: the clones' ifunc resolver, run while the
-// program is loaded, crashes there, so a TSan build keeps the baseline.
-#ifndef TANDEM_REDUCE_CLONES  // the build may set it (empty for clang: no clones of templates)
-#if TANDEM_TSAN
-#define TANDEM_REDUCE_CLONES
-#else
-#define TANDEM_REDUCE_CLONES __attribute__((target_clones("arch=x86-64-v4", "avx2", "default")))
-#endif
-#endif
+// integer shifts and packs make the bf16 loop 1.4x faster than AVX2's (128 Ki elements, in cache).
+// The baseline only where core/detail/simd_clones.h builds no clones (ThreadSanitizer, clang).
 template <class T>
-TANDEM_REDUCE_CLONES void reduce_into(T* acc, const T* src, int64_t n, ReduceOp op) {
+TANDEM_SIMD_CLONES void reduce_into(T* acc, const T* src, int64_t n, ReduceOp op) {
   using A = acc_t<T>;
   auto loop = [&](auto f) {
     for (int64_t i = 0; i < n; ++i) acc[i] = static_cast<T>(f(static_cast<A>(acc[i]), static_cast<A>(src[i])));
