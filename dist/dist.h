@@ -1,7 +1,9 @@
 // The dist layer's umbrella header: process groups and their backends, dist::init, DDP with its
-// options, comm hooks and statistics, Join for uneven inputs, the ZeRO-1 optimizer, the flight recorder. DDP's machinery (dist/ddp/detail/) is internal.
+// options, comm hooks and statistics, Join for uneven inputs, the ZeRO-1 optimizer, checkpoints of
+// a training run, the flight recorder. DDP's machinery (dist/ddp/detail/) is internal.
 #pragma once
 
+#include "dist/checkpoint.h"
 #include "dist/ddp/comm_hooks.h"
 #include "dist/ddp/ddp.h"
 #include "dist/ddp/mixed_precision.h"

@@ -228,7 +228,7 @@ FlightFailure flight_failure(std::exception_ptr error, std::string fallback) noe
   try {
     try {
       std::rethrow_exception(error);
-    } catch (const TimeoutError& e) {
+    } catch (const CollectiveError& e) {
       f.what = e.what();
       f.missing = e.missing_ranks();
     } catch (const std::exception& e) {
@@ -479,7 +479,7 @@ std::string flight_dump_hint() {
   const std::string dir = flight_recorder_dir();
   if (dir.empty())
     return "Set TANDEM_FLIGHT_RECORDER=<dir> to have every rank dump its last collectives there "
-           "(tools/flight/flight_report reads them)";
+           "(flight_report <dir>, installed beside the library, reads them)";
   return fmt::format("Every rank's last collectives are dumped to {}/tandem_flight_rank<R>.json "
                      "(read them with flight_report {})",
                      dir, dir);

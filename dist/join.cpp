@@ -57,7 +57,7 @@ JoinIteration Join::exchange(uint32_t mine) {
   Tensor t = from_vector<int64_t>(entries, {world}).to(group_->control_device(joinables_.front()->join_device()));
   {
     NoGradGuard no_grad;
-    CollectiveTag tag("join announcement");
+    CollectiveTag tag(kJoinAnnouncementTag);
     group_->allreduce(t, ReduceOp::sum)->wait();
   }
   const std::vector<int64_t> got = t.to(kCPU).to_vector<int64_t>();
@@ -68,8 +68,8 @@ JoinIteration Join::exchange(uint32_t mine) {
     const int64_t f = got[static_cast<size_t>(r)];
     TANDEM_CHECK(f >= 0 && f <= static_cast<int64_t>(UINT32_MAX),
                  "[Join] rank {}'s announcement of iteration {} is corrupt ({}): the ranks are not running the same "
-                 "collectives",
-                 r, it.index, f);
+                 "collectives. {}",
+                 r, it.index, f, kJoinShadowRule);
     if (f == 0) continue;
     it.active.push_back(r);
   }

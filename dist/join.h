@@ -39,6 +39,14 @@
 
 namespace tandem::dist {
 
+// The caller tag of the announcement collective (dist/flight_recorder.h), and the rule an error
+// adds when a collective met it on another rank (a collective of the user's own in the loop).
+inline constexpr const char* kJoinAnnouncementTag = "join announcement";
+inline constexpr const char* kJoinShadowRule =
+    "Under a dist::Join a rank that has run out of data shadows only the joinables' collectives (DDP's, a "
+    "ZeroRedundancyOptimizer's); a collective of your own inside the loop (a loss or metric allreduce) meets its "
+    "announcement instead. Sum such a metric and its count on each rank and reduce them once after join()";
+
 struct JoinOptions {
   // Instead of shadowing: every rank raises at the first iteration where some rank has joined.
   bool throw_on_early_termination = false;

@@ -13,6 +13,8 @@
 #include "core/trace.h"
 #include "dist/flight_recorder.h"
 #include "dist/init.h"
+#include "nn/lr_scheduler.h"
+#include "nn/utils.h"
 
 namespace tandem::dist {
 
@@ -62,6 +64,18 @@ std::unique_ptr<optim::Optimizer> make_local(const std::vector<ZeroParamGroup>& 
       groups.front().spec);
 }
 
+// `values` of rank `root` on every rank, whatever length the others had (two broadcasts: the
+// length, then the values).
+std::vector<double> broadcast_values(ProcessGroup& g, Device control, std::vector<double> values, int root) {
+  Tensor n = from_vector<int64_t>({static_cast<int64_t>(values.size())}).to(control);
+  g.broadcast(n, root)->wait();
+  values.resize(static_cast<size_t>(n.to(kCPU).item<int64_t>()));
+  if (values.empty()) return values;
+  Tensor t = from_vector<double>(values, {static_cast<int64_t>(values.size())}).to(control);
+  g.broadcast(t, root)->wait();
+  return t.to(kCPU).to_vector<double>();
+}
+
 // The elements of a [n] i64 vector, reduced with max over the group.
 std::vector<int64_t> max_over_ranks(ProcessGroup& g, Device device, std::vector<int64_t> v) {
   Tensor t = from_vector<int64_t>(v, {static_cast<int64_t>(v.size())}).to(g.control_device(device));
@@ -107,6 +121,7 @@ ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(std::vector<ZeroParamGroup> gro
     TANDEM_CHECK(p.is_floating_point(), "[{}] can only optimize floating tensors, parameter {} is {}", kName, i,
                  p.dtype());
     TANDEM_CHECK(seen.insert(p.impl()).second, "[{}] parameter {} appears more than once", kName, i);
+    index_of_.emplace(p.impl(), i);
   }
   // The same parameters on every rank: counts and element totals agree (one allreduce).
   int64_t total = 0;
@@ -125,6 +140,26 @@ ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(std::vector<ZeroParamGroup> gro
       if (owner_[i] == group_->rank()) local[g].push_back(params_[i]);
   local_ = make_local(groups_, local);
   if (options_.overlap_with_ddp) register_overlap_steps();
+  clip_watch_ = nn::utils::observe_gradient_clipping(
+      params_, [this](const TensorList& clipped, double max_norm, double norm_type) {
+        record_clip(clipped, max_norm, norm_type);
+      });
+}
+
+void ZeroRedundancyOptimizer::record_clip(const TensorList& clipped, double max_norm, double norm_type) {
+  const Join* join = join_context();
+  if (join == nullptr || join->joined()) return;  // nothing to repeat; or this is a joined rank repeating
+  std::vector<double> call{max_norm, norm_type, static_cast<double>(clipped.size())};
+  for (const Tensor& p : clipped) {
+    const auto it = index_of_.find(p.impl());
+    TANDEM_CHECK(it != index_of_.end(),
+                 "[{}] under a Join, clip_grad_norm_ may clip only this optimizer's parameters: it also clips the "
+                 "gradient of a tensor of shape {} the optimizer does not hold, which a rank that has run out of "
+                 "data cannot clip as the others do. Clip opt.parameters(), or clip outside the Join",
+                 kName, p.shape());
+    call.push_back(static_cast<double>(it->second));
+  }
+  clips_.insert(clips_.end(), call.begin(), call.end());
 }
 
 void ZeroRedundancyOptimizer::register_overlap_steps() {
@@ -302,27 +337,49 @@ void ZeroRedundancyOptimizer::step_partition_and_broadcast(int hyperparameters_f
   // A consolidated state is a snapshot: stale after this step.
   state_.clear();
   consolidated_on_ = -1;
-  if (hyperparameters_from >= 0) sync_hyperparameters(hyperparameters_from);
+  if (hyperparameters_from >= 0) sync_under_join(hyperparameters_from, /*replay_clips=*/join_context()->joined());
+  clips_.clear();
   NoGradGuard no_grad;
   local_->step();
   broadcast_partitions();
 }
 
-void ZeroRedundancyOptimizer::sync_hyperparameters(int root) {
-  std::vector<double> values;
+void ZeroRedundancyOptimizer::sync_under_join(int root, bool replay_clips) {
+  // [the groups' hyperparameters, the schedulers' count and epochs, the clips since the last step]
+  std::vector<double> mine;
   for (const ZeroParamGroup& g : groups_)
-    for (const auto& [name, v] : hyperparameters_of(g.spec)) values.push_back(v);
-  Tensor t = from_vector<double>(values, {static_cast<int64_t>(values.size())})
-                 .to(group_->control_device(join_device()));
-  CollectiveTag tag("zero hyperparameters");
-  group_->broadcast(t, root)->wait();
-  const std::vector<double> got = t.to(kCPU).to_vector<double>();
+    for (const auto& [name, v] : hyperparameters_of(g.spec)) mine.push_back(v);
+  const std::vector<optim::LRScheduler*>& schedulers = this->schedulers();
+  mine.push_back(static_cast<double>(schedulers.size()));
+  for (const optim::LRScheduler* s : schedulers) mine.push_back(static_cast<double>(s->last_epoch()));
+  mine.insert(mine.end(), clips_.begin(), clips_.end());
+  std::vector<double> got;
+  {
+    CollectiveTag tag("zero hyperparameters");
+    got = broadcast_values(*group_, group_->control_device(join_device()), std::move(mine), root);
+  }
   size_t k = 0;
   for (size_t g = 0; g < groups_.size(); ++g)
     for (const auto& [name, v] : hyperparameters_of(groups_[g].spec)) {
       if (got[k] != v) set_group_hyperparameter(g, name, got[k]);
       ++k;
     }
+  const auto n_schedulers = static_cast<size_t>(got[k++]);
+  TANDEM_CHECK(n_schedulers == schedulers.size(),
+               "[{}] under a Join: rank {} has {} learning-rate schedulers on this optimizer, rank {} (still "
+               "training) has {}; every rank must build the same schedulers",
+               kName, group_->rank(), schedulers.size(), root, n_schedulers);
+  for (optim::LRScheduler* s : schedulers) s->set_last_epoch(static_cast<int64_t>(got[k++]));
+  if (!replay_clips) return;
+  NoGradGuard no_grad;
+  while (k < got.size()) {  // each call as the rank still training made it, on the same averages
+    const double max_norm = got[k], norm_type = got[k + 1];
+    const auto n = static_cast<size_t>(got[k + 2]);
+    k += 3;
+    TensorList clipped;
+    for (size_t j = 0; j < n; ++j) clipped.push_back(params_.at(static_cast<size_t>(got[k++])));
+    nn::utils::clip_grad_norm_(clipped, max_norm, norm_type);
+  }
 }
 
 void ZeroRedundancyOptimizer::broadcast_partitions() {
@@ -525,9 +582,10 @@ void ZeroRedundancyOptimizer::join_shadow(const JoinIteration& it) {
 }
 
 void ZeroRedundancyOptimizer::join_finish(int authority) {
-  // The parameters and state already agree everywhere; the hyperparameters a schedule set after
-  // the last step on the ranks still training do not yet on the joined ones.
-  if (authority >= 0 && group_->size() > 1) sync_hyperparameters(authority);
+  // The parameters and state already agree everywhere; the hyperparameters and schedulers a
+  // schedule stepped after the last step on the ranks still training do not yet on the joined ones.
+  if (authority >= 0 && group_->size() > 1) sync_under_join(authority, /*replay_clips=*/false);
+  clips_.clear();
 }
 
 }  // namespace tandem::dist

@@ -23,6 +23,7 @@
 
 #include <memory>
 #include <mutex>
+#include <unordered_map>
 #include <vector>
 
 #include "dist/join.h"
@@ -93,9 +94,13 @@ class ZeroRedundancyOptimizer : public optim::Optimizer, public Joinable {
   void load_state_dict(const nn::TensorDict& state_dict) override;
 
   // Joinable: a joined rank steps its partition with the gradients DDP's shadow reduction wrote
-  // (so every rank's parameters and state stay those of one run) and takes part in the
-  // broadcasts; the learning rate comes from a rank still training (before each step, and at the
-  // end).
+  // (the same averages the others read, upcast into the f32 masters under mixed precision) and
+  // takes part in the broadcasts, so every rank's parameters and state stay those of one run.
+  // Before each step it takes from a rank still training what that rank's loop did and its own
+  // no longer does: the hyperparameters (a schedule's learning rate), where the schedulers built
+  // on this optimizer are (optim::Optimizer::schedulers()), and the clip_grad_norm_ calls made on
+  // this optimizer's gradients since the last step, which it repeats before stepping. At the end
+  // every rank's hyperparameters and schedulers are those of a rank that trained last.
   ProcessGroup& join_group() override;  // refuses overlap_with_ddp: a Join fails at construction
   Device join_device() const override;
   void join_shadow(const JoinIteration& iteration) override;
@@ -112,7 +117,10 @@ class ZeroRedundancyOptimizer : public optim::Optimizer, public Joinable {
   void register_overlap_steps();  // overlap_with_ddp
   void push_options();                 // the groups' hyperparameters into the local optimizer
   void step_partition_and_broadcast(int hyperparameters_from);
-  void sync_hyperparameters(int root);  // under a Join: the schedule of a rank still training
+  // Under a Join: the hyperparameters, schedulers' positions and clip_grad_norm_ calls of `root`,
+  // a rank still training; a joined rank repeats the clips (replay_clips).
+  void sync_under_join(int root, bool replay_clips);
+  void record_clip(const TensorList& clipped, double max_norm, double norm_type);
   void broadcast_partitions();
 
   ProcessGroupPtr group_;
@@ -122,6 +130,7 @@ class ZeroRedundancyOptimizer : public optim::Optimizer, public Joinable {
   std::vector<int> owner_;
   TensorList local_params_;
   std::vector<size_t> local_index_;  // local parameter j is params_[local_index_[j]]
+  std::unordered_map<const TensorImpl*, size_t> index_of_;  // params_[i] -> i
   std::unique_ptr<optim::Optimizer> local_;
   int consolidated_on_ = -1;  // the rank whose state_ holds the consolidated state (-1: none)
   // overlap_with_ddp: local_'s steps of one parameter each, run by DDP's reduction (on whichever
@@ -130,6 +139,10 @@ class ZeroRedundancyOptimizer : public optim::Optimizer, public Joinable {
   std::vector<char> has_step_;  // overlap_with_ddp: parameter i has a step in backward (it required grad)
   std::vector<char> stepped_;  // overlap_with_ddp: parameter i was stepped since the last step() (local_mutex_)
   std::unique_ptr<optim::InBackwardRegistration> overlap_;  // before local_ goes: declared after it
+  // Under a Join, on a rank still training: its clip_grad_norm_ calls on these parameters since
+  // its last step, as [max_norm, norm_type, n, n parameter indices] each.
+  std::vector<double> clips_;
+  HookHandle clip_watch_;  // records them; removed first, so it never sees a half-destroyed object
 };
 
 }  // namespace tandem::dist

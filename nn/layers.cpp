@@ -1,5 +1,6 @@
 #include "nn/layers.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "autograd/grad_mode.h"
@@ -358,6 +359,31 @@ Tensor Sequential::forward(const Tensor& input) {
   Tensor x = input;
   for (const auto& layer : layers_) x = (*layer)(x);
   return x;
+}
+
+Tensor Sequential::forward_inputs(const TensorList& inputs) {
+  TANDEM_CHECK(!inputs.empty(), "[Sequential] forward got no input");
+  TANDEM_CHECK(inputs.size() <= max_inputs(),
+               "[Sequential] got {} inputs, but none of its layers takes more than {} (the first input runs through "
+               "the chain, the others go to every layer that takes several)",
+               inputs.size(), max_inputs());
+  Tensor x = inputs[0];
+  for (const auto& layer : layers_) {
+    if (layer->max_inputs() == 1) {
+      x = (*layer)(x);
+      continue;
+    }
+    TensorList in{x};
+    in.insert(in.end(), inputs.begin() + 1, inputs.end());
+    x = layer->call(in);
+  }
+  return x;
+}
+
+size_t Sequential::max_inputs() const {
+  size_t most = 1;
+  for (const auto& layer : layers_) most = std::max(most, layer->max_inputs());
+  return most;
 }
 
 std::shared_ptr<Module> Sequential::operator[](int64_t index) const {

@@ -249,6 +249,9 @@ concept SequentialItem = is_module_ptr<std::remove_cvref_t<T>>::value || Movable
 // Chains its children: forward(x) = child_n(...child_1(child_0(x))). Children are named
 // "0", "1", ... in order; each call goes through operator(), so the children's hooks run.
 //   nn::Sequential seq(nn::Linear(784, 256), nn::ReLU(), fc);   // fc: a shared_ptr, shared
+// Called with several inputs, seq(x, mask), the first runs through the chain and the others go,
+// after it, to every child that takes several inputs (a stack of TransformerEncoderLayers gets
+// its masks; a Linear between them gets x alone).
 class Sequential : public Module {
  public:
   Sequential() : Module("Sequential") {}
@@ -275,6 +278,8 @@ class Sequential : public Module {
   }
 
   Tensor forward(const Tensor& input) override;
+  Tensor forward_inputs(const TensorList& inputs) override;
+  size_t max_inputs() const override;  // the most any child takes
   size_t size() const { return layers_.size(); }
   bool empty() const { return layers_.empty(); }
   // Negative indices count from the end, as in Python.

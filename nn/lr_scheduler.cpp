@@ -9,6 +9,16 @@ namespace tandem::optim {
 
 LRScheduler::LRScheduler(Optimizer& optimizer, std::string name) : optimizer_(optimizer), name_(std::move(name)) {
   for (size_t g = 0; g < optimizer_.num_param_groups(); ++g) base_lrs_.push_back(optimizer_.lr(g));
+  optimizer_.schedulers_.push_back(this);
+}
+
+LRScheduler::~LRScheduler() {
+  if (!optimizer_gone_) std::erase(optimizer_.schedulers_, this);
+}
+
+void LRScheduler::set_last_epoch(int64_t epoch) {
+  TANDEM_CHECK(epoch >= 0, "[{}] set_last_epoch: the epoch must be >= 0, got {}", name_, epoch);
+  last_epoch_ = epoch;
 }
 
 void LRScheduler::apply() {

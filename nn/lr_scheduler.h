@@ -19,8 +19,8 @@ namespace tandem::optim {
 
 class LRScheduler {
  public:
-  LRScheduler(Optimizer& optimizer, std::string name);
-  virtual ~LRScheduler() = default;
+  LRScheduler(Optimizer& optimizer, std::string name);  // adds itself to optimizer.schedulers()
+  virtual ~LRScheduler();
   LRScheduler(const LRScheduler&) = delete;
   LRScheduler& operator=(const LRScheduler&) = delete;
 
@@ -36,6 +36,10 @@ class LRScheduler {
   // rates of the loaded epoch.
   TensorDict state_dict() const;
   void load_state_dict(const TensorDict& state);
+  // Moves the schedule to `epoch` without setting any rate: what a ZeroRedundancyOptimizer under a
+  // Join does to the schedulers of a rank that ran out of data, whose optimizer already took the
+  // rates of a rank still training. (load_state_dict sets the rates too.)
+  void set_last_epoch(int64_t epoch);
 
  protected:
   void apply();  // sets every group's lr for last_epoch_
@@ -46,6 +50,8 @@ class LRScheduler {
   int64_t last_epoch_ = 0;
 
   friend class SequentialLR;
+  friend class Optimizer;
+  bool optimizer_gone_ = false;  // the optimizer was destroyed first
 };
 
 // lr = base * gamma ^ floor(epoch / step_size)

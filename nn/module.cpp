@@ -51,8 +51,25 @@ Module::Module(Module&& other)
   other.children_.clear();
 }
 
-Tensor Module::forward(const Tensor&) {
+Tensor Module::forward(const Tensor& input) {
+  if (max_inputs() > 1) return forward_inputs({input});
   fail("[{}] this module does not implement forward(const Tensor&)", type_name_);
+}
+
+Tensor Module::forward_inputs(const TensorList& inputs) {
+  TANDEM_CHECK(!inputs.empty(), "[{}] forward got no input", type_name_);
+  TANDEM_CHECK(inputs.size() <= max_inputs(), "[{}] takes {} input{}, got {}", type_name_, max_inputs(),
+               max_inputs() == 1 ? "" : "s at most", inputs.size());
+  // A module that declares several inputs but does not take them would loop through forward.
+  TANDEM_CHECK(max_inputs() == 1, "[{}] declares {} inputs (max_inputs) but does not implement forward_inputs",
+               type_name_, max_inputs());
+  return forward(inputs[0]);
+}
+
+Tensor Module::call(const TensorList& inputs) {
+  TANDEM_CHECK(!inputs.empty(), "[{}] called with no input", type_name_);
+  if (inputs.size() == 1) return (*this)(inputs[0]);
+  return forward_inputs(run_pre_forward_hooks(inputs));
 }
 
 void Module::check_new_name(const std::string& name, const char* what) const {
@@ -366,6 +383,19 @@ LoadStateDictResult Module::load_state_dict(const TensorDict& state_dict, bool s
 
 HookHandle Module::register_forward_pre_hook(ForwardPreHook hook) {
   TANDEM_CHECK(static_cast<bool>(hook), "[{}] register_forward_pre_hook: empty hook", type_name_);
+  // It sees, and may replace, the first input.
+  return register_forward_pre_hook(ForwardPreHookInputs(
+      [hook = std::move(hook)](Module& m, const TensorList& inputs) -> std::optional<TensorList> {
+        std::optional<Tensor> first = hook(m, inputs[0]);
+        if (!first) return std::nullopt;
+        TensorList out = inputs;
+        out[0] = std::move(*first);
+        return out;
+      }));
+}
+
+HookHandle Module::register_forward_pre_hook(ForwardPreHookInputs hook) {
+  TANDEM_CHECK(static_cast<bool>(hook), "[{}] register_forward_pre_hook: empty hook", type_name_);
   if (!pre_hooks_) pre_hooks_ = std::make_shared<PreHooks>();
   uint64_t id = pre_hooks_->next_id++;
   pre_hooks_->hooks.emplace_back(id, std::move(hook));
@@ -378,7 +408,7 @@ HookHandle Module::register_forward_pre_hook(ForwardPreHook hook) {
 HookHandle Module::register_forward_pre_hook(std::function<void(Module&)> hook) {
   TANDEM_CHECK(static_cast<bool>(hook), "[{}] register_forward_pre_hook: empty hook", type_name_);
   return register_forward_pre_hook(
-      ForwardPreHook([hook = std::move(hook)](Module& m, const Tensor&) -> std::optional<Tensor> {
+      ForwardPreHookInputs([hook = std::move(hook)](Module& m, const TensorList&) -> std::optional<TensorList> {
         hook(m);
         return std::nullopt;
       }));
@@ -386,11 +416,20 @@ HookHandle Module::register_forward_pre_hook(std::function<void(Module&)> hook) 
 
 Tensor Module::run_pre_forward_hooks(const Tensor& input) {
   if (!pre_hooks_ || pre_hooks_->hooks.empty()) return input;
+  return run_pre_forward_hooks(TensorList{input})[0];
+}
+
+TensorList Module::run_pre_forward_hooks(const TensorList& inputs) {
+  if (!pre_hooks_ || pre_hooks_->hooks.empty()) return inputs;
   // A copy: a hook may remove itself (or add others) while running.
   auto hooks = pre_hooks_->hooks;
-  Tensor x = input;
+  TensorList x = inputs;
   for (auto& [id, hook] : hooks) {
-    if (auto replaced = hook(*this, x)) x = std::move(*replaced);
+    if (auto replaced = hook(*this, x)) {
+      TANDEM_CHECK(replaced->size() == x.size(), "[{}] a pre-forward hook replaced {} inputs with {}", type_name_,
+                   x.size(), replaced->size());
+      x = std::move(*replaced);
+    }
   }
   return x;
 }

@@ -7,6 +7,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -96,8 +97,12 @@ using TensorDict = OrderedDict<Tensor>;
 
 class Module;
 
-// A pre-forward hook sees the module and its input; returning a tensor replaces the input.
+// A pre-forward hook sees the module and its input; returning a tensor replaces the input (in a
+// call with several inputs, the first).
 using ForwardPreHook = std::function<std::optional<Tensor>(Module& module, const Tensor& input)>;
+// A pre-forward hook that sees every input of a call (module(tokens, mask): both); returning a
+// list replaces them all.
+using ForwardPreHookInputs = std::function<std::optional<TensorList>(Module& module, const TensorList& inputs)>;
 
 // What load_state_dict(strict = false) could not match.
 struct LoadStateDictResult {
@@ -119,10 +124,28 @@ class Module : public std::enable_shared_from_this<Module> {
   // The class name ("Linear", "Sequential", ...), used in errors and printing.
   const std::string& type_name() const { return type_name_; }
 
-  // The computation. The default throws: a module is only callable when it defines forward.
+  // The computation. The default throws (a module is only callable when it defines forward),
+  // unless the module takes several inputs (max_inputs() > 1): then it is forward_inputs({input}).
   virtual Tensor forward(const Tensor& input);
+  // The computation on several inputs (tokens and a padding mask; a query, a key and a value,
+  // then masks), as PyTorch's forward(*args): a module that takes several overrides this and
+  // max_inputs(). An undefined Tensor stands for an optional input left out (no mask). The
+  // default hands a single input to forward(Tensor) and refuses more.
+  virtual Tensor forward_inputs(const TensorList& inputs);
+  // The most inputs forward_inputs takes: 1 unless overridden. Sequential hands the extra inputs
+  // of its call to the children that take more than one.
+  virtual size_t max_inputs() const { return 1; }
   // What callers use: runs the pre-forward hooks (which may replace the input), then forward.
   Tensor operator()(const Tensor& input) { return forward(run_pre_forward_hooks(input)); }
+  // module(tokens, mask), module(q, k, v, Tensor(), attn_mask): the hooks, then forward_inputs.
+  template <class... More>
+    requires(std::is_convertible_v<const More&, const Tensor&> && ...)
+  Tensor operator()(const Tensor& first, const Tensor& second, const More&... more) {
+    return call(TensorList{first, second, Tensor(more)...});
+  }
+  // The same with the inputs in a list (one or more): one input goes to forward, several to
+  // forward_inputs.
+  Tensor call(const TensorList& inputs);
 
   // ---- registration (names: non-empty, no '.', unique among parameters, buffers, children) ----
   // The tensor must be a leaf; it is made to require grad when `requires_grad` (floating only).
@@ -198,8 +221,10 @@ class Module : public std::enable_shared_from_this<Module> {
   [[nodiscard]] HookHandle register_forward_pre_hook(ForwardPreHook hook);
   // A hook that only observes (DDP uses this kind to prepare a step before forward runs).
   [[nodiscard]] HookHandle register_forward_pre_hook(std::function<void(Module&)> hook);
-  // Runs the hooks in registration order, threading the (possibly replaced) input through them.
+  [[nodiscard]] HookHandle register_forward_pre_hook(ForwardPreHookInputs hook);
+  // Runs the hooks in registration order, threading the (possibly replaced) inputs through them.
   Tensor run_pre_forward_hooks(const Tensor& input);
+  TensorList run_pre_forward_hooks(const TensorList& inputs);
 
   // A readable tree: "Sequential(\n  (0): Linear(in_features=4, out_features=3, bias=true)\n...".
   std::string str() const;
@@ -241,7 +266,7 @@ class Module : public std::enable_shared_from_this<Module> {
   TensorDict buffers_;
   OrderedDict<std::shared_ptr<Module>> children_;
   struct PreHooks {
-    std::vector<std::pair<uint64_t, ForwardPreHook>> hooks;
+    std::vector<std::pair<uint64_t, ForwardPreHookInputs>> hooks;
     uint64_t next_id = 0;
   };
   std::shared_ptr<PreHooks> pre_hooks_;

@@ -1,5 +1,5 @@
-// The nn layer in one include: modules, layers, losses, init, optimizers, safetensors, gradient
-// clipping.
+// The nn layer in one include: modules, layers, attention and transformer layers, losses, init,
+// optimizers, safetensors, gradient clipping.
 #pragma once
 
 #include "nn/init.h"
@@ -10,4 +10,5 @@
 #include "nn/optim.h"
 #include "nn/optim_in_backward.h"
 #include "nn/safetensors.h"
+#include "nn/transformer.h"
 #include "nn/utils.h"

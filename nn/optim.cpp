@@ -8,6 +8,7 @@
 #include "core/parallel.h"
 #include "core/detail/kernel_tables.h"
 #include "core/detail/optim_kernels.h"
+#include "nn/lr_scheduler.h"
 
 namespace tandem::optim {
 
@@ -82,6 +83,10 @@ void AdamOptions::validate() const {
 }
 
 // ---- Optimizer ----
+
+Optimizer::~Optimizer() {
+  for (LRScheduler* s : schedulers_) s->optimizer_gone_ = true;
+}
 
 void Optimizer::zero_grad(bool set_to_none) {
   NoGradGuard guard;

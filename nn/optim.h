@@ -23,6 +23,8 @@ namespace tandem::optim {
 
 using nn::TensorDict;
 
+class LRScheduler;
+
 // What an optimizer keeps per parameter: a step count (Adam) and named buffers.
 struct ParamState {
   int64_t step = 0;
@@ -82,7 +84,7 @@ struct AdamWOptions {
 class Optimizer {
  public:
   explicit Optimizer(std::string name) : name_(std::move(name)) {}
-  virtual ~Optimizer() = default;
+  virtual ~Optimizer();  // its schedulers, if they outlive it, let go of it
   Optimizer(const Optimizer&) = delete;
   Optimizer& operator=(const Optimizer&) = delete;
 
@@ -108,6 +110,11 @@ class Optimizer {
   // The state of a parameter, nullptr until a step has touched it.
   const ParamState* state(const Tensor& param) const;
 
+  // The learning-rate schedulers built on this optimizer and still alive, in the order they were
+  // made (each LRScheduler adds itself): what a ZeroRedundancyOptimizer under a Join brings up to
+  // date on a rank that ran out of data and stopped stepping them.
+  const std::vector<LRScheduler*>& schedulers() const { return schedulers_; }
+
   virtual TensorDict state_dict() const;
   // Validates everything (parameter indices, shapes, hyperparameter names, group sizes) before
   // changing anything; state tensors are copied to each parameter's dtype and device.
@@ -130,7 +137,9 @@ class Optimizer {
   std::unordered_map<const TensorImpl*, ParamState> state_;
 
  private:
+  friend class LRScheduler;
   const TensorImpl* only_ = nullptr;  // step_only's parameter while it runs
+  std::vector<LRScheduler*> schedulers_;
 };
 
 template <class Options>

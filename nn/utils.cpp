@@ -3,7 +3,11 @@
 #include <cmath>
 #include <functional>
 #include <limits>
+#include <memory>
+#include <mutex>
 #include <string>
+#include <unordered_set>
+#include <vector>
 
 #include "autograd/grad_mode.h"
 #include "autograd/ops.h"
@@ -14,6 +18,37 @@ namespace tandem::nn::utils {
 namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
+
+// observe_gradient_clipping's observers, each with the parameters it watches.
+struct ClipWatch {
+  std::unordered_set<const TensorImpl*> watched;
+  GradientClipObserver observer;
+};
+struct ClipWatches {
+  std::mutex mu;
+  std::vector<std::shared_ptr<ClipWatch>> all;
+};
+ClipWatches& clip_watches() {
+  static ClipWatches* w = new ClipWatches;  // never destroyed: handles may outlive static destruction
+  return *w;
+}
+
+// Tells the observers watching any of `clipped` (outside the registry's lock: they may throw, or
+// take locks of their own).
+void notify_clip_observers(const TensorList& clipped, double max_norm, double norm_type) {
+  std::vector<std::shared_ptr<ClipWatch>> told;
+  {
+    ClipWatches& w = clip_watches();
+    std::lock_guard lock(w.mu);
+    for (const auto& watch : w.all)
+      for (const Tensor& p : clipped)
+        if (watch->watched.count(p.impl())) {
+          told.push_back(watch);
+          break;
+        }
+  }
+  for (const auto& watch : told) watch->observer(clipped, max_norm, norm_type);
+}
 
 // The norm_type-norm of one gradient as a 0-dim tensor on its device: f64 for f64 gradients, f32
 // otherwise (a half gradient is widened first, so neither its squares nor its norm round to 11
@@ -62,13 +97,16 @@ double clip(const TensorList& parameters, const std::function<std::string(size_t
                    "share memory, so it cannot be scaled in place; give the parameter a gradient of its own (clone it)",
                    name_of(i), g.shape(), g.strides());
   }
-  TensorList grads;
+  TensorList grads, clipped;
   grads.reserve(parameters.size());
   for (const Tensor& p : parameters) {
     Tensor g = p.grad();
-    if (g.defined()) grads.push_back(std::move(g));
+    if (!g.defined()) continue;
+    grads.push_back(std::move(g));
+    clipped.push_back(p);
   }
   if (grads.empty()) return 0.0;
+  notify_clip_observers(clipped, max_norm, norm_type);  // may refuse: nothing is scaled yet
 
   NoGradGuard no_grad;
   // One pass over the gradients for the per-gradient norms, which stay on the device until the
@@ -98,6 +136,23 @@ double clip(const TensorList& parameters, const std::function<std::string(size_t
 }
 
 }  // namespace
+
+HookHandle observe_gradient_clipping(const TensorList& watched, GradientClipObserver observer) {
+  auto watch = std::make_shared<ClipWatch>();
+  for (const Tensor& p : watched)
+    if (p.defined()) watch->watched.insert(p.impl());
+  watch->observer = std::move(observer);
+  ClipWatches& w = clip_watches();
+  {
+    std::lock_guard lock(w.mu);
+    w.all.push_back(watch);
+  }
+  return HookHandle([watch] {
+    ClipWatches& all = clip_watches();
+    std::lock_guard lock(all.mu);
+    std::erase(all.all, watch);
+  });
+}
 
 double clip_grad_norm_(const TensorList& parameters, double max_norm, double norm_type, bool error_if_nonfinite) {
   return clip(

@@ -1,6 +1,9 @@
 // Gradient utilities, as torch::nn::utils: clip_grad_norm_.
 #pragma once
 
+#include <functional>
+
+#include "autograd/hooks.h"
 #include "core/tensor.h"
 #include "nn/module.h"
 
@@ -39,5 +42,16 @@ double clip_grad_norm_(const Tensor& parameter, double max_norm, double norm_typ
 // ("parameter fc1.weight (shape [8, 4]) ...").
 double clip_grad_norm_(const TensorDict& named_parameters, double max_norm, double norm_type = 2.0,
                        bool error_if_nonfinite = false);
+
+// ---- The seam for what must repeat a clipping elsewhere ----
+// A ZeroRedundancyOptimizer under a Join watches its parameters: a rank that has run out of data
+// no longer runs the user's loop, so it repeats, before it steps its share, the clip_grad_norm_
+// calls a rank still training made. `observer` is told of every call that clips the gradient of
+// one of `watched`: `clipped` are the call's parameters whose .grad is defined (what the norm is
+// taken over), after the arguments were checked and before any gradient is scaled; an exception
+// from it refuses the call with nothing changed. The handle removes the observer. Observers run on
+// the thread that clips; the registry itself is thread-safe (several ranks in one process).
+using GradientClipObserver = std::function<void(const TensorList& clipped, double max_norm, double norm_type)>;
+[[nodiscard]] HookHandle observe_gradient_clipping(const TensorList& watched, GradientClipObserver observer);
 
 }  // namespace tandem::nn::utils

@@ -476,12 +476,14 @@ void DistributedDataParallel::join_finish(int authority) {
   broadcast_from(*group_, states, authority, "ddp final states (join)");
 }
 
-void DistributedDataParallel::after_forward(const TensorList& outputs) {
+void DistributedDataParallel::after_forward(const TensorList& outputs, std::chrono::steady_clock::time_point started) {
   if (!autograd::grad_mode_enabled()) {  // evaluation is not part of any window
     if (eval_cast_) shadows_->cast_out();
     eval_cast_ = false;
     return;
   }
+  if (require_sync_)
+    forward_ms_ = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count();
   sync_buffers_before_forward_ = require_sync_;
   if (shadows_) shadows_->set_adoption_pending(require_sync_);
   if (!require_sync_) {
@@ -511,9 +513,16 @@ Tensor DistributedDataParallel::forward(const Tensor& input) {
   before_forward();
   const auto start = std::chrono::steady_clock::now();
   Tensor out = (*module_)(forward_input(input));
-  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-  after_forward({out});
-  if (require_sync_) forward_ms_ = ms;
+  after_forward({out}, start);
+  return out;
+}
+
+Tensor DistributedDataParallel::forward(const TensorList& inputs) {
+  TANDEM_TRACE_SCOPE("ddp forward", "ddp");
+  before_forward();
+  const auto start = std::chrono::steady_clock::now();
+  Tensor out = module_->call(forward_input(inputs));
+  after_forward({out}, start);
   return out;
 }
 

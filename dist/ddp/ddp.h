@@ -19,11 +19,13 @@
 // gradient accumulation.
 #pragma once
 
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <optional>
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -114,6 +116,15 @@ class DistributedDataParallel : public Joinable {
   // Runs the module's forward (its pre-forward hooks included) as one DDP iteration.
   Tensor operator()(const Tensor& input) { return forward(input); }
   Tensor forward(const Tensor& input);
+  // Several inputs, ddp(tokens, padding_mask): the module's forward_inputs (nn::Module), as
+  // module(tokens, padding_mask) calls it. Under mixed precision every floating input is cast to
+  // param_dtype (a float mask too, as PyTorch casts every floating argument; a bool one is not).
+  template <class... More>
+    requires(std::is_convertible_v<const More&, const Tensor&> && ...)
+  Tensor operator()(const Tensor& first, const Tensor& second, const More&... more) {
+    return forward(TensorList{first, second, Tensor(more)...});
+  }
+  Tensor forward(const TensorList& inputs);
   // For modules whose forward takes other arguments: `ddp.call([&](const Tensor& a, const Tensor& b)
   // { return net->forward(a, b); }, a, b)`, or with no arguments, `ddp.call([&] { return ...; })`.
   // The arguments are handed to the callable as forward(Tensor) hands its input to the module:
@@ -126,10 +137,11 @@ class DistributedDataParallel : public Joinable {
   auto call(F&& run_forward, const Args&... args) {
     TANDEM_TRACE_SCOPE("ddp forward", "ddp");
     before_forward();
+    const auto start = std::chrono::steady_clock::now();
     auto out = std::invoke(std::forward<F>(run_forward), forward_input(args)...);
     TensorList outputs;
     detail::collect_tensors(outputs, out);
-    after_forward(outputs);
+    after_forward(outputs, start);
     return out;
   }
 
@@ -199,7 +211,8 @@ class DistributedDataParallel : public Joinable {
   uint32_t join_flags(bool broadcasts_buffers) const;
   bool buffer_sync_due() const;  // the forward starts an accumulation window (PyTorch's rule)
   void before_forward();
-  void after_forward(const TensorList& outputs);
+  // `started`: when the module's forward began (its time goes into stats().forward_ms).
+  void after_forward(const TensorList& outputs, std::chrono::steady_clock::time_point started);
   // What the module receives: a floating input cast to param_dtype under mixed precision.
   Tensor forward_input(const Tensor& input) const;
   TensorList forward_input(const TensorList& inputs) const;

@@ -78,18 +78,29 @@ std::string BrokenState::reason() const {
   return reason_;
 }
 
-void BrokenState::mark(const std::string& reason) {
+bool BrokenState::mark(const std::string& reason) {
+  bool first = false;
   {
     std::lock_guard lock(mutex_);
+    first = !broken_.load();
     if (reason_.empty()) reason_ = reason;
     broken_.store(true);
   }
-  if (!peers_are_processes_) return;
+  if (!peers_are_processes_) return first;
   ProcessBreak& b = process_break();
   std::lock_guard lock(b.mutex);
   // Never empty once recorded: the exit path tests for "".
   if (b.first.empty()) b.first = reason.empty() ? std::string("[dist] a group broke") : reason;
+  return first;
 }
+
+namespace {
+thread_local const BrokenState* t_running_group = nullptr;
+}  // namespace
+
+WaitsEndOnBreak::WaitsEndOnBreak(const BrokenState& state) : previous_(t_running_group) { t_running_group = &state; }
+WaitsEndOnBreak::~WaitsEndOnBreak() { t_running_group = previous_; }
+bool wait_abandoned() { return t_running_group != nullptr && t_running_group->is_broken(); }
 
 std::string BrokenState::message(std::string_view what) const {
   return fmt::format("[dist] cannot run {}: the group is broken ({})", what, reason());

@@ -38,13 +38,14 @@ inline bool is_p2p(OpKind k) { return k == OpKind::send || k == OpKind::recv; }
 
 using Clock = std::chrono::steady_clock;
 
-// An operation that missed its deadline. `group_survives` is true when the backend could cancel
-// everything (e.g. a receive), so the group stays usable; otherwise the group is broken.
-// `missing_ranks`: the ranks found not to have arrived, where the backend could tell (the flight
-// recorder keeps them with the operation).
-class TimeoutError : public Error {
+// An operation that failed in a way that may leave the group unusable: a transport error (the
+// ranks ran different collectives, a peer went away) or a missed deadline. `group_survives` is
+// true when the backend could cancel everything (e.g. a receive), so the group stays usable;
+// otherwise the group is broken. `missing_ranks`: the ranks found not to have arrived, where the
+// backend could tell (the flight recorder keeps them with the operation).
+class CollectiveError : public Error {
  public:
-  TimeoutError(std::string message, bool group_survives, std::vector<int> missing_ranks = {})
+  CollectiveError(std::string message, bool group_survives, std::vector<int> missing_ranks = {})
       : Error(std::move(message)), group_survives_(group_survives), missing_ranks_(std::move(missing_ranks)) {}
   bool group_survives() const { return group_survives_; }
   const std::vector<int>& missing_ranks() const { return missing_ranks_; }
@@ -52,6 +53,12 @@ class TimeoutError : public Error {
  private:
   bool group_survives_;
   std::vector<int> missing_ranks_;
+};
+
+// An operation that missed its deadline.
+class TimeoutError : public CollectiveError {
+ public:
+  using CollectiveError::CollectiveError;
 };
 
 // The process-wide defaults read from the environment.
@@ -68,7 +75,8 @@ class BrokenState {
   explicit BrokenState(bool peers_are_processes = false) : peers_are_processes_(peers_are_processes) {}
   bool is_broken() const { return broken_.load(); }
   std::string reason() const;
-  void mark(const std::string& reason);
+  // True when this call broke it (the first reason stays).
+  bool mark(const std::string& reason);
   // "[dist] cannot run <what>: the group is broken (<reason>)"
   std::string message(std::string_view what) const;
   // Throws message(what) once broken.
@@ -87,6 +95,21 @@ class BrokenState {
 // has (groups destroyed since count too). Read at exit by mpi_finalize: MPI_Finalize waits for
 // every rank, and after such a break one may never come.
 std::string first_process_break();
+
+// While an operation of a group runs on this thread, a backend's waits for its peers also end
+// when the group breaks meanwhile (another rank told this one it broke), not only at the deadline.
+class WaitsEndOnBreak {
+ public:
+  explicit WaitsEndOnBreak(const BrokenState& state);
+  ~WaitsEndOnBreak();
+  WaitsEndOnBreak(const WaitsEndOnBreak&) = delete;
+  WaitsEndOnBreak& operator=(const WaitsEndOnBreak&) = delete;
+
+ private:
+  const BrokenState* previous_;
+};
+// Whether the group of the operation this thread runs has broken (a wait should end).
+bool wait_abandoned();
 
 class FlightRecorder;
 

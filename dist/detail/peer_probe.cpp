@@ -8,6 +8,7 @@
 
 #include "dist/detail/flight_recorder.h"
 #include "dist/flight_recorder.h"
+#include "dist/join.h"
 
 namespace tandem::dist {
 
@@ -56,15 +57,17 @@ std::optional<PeerReport> probe_peers(const FlightRecorder& recorder, uint64_t s
     q.seq = seq;
     q.dump = !flight_recorder_dir().empty();
     const FlightPosition mine = recorder.position(seq);
-    const std::string my_signature = mine.at_seq ? mine.at_seq->signature() : "";
-    return describe_peer_answers(prober(q), seq, my_signature, q.wait);
+    return describe_peer_answers(prober(q), seq, mine.at_seq, q.wait);
   } catch (...) {
     return std::nullopt;
   }
 }
 
-PeerReport describe_peer_answers(const std::vector<PeerAnswer>& answers, uint64_t seq, const std::string& my_signature,
-                                 std::chrono::milliseconds wait) {
+PeerReport describe_peer_answers(const std::vector<PeerAnswer>& answers, uint64_t seq,
+                                 const std::optional<FlightEntry>& mine, std::chrono::milliseconds wait) {
+  const std::string my_signature = mine ? mine->signature() : "";
+  const std::string my_summary = mine ? mine->summary() : "";
+  bool join_involved = my_summary.find(kJoinAnnouncementTag) != std::string::npos;
   PeerReport r;
   std::vector<std::string> parts;
   std::vector<int> in_it;
@@ -85,8 +88,10 @@ PeerReport describe_peer_answers(const std::vector<PeerAnswer>& answers, uint64_
                                     a.last_seq, a.last_summary, a.last_state));
       }
     } else if (a.has_at_seq && !my_signature.empty() && a.at_seq_signature != my_signature) {
+      r.mismatch = true;
+      join_involved |= a.at_seq_summary.find(kJoinAnnouncementTag) != std::string::npos;
       parts.push_back(fmt::format("rank {} issued {} as #{} ({}), where this rank issued {}", a.rank, a.at_seq_summary,
-                                  seq, a.at_seq_state, my_signature));
+                                  seq, a.at_seq_state, my_summary));
     } else {
       in_it.push_back(a.rank);
     }
@@ -97,6 +102,9 @@ PeerReport describe_peer_answers(const std::vector<PeerAnswer>& answers, uint64_
   }
   r.text = fmt::format("{}", fmt::join(parts, "; "));
   if (!in_it.empty()) r.text += fmt::format("; {} issued it too", rank_list(in_it));
+  // A rank that has joined a dist::Join shadows only the joinables' collectives: one of the
+  // user's own in the loop meets its announcement instead.
+  if (r.mismatch && join_involved) r.text += std::string(". ") + kJoinShadowRule;
   return r;
 }
 

@@ -18,6 +18,7 @@
 namespace tandem::dist {
 
 class FlightRecorder;
+struct FlightEntry;
 
 // One peer's answer about collective #seq of a group.
 struct PeerAnswer {
@@ -47,13 +48,15 @@ void set_peer_prober(PeerProber prober);
 struct PeerReport {
   std::string text;          // "rank 3 did not arrive (...); every other rank is in it"
   std::vector<int> missing;  // did not arrive, or did not answer
+  bool mismatch = false;     // some rank issued another collective under the number
 };
 
 // Asks the group's peers about collective #seq (this rank's entry in `recorder` says what it is)
 // and describes their answers; nothing without a prober, or for a group of one.
 std::optional<PeerReport> probe_peers(const FlightRecorder& recorder, uint64_t seq);
-// The description alone (tested without a transport).
-PeerReport describe_peer_answers(const std::vector<PeerAnswer>& answers, uint64_t seq, const std::string& my_signature,
-                                 std::chrono::milliseconds wait);
+// The description alone (tested without a transport). `mine`: this rank's entry of #seq, if any
+// (its signature is compared, its summary, with the caller's tag, is shown).
+PeerReport describe_peer_answers(const std::vector<PeerAnswer>& answers, uint64_t seq,
+                                 const std::optional<FlightEntry>& mine, std::chrono::milliseconds wait);
 
 }  // namespace tandem::dist

@@ -248,7 +248,7 @@ WorkProgress::Poll QueuedGroup::progress_pending(Pending& p) {
     std::exception_ptr error;
     try {
       done = p.op->started->progress();
-      if (!done && Clock::now() >= p.op->deadline) pending_timeout(*p.op);
+      if (!done && (Clock::now() >= p.op->deadline || broken().is_broken())) pending_timeout(*p.op);
     } catch (...) {
       error = std::current_exception();
     }
@@ -313,9 +313,14 @@ void QueuedGroup::poll() {
 }
 
 void QueuedGroup::pending_timeout(const Op& op) {
+  if (broken().is_broken()) throw CollectiveError(stopped_by_break(op), false);
   throw TimeoutError(fmt::format("[dist] {} timed out after {} ms; the group is broken", describe(op),
                                  op.timeout.count()),
                      false);
+}
+
+std::string QueuedGroup::stopped_by_break(const Op& op) const {
+  return fmt::format("[dist] {} stopped: the group broke while it ran ({})", describe(op), broken().reason());
 }
 
 void QueuedGroup::wait_for_earlier_completions() const {
@@ -467,13 +472,24 @@ void QueuedGroup::complete(Op& op) {
 }
 
 void QueuedGroup::fail_op(Op& op, std::exception_ptr error) {
+  try {
+    error = translate_failure(op, error);
+  } catch (...) {  // the failure as it was, rather than another
+  }
   bool broke = false;
   try {
     std::rethrow_exception(error);
-  } catch (const TimeoutError& e) {
+  } catch (const CollectiveError& e) {
     if (!e.group_survives()) {
-      broken().mark(e.what());
       broke = true;
+      // This rank found it first (not told by a peer, not a later op of a broken group): the
+      // others, maybe waiting in a collective that can no longer finish, are told at once.
+      if (broken().mark(e.what())) {
+        try {
+          on_break(op, e.what());
+        } catch (...) {
+        }
+      }
     }
   } catch (...) {
   }

@@ -3,8 +3,8 @@
 // under a BlockingIssueGuard the issuing thread runs it to its end.
 //
 // A backend derives from QueuedGroup and implements execute(), which runs one operation on the
-// communication thread (with its deadline) and either returns or throws. A TimeoutError marks the
-// group broken unless the backend says the group survived it. Internal to dist (not installed).
+// communication thread (with its deadline) and either returns or throws. A CollectiveError (a
+// TimeoutError among them) marks the group broken unless the backend says the group survived it. Internal to dist (not installed).
 #pragma once
 
 #include <atomic>
@@ -107,6 +107,14 @@ class QueuedGroup : public GroupBase {
   bool caller_progress() const { return caller_progress_; }
   static constexpr std::chrono::microseconds kStallPoll{1000};
   [[noreturn]] virtual void pending_timeout(const Op& op);
+  // An op's failure as the user reads it: a backend turns a transport's raw error into one that
+  // names the op, the group and what the peers did (a CollectiveError). The default keeps it.
+  virtual std::exception_ptr translate_failure(const Op&, std::exception_ptr error) { return error; }
+  // The group just broke on this rank, at `op`, for `reason`: a backend that can reach its peers
+  // outside the group tells them, so that they stop waiting for it.
+  virtual void on_break(const Op&, const std::string& reason) {}
+  // The error of an op whose wait ended because the group broke meanwhile.
+  std::string stopped_by_break(const Op& op) const;
   // Backends call this first in their destructor so the thread stops before their state dies
   // (a pending op is finished, or fails at its deadline, first).
   void stop_comm_thread();
@@ -125,7 +133,7 @@ class QueuedGroup : public GroupBase {
   // is already its own), or waits for the queued op to finish.
   void run_blocking(Op& op);
   static void wait_quietly(const Work& work);
-  // Completes op's Work with its result tensors, or fails it (a TimeoutError may break the group).
+  // Completes op's Work with its result tensors, or fails it (a CollectiveError may break the group).
   void complete(Op& op);
   void fail_op(Op& op, std::exception_ptr error);
   // The communication thread's end of an op: gives the turn back, then completes or fails it.

@@ -73,9 +73,48 @@ class MpiGroup final : public QueuedGroup {
   void on_issue(const Op& op) override { sync_device_tensors(op); }
   void execute(Op& op) override {
     HostStaging staging(op);
+    WaitsEndOnBreak watch(broken());  // a peer that broke the group says so: stop waiting for it
     run(op);
     staging.finish();
   }
+
+  // An MPI error inside a collective between live processes almost always means the ranks ran
+  // different collectives (a message longer than this rank's expects), rarely a failing
+  // transport: the peers say which, and what they ran instead.
+  std::exception_ptr translate_failure(const Op& op, std::exception_ptr error) override {
+    try {
+      std::rethrow_exception(error);
+    } catch (const MpiError& e) {
+      if (is_p2p(op.kind)) return error;
+      std::optional<PeerReport> peers = probe_peers(recorder(), op.seq);
+      std::string what;
+      if (peers && peers->mismatch) {
+        what = fmt::format("the ranks are not running the same collective: {}", peers->text);
+      } else {
+        what = fmt::format("the transport failed ({}){}", e.mpi_text(), peers ? "; " + peers->text : std::string());
+      }
+      return std::make_exception_ptr(
+          CollectiveError(fmt::format("[dist] {} failed: {}. The group is broken. {}", describe(op), what,
+                                      flight_dump_hint()),
+                          false, peers ? peers->missing : std::vector<int>{}));
+    } catch (...) {
+      return error;
+    }
+  }
+
+  // The peers' responders hear it now (peer_responder.h), so a rank waiting in a collective this
+  // one will never finish fails within moments instead of at its deadline.
+  void on_break(const Op& op, const std::string& reason) override {
+    notify_peers_of_break(recorder().group(), recorder().world_ranks(), rank(), static_cast<int64_t>(op.seq), reason);
+  }
+
+ public:
+  // A peer's notice (peer_responder.cpp): rank `from` broke this group at its collective #seq.
+  void broken_by_peer(int from, int64_t seq, const std::string& reason) {
+    broken().mark(fmt::format("rank {} broke it at collective #{}: {}", from, seq, reason));
+  }
+
+ private:
 
  private:
   void run(Op& op) {
@@ -226,11 +265,17 @@ class MpiGroup final : public QueuedGroup {
   // The peers are asked where they are (detail/peer_probe.h): the error names the ranks that did
   // not arrive and what they did last, or the ones that issued something else under this number.
   [[noreturn]] void collective_timeout(const Op& op) {
+    stop_if_broken(op);
     std::optional<PeerReport> peers = probe_peers(recorder(), op.seq);
     const std::string who = peers ? peers->text : "the other ranks could not be asked where they are";
     throw TimeoutError(fmt::format("[dist] {} timed out after {} ms; the group is broken: {}. {}", describe(op),
                                    op.timeout.count(), who, flight_dump_hint()),
                        false, peers ? peers->missing : std::vector<int>{});
+  }
+
+  // A wait that ended because the group broke meanwhile (a peer's notice): that is the error.
+  void stop_if_broken(const Op& op) const {
+    if (broken().is_broken()) throw CollectiveError(stopped_by_break(op), false);
   }
 
   void wait_collective(const Op& op, MPI_Request* reqs, int n, size_t bytes = 0) {
@@ -284,6 +329,7 @@ class MpiGroup final : public QueuedGroup {
       }
     }
     if (!wait_requests(recvs.data(), n, op.deadline)) {
+      stop_if_broken(op);
       std::vector<int> missing;
       auto lk = mpi_runtime().lock();
       for (int k = 0; k < n; ++k) {
@@ -317,6 +363,7 @@ class MpiGroup final : public QueuedGroup {
     }
     if (wait_requests(&req, 1, op.deadline)) return;
     bool cancelled = cancel(req);
+    stop_if_broken(op);
     throw TimeoutError(fmt::format("[dist] {} timed out after {} ms: rank {} did not receive{}", describe(op),
                                    op.timeout.count(), op.root, cancelled ? "" : "; the group is broken"),
                        cancelled);
@@ -339,6 +386,7 @@ class MpiGroup final : public QueuedGroup {
     });
     if (!done) {
       bool cancelled = cancel(req);
+      stop_if_broken(op);
       throw TimeoutError(fmt::format("[dist] {} timed out after {} ms: rank {} did not send{}", describe(op),
                                      op.timeout.count(), op.root, cancelled ? "" : "; the group is broken"),
                          cancelled);
@@ -424,6 +472,13 @@ class MpiGroup final : public QueuedGroup {
   MPI_Comm p2p_ = MPI_COMM_NULL;    // user send/recv, so their tags never meet the algorithms'
   MPI_Comm debug_ = MPI_COMM_NULL;  // fingerprints
 };
+
+void break_group_from_peer(const std::string& name, int from, int64_t seq, const std::string& reason) {
+  MpiRuntime& rt = mpi_runtime();
+  std::lock_guard lock(rt.groups_mutex);  // a group leaves the set before it is destroyed
+  for (MpiGroup* g : rt.groups)
+    if (g->name() == name) g->broken_by_peer(from, seq, reason);
+}
 
 ProcessGroupPtr make_mpi_world(std::optional<Milliseconds> timeout, std::optional<bool> debug_checks) {
   ensure_mpi_initialized();

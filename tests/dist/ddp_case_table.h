@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "ddp_cases.h"
+#include "ddp_checkpoint_cases.h"
 #include "ddp_delayed_cases.h"
 #include "ddp_gpt_cases.h"
 #include "ddp_hardening_cases.h"
@@ -19,6 +20,7 @@
 #include "ddp_reducer_rules_cases.h"
 #include "ddp_static_graph_cases.h"
 #include "ddp_zero_cases.h"
+#include "ddp_zero_join_cases.h"
 
 namespace ddp_cases {
 
@@ -173,6 +175,15 @@ inline void failed_backward_then_training(ProcessGroupPtr g) {
     "[ddp][zero]", "ddp mpi: ZeroRedundancyOptimizer",                                                                \
     Step{zero_equivalence_all, {1, 2, 3, 4}}, Step{zero_two_groups, {1, 2, 3}}, Step{zero_with_join, {1, 2, 4}},      \
     Step{zero_errors, {1, 2}}, Step{zero_mixed_precision, {1, 2, 4}})                                                 \
+  X("ddp threads: ZeRO under a Join steps a joined rank's share as the others (mixed precision, clipping, schedule)", \
+    "[ddp][zero][join]", "ddp mpi: ZeRO under a Join with mixed precision, clipping and a schedule",                 \
+    Step{zero_join_mixed_precision_and_clipping, {1, 2, 4}}, Step{zero_join_clip_errors, {1, 2}},                   \
+    Step{zero_join_resume, {2, 4}})                                                                                  \
+  /* Checkpoints of a training run (ddp_checkpoint_cases.h). */                                                      \
+  X("ddp threads: a checkpoint resumes bitwise at any rank count, ZeRO or not; a bad load restores nothing",         \
+    "[ddp][checkpoint]", "ddp mpi: save_checkpoint / load_checkpoint",                                               \
+    Step{checkpoint_resume_zero, {1, 2, 4}}, Step{checkpoint_plain_and_zero, {1, 2, 3}},                             \
+    Step{checkpoint_from_one_process, {2, 3}}, Step{checkpoint_errors, {1, 2}})                                      \
   X("ddp threads: ZeroRedundancyOptimizer with overlap_with_ddp steps in backward and equals DDP + the plain one",    \
     "[ddp][zero]", "ddp mpi: ZeroRedundancyOptimizer overlap_with_ddp",                                               \
     Step{zero_overlap_all, {1, 2, 4}}, Step{zero_overlap_errors, {1, 2}})                                             \

@@ -6,6 +6,7 @@
 #include <catch2/catch.hpp>
 
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -189,26 +190,48 @@ TEST_CASE("flight recorder: a timed-out rank describes its peers' answers", "[di
     return a;
   };
   const std::string mine = "allreduce sum f32[8]";
+  FlightEntry my_entry;  // what this rank issued as #5: allreduce sum f32[8], tagged "loss average"
+  my_entry.kind = OpKind::allreduce;
+  my_entry.has_reduce = true;
+  my_entry.reduce = ReduceOp::sum;
+  my_entry.has_dtype = true;
+  my_entry.dtype = f32;
+  my_entry.numel = 8;
+  my_entry.tensors = 1;
+  std::strcpy(my_entry.caller, "loss average");
+  REQUIRE(my_entry.signature() == mine);
+  const std::optional<FlightEntry> me = my_entry;
   PeerAnswer silent;
   silent.rank = 3;
   std::vector<PeerAnswer> answers = {answer(1, 5, mine), answer(2, 4, "", "broadcast f32[2] root 0 (ddp buffers)"),
                                      silent};
-  PeerReport r = describe_peer_answers(answers, 5, mine, std::chrono::milliseconds(2000));
+  PeerReport r = describe_peer_answers(answers, 5, me, std::chrono::milliseconds(2000));
   CHECK(r.missing == std::vector<int>{2, 3});
+  CHECK(!r.mismatch);
   CHECK(r.text ==
         "rank 2 did not arrive: its last collective on this group is #4, broadcast f32[2] root 0 (ddp buffers), "
         "completed; rank 3 did not arrive: it did not answer within 2000 ms (stopped, hung, or gone); rank 1 issued "
         "it too");
   // A rank that issued something else under this number is named with what it issued.
-  r = describe_peer_answers({answer(1, 6, "allreduce sum f32[9]")}, 5, mine, std::chrono::milliseconds(10));
+  // A rank that issued something else under this number is named with what it issued, and this
+  // rank's own collective with its caller's tag.
+  r = describe_peer_answers({answer(1, 6, "allreduce sum f32[9]")}, 5, me, std::chrono::milliseconds(10));
   CHECK(r.missing.empty());
+  CHECK(r.mismatch);
   CHECK(r.text == "rank 1 issued allreduce sum f32[9] (ddp bucket 1) as #5 (started), where this rank issued "
-                  "allreduce sum f32[8]");
-  r = describe_peer_answers({answer(1, 5, mine)}, 5, mine, std::chrono::milliseconds(10));
+                  "allreduce sum f32[8] (loss average)");
+  // One of them a Join's announcement: the Join's rule is added.
+  PeerAnswer joined = answer(1, 6, "allreduce sum i64[2]");
+  joined.at_seq_summary = "allreduce sum i64[2] (join announcement)";
+  r = describe_peer_answers({joined}, 5, me, std::chrono::milliseconds(10));
+  CHECK_THAT(r.text, Catch::StartsWith("rank 1 issued allreduce sum i64[2] (join announcement) as #5 (started), where "
+                                       "this rank issued allreduce sum f32[8] (loss average). Under a dist::Join a "
+                                       "rank that has run out of data shadows only the joinables' collectives"));
+  r = describe_peer_answers({answer(1, 5, mine)}, 5, me, std::chrono::milliseconds(10));
   CHECK(r.text == "every rank issued it (a rank may be stuck inside it)");
   PeerAnswer fresh = answer(2, -1);
   fresh.last_seq = -1;
-  r = describe_peer_answers({fresh}, 0, mine, std::chrono::milliseconds(10));
+  r = describe_peer_answers({fresh}, 0, me, std::chrono::milliseconds(10));
   CHECK(r.text == "rank 2 did not arrive: it has issued no collective on this group");
 }
 

@@ -6,7 +6,8 @@
 #    start small (its RSS at the start of main <= 30 MiB) and never map a CUDA library;
 #  - where Tandem was built with CUDA, a CUDA consumer that links Tandem::cuda and calls cuda::
 #    itself (its GPU work skips, saying so, without a usable device).
-# It also refuses absolute paths in the installed targets, and compiles every installed header alone.
+# It also refuses absolute paths in the installed targets, compiles every installed header alone,
+# and runs the installed flight_report (bin/) on a flight recorder dump the consumer writes.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 build=${1:-$root/build}
@@ -82,6 +83,14 @@ int main(int argc, char** argv) {
   } catch (const tandem::Error&) {
     read_failed = true;
   }
+  // A group of one averages a number; its flight recorder is dumped where the script reads it.
+  if (argc > 2) {
+    tandem::dist::run_threads(1, [](tandem::dist::ProcessGroup& g) {
+      tandem::dist::CollectiveTag tag("install check");
+      g.allreduce(tandem::ones({1}), tandem::dist::ReduceOp::avg)->wait();
+    });
+    tandem::dist::dump_flight_recorder("install check", argv[2]);
+  }
   const bool cuda_mapped = mapped("libcudart") || mapped("libcublas") || mapped("libtandem_cuda");
   std::cout << "consumer ok: loss " << y.item<double>() << " grad " << w.grad().sum().item<double>() << ", " << rows
             << " rows loaded; RSS at start " << start_kib / 1024.0 << " MiB; CUDA mapped: " << cuda_mapped << "\n";
@@ -115,7 +124,14 @@ cmake -S "$scratch/consumer" -B "$scratch/consumer/build" -DCMAKE_PREFIX_PATH="$
 cmake --build "$scratch/consumer/build" >/dev/null
 # The CPU consumer loads the CUDA backend when asked where there is one to load: a CUDA build of
 # shared libraries (a static one has nothing to load; its programs link Tandem::cuda for CUDA).
-"$scratch/consumer/build/consumer" "$([ "$with_cuda$shared" = 11 ] && echo cuda || echo cpu)"
+mkdir "$scratch/dumps"
+"$scratch/consumer/build/consumer" "$([ "$with_cuda$shared" = 11 ] && echo cuda || echo cpu)" \
+  "$scratch/dumps/tandem_flight_rank0.json"
+# The installed flight_report (what the timeout errors tell users to run) reads the dump.
+[ -x "$prefix/bin/flight_report" ] || { echo "check_install: no bin/flight_report in the install" >&2; exit 1; }
+"$prefix/bin/flight_report" "$scratch/dumps" | tee "$scratch/report.txt"
+grep -q "allreduce avg f32\[1\] (install check)" "$scratch/report.txt" ||
+  { echo "check_install: the installed flight_report did not read the dump" >&2; exit 1; }
 binary_kib=$(( $(stat -c %s "$scratch/consumer/build/consumer") / 1024 ))
 lib_kib=$(( $(stat -L -c %s "$libdir/libtandem.so" 2>/dev/null || stat -c %s "$libdir/libtandem.a") / 1024 ))
 echo "consumer binary ${binary_kib} KiB, libtandem ${lib_kib} KiB"

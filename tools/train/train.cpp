@@ -59,17 +59,20 @@
 // reduces the buckets in that dtype; the optimizer steps the f32 masters.
 //
 // Checkpoints: --save DIR writes DIR/checkpoint-<step>.safetensors every --save-every steps and at
-// the end (rank 0 writes, atomically; the two newest are kept): the model under "model.", the
-// optimizer under "optimizer." (the GPT's in-backward optimizers under "optimizer.decay." and
-// "optimizer.no_decay."), the schedule under "lr_scheduler.", and "train.position" (step, epoch,
-// batch within the epoch), "train.total_steps", "train.world_size" (a run resumed at another number
-// of ranks starts at the same share of the epoch) and "train.rng" (the generator's seed and offset);
-// the GPT's also "gpt.config" (vocab_size, block_size, n_layer, n_head, n_embd, bias) and
-// "data.vocab" (data::CharVocab::to_tensor()), from which a resumed run rebuilds both. --resume
-// takes such a file, or the newest one in a folder, on every rank, and continues where it
-// stopped: on the CPU an interrupted and resumed run ends with the same bits as an uninterrupted
-// one (tests/tools/check_train_resume.sh). A cosine or step schedule must be resumed with the run
-// length it was saved with.
+// the end with dist::save_checkpoint (dist/checkpoint.h: every rank calls it, rank 0 writes,
+// atomically; the two newest are kept). A checkpoint holds the model ("model."), the optimizer
+// ("optimizer.", a --zero run's state consolidated on rank 0) or the optimizers in backward
+// ("in_backward.all.", the GPT's "in_backward.decay." and "in_backward.no_decay."), the schedule
+// ("lr_scheduler.", with its class in the metadata), the step, the number of ranks that saved it (a
+// run resumed at another number starts at the same share of the epoch) and rank 0's generator
+// state; and train's own entries under "extra.": "train.position" (step, epoch, batch within the
+// epoch) and "train.total_steps", the GPT's also "gpt.config" (vocab_size, block_size, n_layer,
+// n_head, n_embd, bias) and "data.vocab" (data::CharVocab::to_tensor()), from which a resumed run
+// rebuilds both. --resume takes such a file, or the newest one in a folder, on every rank
+// (dist::load_checkpoint: a part that does not fit is an error before anything is restored), and
+// continues where it stopped: on the CPU an interrupted and resumed run ends with the same bits as
+// an uninterrupted one (tests/tools/check_train_resume.sh). A cosine or step schedule must be
+// resumed with the run length it was saved with.
 // --metrics FILE.jsonl: rank 0 writes one JSON object per logged step (step, epoch, loss, lr,
 // samples_per_s, forward_ms, backward_ms, comm_ms, overlap_ms; accuracy and test_loss on the
 // steps that end an epoch; the GPT's val_loss on the steps it evaluates), as tools/train/plot.py
@@ -160,17 +163,6 @@ std::string checkpoint_file(const std::string& path) {
   }
   TANDEM_CHECK(!best.empty(), "[train] --resume: no checkpoint-<step>.safetensors in '{}'", path);
   return best;
-}
-
-void put_prefixed(nn::TensorDict& out, const std::string& prefix, const nn::TensorDict& part) {
-  for (const auto& [name, t] : part) out.insert(prefix + name, t);
-}
-
-nn::TensorDict take_prefixed(const nn::TensorDict& all, const std::string& prefix) {
-  nn::TensorDict out;
-  for (const auto& [name, t] : all)
-    if (name.starts_with(prefix)) out.insert(name.substr(prefix.size()), t);
-  return out;
 }
 
 // Every rank's trace in one file: the JSON texts travel as zero-padded rows of i64 words (8 bytes
@@ -424,14 +416,18 @@ int main(int argc, char** argv) {
     const Device ctrl = world->control_device(device);  // where small collectives' tensors live
     if (threads > 0) set_num_threads(threads);
 
-    // --resume: every rank reads the same file, before the model is built (a GPT's shape and
-    // vocabulary are in it) and before DDP wraps the module, so DDP's start-up broadcast hands out
-    // weights every rank already has.
+    // --resume: every rank reads the same file. Its own entries first (the checkpoint's "extra."
+    // part), before the model is built: a GPT's shape and vocabulary are in them; the model, the
+    // optimizer, the schedule and the generator once they exist, before DDP wraps the module, so
+    // DDP's start-up broadcast hands out weights every rank already has.
     std::string resume_file;
-    nn::TensorDict resumed;
+    nn::TensorDict resumed;  // the checkpoint's extra entries
     if (!resume.empty()) {
       resume_file = checkpoint_file(resume);
-      resumed = nn::load_safetensors(resume_file);
+      dist::TrainingState entries;
+      entries.rng = false;
+      dist::load_checkpoint(resume_file, entries);
+      resumed = std::move(entries.extra);
     }
 
     // The GPT's shape: the flags over the recipe, or the checkpoint's (a shape flag that
@@ -482,16 +478,17 @@ int main(int argc, char** argv) {
     };
     if (sample_only) {
       auto model = make_gpt(gpt_config);
-      model->load_state_dict(take_prefixed(resumed, "model."));
+      dist::TrainingState weights{.model = model.get(), .rng = false};
+      const dist::CheckpointInfo saved = dist::load_checkpoint(resume_file, weights);
       model->to(device);
       if (rank == 0) {
-        const Tensor* position = resumed.find("train.position");
         std::fprintf(stdout,
-                     "train: sampling from %s (GPT %lld layers x %lld heads x %lld, context %lld, vocab %lld%s)\n",
+                     "train: sampling from %s (GPT %lld layers x %lld heads x %lld, context %lld, vocab %lld, step "
+                     "%lld)\n",
                      resume_file.c_str(), static_cast<long long>(gpt_config.n_layer),
                      static_cast<long long>(gpt_config.n_head), static_cast<long long>(gpt_config.n_embd),
                      static_cast<long long>(gpt_config.block_size), static_cast<long long>(gpt_config.vocab_size),
-                     position ? fmt::format(", step {}", position->to(i64).to_vector<int64_t>()[0]).c_str() : "");
+                     static_cast<long long>(saved.step));
       }
       print_sample(*model, *saved_vocab);
       return 0;
@@ -570,7 +567,7 @@ int main(int argc, char** argv) {
       return o;
     };
     struct Group {
-      std::string prefix;  // of its in-backward optimizers' state in a checkpoint
+      std::string name;  // of its in-backward optimizers' part in a checkpoint ("in_backward.<name>.")
       TensorList params;
       optim::OptimizerSpec spec;
     };
@@ -578,16 +575,16 @@ int main(int argc, char** argv) {
     if (gpt) {
       const GptParamGroups split = gpt_param_groups(*model);
       const double weight_decay = weight_decay_flag.value_or(kGptRecipe.weight_decay);
-      groups.push_back({"optimizer.decay.", split.decay, spec_with(weight_decay)});
-      groups.push_back({"optimizer.no_decay.", split.no_decay, spec_with(0.0)});
+      groups.push_back({"decay", split.decay, spec_with(weight_decay)});
+      groups.push_back({"no_decay", split.no_decay, spec_with(0.0)});
     } else {
-      groups.push_back({"optimizer.", model->parameters(), spec_with(weight_decay_flag)});
+      groups.push_back({"all", model->parameters(), spec_with(weight_decay_flag)});
     }
     std::unique_ptr<optim::Optimizer> opt;
     std::vector<std::pair<std::string, std::shared_ptr<optim::InBackwardOptimizers>>> in_backward;
     if (optimizer_in_backward) {
       for (const Group& g : groups)
-        in_backward.emplace_back(g.prefix, optim::apply_optimizer_in_backward(g.spec, g.params));
+        in_backward.emplace_back(g.name, optim::apply_optimizer_in_backward(g.spec, g.params));
     } else if (zero) {
       std::vector<dist::ZeroParamGroup> zero_groups;
       for (const Group& g : groups) zero_groups.push_back({g.params, g.spec});
@@ -619,45 +616,45 @@ int main(int argc, char** argv) {
     }
     auto current_lr = [&] { return schedule ? schedule->last_lr()[0] : lr; };
 
+    // What a checkpoint holds besides train's own entries: the model, the optimizer (a ZeRO's state
+    // consolidated on rank 0) or the optimizers in backward, the schedule, the step and the generator.
+    auto training_state = [&] {
+      dist::TrainingState state{.model = model.get(), .optimizer = opt.get(), .scheduler = schedule.get()};
+      for (const auto& [name, group] : in_backward) state.in_backward.emplace_back(name, group.get());
+      return state;
+    };
+
     Position pos;
     if (!resume.empty()) {
       const std::string& file = resume_file;
-      const nn::TensorDict& all = resumed;
-      const Tensor* position = all.find("train.position");
-      const Tensor* rng = all.find("train.rng");
-      TANDEM_CHECK(position && position->numel() == 3 && rng && rng->numel() == 2,
-                   "[train] --resume: '{}' is not a train checkpoint (no train.position / train.rng)", file);
-      model->load_state_dict(take_prefixed(all, "model."));
-      if (opt) opt->load_state_dict(take_prefixed(all, "optimizer."));
-      for (const auto& [prefix, group] : in_backward) group->load_state_dict(take_prefixed(all, prefix));
-      if (schedule) schedule->load_state_dict(take_prefixed(all, "lr_scheduler."));
-      auto p = position->to_vector<int64_t>();
-      pos = {p[0], p[1], p[2]};
-      // Saved at another number of ranks, the position within the epoch counts other batches: the
-      // same share of the epoch's samples here (rounded up; at its end, the next epoch).
-      if (const Tensor* saved_world = all.find("train.world_size"); saved_world && pos.batch > 0) {
-        const int64_t old_world = saved_world->item<int64_t>();
-        if (old_world != world_size) {
-          const int64_t samples = pos.batch * old_world;
-          pos.batch = std::min<int64_t>(batches_per_epoch, (samples + world_size - 1) / world_size);
-          if (rank == 0)
-            std::fprintf(stdout, "train: saved at %lld ranks, resumed at %d: batch %lld of the epoch here\n",
-                         static_cast<long long>(old_world), world_size, static_cast<long long>(pos.batch));
-        }
-      }
-      if (pos.batch >= batches_per_epoch) pos = {pos.step, pos.epoch + 1, 0};
-      auto r = rng->to_vector<int64_t>();
-      set_rng_state({static_cast<uint64_t>(r[0]), static_cast<uint64_t>(r[1])});
+      // Train's own entries are checked before anything is restored.
+      const Tensor* position = resumed.find("train.position");
+      TANDEM_CHECK(position && position->numel() == 3,
+                   "[train] --resume: '{}' is not a train checkpoint (no train.position)", file);
       // A cosine or step schedule is shaped by the run's length, which its state does not hold:
       // resumed with another --steps/--epochs, it would go on along another curve than the one it
       // started on (and not end with the uninterrupted run's weights).
-      if (const Tensor* horizon = all.find("train.total_steps"); horizon && lr_schedule != "constant") {
-        const int64_t saved = horizon->item<int64_t>();
+      if (const Tensor* horizon = resumed.find("train.total_steps"); horizon && lr_schedule != "constant") {
+        const int64_t saved = horizon->to(i64).item<int64_t>();
         TANDEM_CHECK(saved == total_steps,
                      "[train] --resume: '{}' was saved by a run of {} steps whose --lr-schedule {} spans them; "
                      "this run has {} steps: give the same --steps or --epochs",
                      file, saved, lr_schedule, total_steps);
       }
+      dist::TrainingState state = training_state();
+      const dist::CheckpointInfo saved = dist::load_checkpoint(file, state);
+      auto p = position->to(i64).to_vector<int64_t>();
+      pos = {p[0], p[1], p[2]};
+      // Saved at another number of ranks, the position within the epoch counts other batches: the
+      // same share of the epoch's samples here (rounded up; at its end, the next epoch).
+      if (saved.world_size != world_size && pos.batch > 0) {
+        const int64_t samples = pos.batch * saved.world_size;
+        pos.batch = std::min<int64_t>(batches_per_epoch, (samples + world_size - 1) / world_size);
+        if (rank == 0)
+          std::fprintf(stdout, "train: saved at %d ranks, resumed at %d: batch %lld of the epoch here\n",
+                       saved.world_size, world_size, static_cast<long long>(pos.batch));
+      }
+      if (pos.batch >= batches_per_epoch) pos = {pos.step, pos.epoch + 1, 0};
       if (rank == 0)
         std::fprintf(stdout, "train: resumed from %s at step %lld (epoch %lld, batch %lld)\n", file.c_str(),
                      static_cast<long long>(pos.step), static_cast<long long>(pos.epoch),
@@ -665,38 +662,30 @@ int main(int argc, char** argv) {
     }
     auto save = [&](const Position& next) {
       TANDEM_TRACE_SCOPE("checkpoint", "train");
-      // A sharded optimizer's state comes together on rank 0 first (a collective of every rank).
-      if (auto* z = dynamic_cast<dist::ZeroRedundancyOptimizer*>(opt.get())) z->consolidate_state_dict(0);
+      dist::TrainingState state = training_state();
+      state.step = next.step;
+      state.extra.insert("train.position", from_vector<int64_t>({next.step, next.epoch, next.batch}));
+      state.extra.insert("train.total_steps", from_vector<int64_t>({total_steps}));
+      if (gpt) {
+        const GptConfig& c = gpt_config;
+        state.extra.insert("gpt.config", from_vector<int64_t>({c.vocab_size, c.block_size, c.n_layer, c.n_head,
+                                                               c.n_embd, c.bias ? 1 : 0}));
+        state.extra.insert("data.vocab", text_train->vocab().to_tensor());
+      }
+      char name[64];
+      std::snprintf(name, sizeof name, "checkpoint-%08lld.safetensors", static_cast<long long>(next.step));
+      // Collective: rank 0 writes (creating the folder), and no rank runs ahead of the file.
+      dist::save_checkpoint((fs::path(save_dir) / name).string(), state, world);
       if (rank == 0) {
-        nn::TensorDict all;
-        put_prefixed(all, "model.", model->state_dict());
-        if (opt) put_prefixed(all, "optimizer.", opt->state_dict());
-        for (const auto& [prefix, group] : in_backward) put_prefixed(all, prefix, group->state_dict());
-        if (schedule) put_prefixed(all, "lr_scheduler.", schedule->state_dict());
-        all.insert("train.position", from_vector<int64_t>({next.step, next.epoch, next.batch}));
-        all.insert("train.total_steps", from_vector<int64_t>({total_steps}));
-        all.insert("train.world_size", from_vector<int64_t>({static_cast<int64_t>(world_size)}));
-        const PhiloxState rng = get_rng_state();
-        all.insert("train.rng", from_vector<int64_t>({static_cast<int64_t>(rng.seed), static_cast<int64_t>(rng.offset)}));
-        if (gpt) {
-          const GptConfig& c = gpt_config;
-          all.insert("gpt.config", from_vector<int64_t>({c.vocab_size, c.block_size, c.n_layer, c.n_head, c.n_embd,
-                                                         c.bias ? 1 : 0}));
-          all.insert("data.vocab", text_train->vocab().to_tensor());
-        }
-        fs::create_directories(save_dir);
-        char name[64];
-        std::snprintf(name, sizeof name, "checkpoint-%08lld.safetensors", static_cast<long long>(next.step));
-        nn::save_safetensors((fs::path(save_dir) / name).string(), all);
         // Keep the two newest: an older one is what a crash during the next save falls back on.
         std::vector<fs::path> saved;
         for (const auto& e : fs::directory_iterator(save_dir))
           if (e.path().filename().string().starts_with("checkpoint-") && e.path().extension() == ".safetensors")
             saved.push_back(e.path());
         std::sort(saved.begin(), saved.end());
-        for (size_t i = 0; i + 2 < saved.size(); ++i) fs::remove(saved[i]);
+        std::error_code ec;  // a file that cannot go stays; the next save tries again
+        for (size_t i = 0; i + 2 < saved.size(); ++i) fs::remove(saved[i], ec);
       }
-      world->barrier()->wait();  // no rank runs ahead of a checkpoint it might resume from
     };
 
     dist::DdpOptions ddp_options;

@@ -182,7 +182,20 @@ Tensor ParamShadows::gradient_to_reduce(size_t i, const Tensor& low_precision_gr
   return low_precision_grad.defined() ? e.stashed + low_precision_grad : e.stashed;
 }
 
-void ParamShadows::set_reduced(size_t i, const Tensor& reduced) { entries_.at(i).reduced = reduced; }
+void ParamShadows::set_reduced(size_t i, const Tensor& reduced) {
+  Entry& e = entries_.at(i);
+  if (active_) {
+    e.reduced = reduced;  // taken at the way back (cast_out)
+    return;
+  }
+  // No forward-backward pair is open: a joined rank shadowing the others' reduction under a Join.
+  // Its master's .grad becomes the average now, as a training rank's does at its way back, so an
+  // optimizer stepping this rank's share (ZeRO) reads what the others read.
+  NoGradGuard no_grad;
+  e.stashed = e.param.grad();  // a .grad the user zeroed in place keeps its identity
+  e.param.set_grad(master_grad(e, reduced));
+  e.stashed = Tensor();
+}
 
 void ParamShadows::finish_backward() {
   if (pending_ && pending_()) {

@@ -58,7 +58,9 @@ class ParamShadows {
   // What the reducer copies into parameter i's bucket slot: the set-aside master gradient plus
   // this backward's low-precision one (gradient accumulation across no_sync happens in f32).
   Tensor gradient_to_reduce(size_t i, const Tensor& low_precision_grad) const;
-  // The reducer's averaged gradient for parameter i (in reduce_dtype): it replaces the master's.
+  // The reducer's averaged gradient for parameter i (in reduce_dtype): it replaces the master's,
+  // at the way back, or at once when no forward-backward pair is open (a joined rank's shadow of
+  // the others' reduction under a Join).
   void set_reduced(size_t i, const Tensor& reduced);
   // Parameter i alone back to its master, its .grad the upcast `reduced`: what an optimizer in
   // backward needs before it steps i. Runs on the communication thread while backward goes on;

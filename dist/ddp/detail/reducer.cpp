@@ -440,12 +440,12 @@ void Reducer::shadow_reduction(bool static_first) {
   }
   std::vector<int32_t> used_everywhere;
   if (options_.find_unused_parameters && !options_.static_graph) used_everywhere = used_map_.to(kCPU).to_vector<int32_t>();
-  if (!transforms_.sink) {
-    for (size_t p = 0; p < params_.size(); ++p) {
-      const bool unused_everywhere =
-          options_.static_graph ? static_unused_anywhere_[p] : !used_everywhere.empty() && used_everywhere[p] == 0;
-      if (!unused_everywhere) write_back(p);
-    }
+  // As a training rank's end of backward: every average into .grad (under mixed precision the
+  // sink upcasts it into the f32 master's), globally unused parameters left alone.
+  for (size_t p = 0; p < params_.size(); ++p) {
+    const bool unused_everywhere =
+        options_.static_graph ? static_unused_anywhere_[p] : !used_everywhere.empty() && used_everywhere[p] == 0;
+    if (!unused_everywhere) write_back(p);
   }
   for (GradBuckets::Bucket& b : buckets_) b.work.reset();
   used_work_.reset();

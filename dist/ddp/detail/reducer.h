@@ -93,8 +93,7 @@ class Reducer {
   // A joined rank's part of one synchronised iteration of the others: the used map (static
   // graph's first iteration: first; a dynamic find_unused_parameters: last) and every bucket's
   // reduction, in the order the others issue them, with zero gradients; the reduced averages are
-  // written into .grad as on the others (not under mixed precision: the masters' gradients are
-  // left alone there).
+  // written into .grad as on the others (under mixed precision, upcast into the f32 masters').
   void shadow_reduction(bool static_first_iteration);
   // After a synchronised forward with grad mode on: a backward that reaches one of `outputs`
   // reduces. Several calls before that backward add to the outputs (static_graph runs several

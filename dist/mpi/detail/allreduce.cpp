@@ -65,7 +65,7 @@ bool allreduce_buffer(CollectiveComm& c, char* data, int64_t count, Dtype dt, Re
       step = ring.step();
       backoff = Backoff(step_bytes);
     }
-    if ((spin & 63) == 63 && Clock::now() > deadline) return false;
+    if ((spin & 63) == 63 && (Clock::now() > deadline || wait_abandoned())) return false;
     backoff.pause();
   }
 }

@@ -62,13 +62,14 @@ class Backoff {
 
 
 // Calls done() until it returns true, pacing the polls with a Backoff for `bytes` in flight;
-// false once `deadline` has passed (the clock is read every 64th poll).
+// false once `deadline` has passed, or once the running op's group broke meanwhile (a peer said
+// so: wait_abandoned). The clock and the flag are read every 64th poll.
 template <class Done>
 bool poll_until(Clock::time_point deadline, size_t bytes, Done&& done) {
   Backoff backoff(bytes);
   for (uint64_t spin = 0;; ++spin) {
     if (done()) return true;
-    if ((spin & 63) == 63 && Clock::now() > deadline) return false;
+    if ((spin & 63) == 63 && (Clock::now() > deadline || wait_abandoned())) return false;
     backoff.pause();
   }
 }

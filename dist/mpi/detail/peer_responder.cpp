@@ -23,6 +23,7 @@ namespace tandem::dist {
 namespace {
 
 constexpr int kQueryTag = 1;
+constexpr int kNoticeTag = 2;  // a group broke on the sender
 constexpr int kAnswerTagBase = 1000;  // + the asker's round (mod kRounds): a late answer to an
 constexpr int kRounds = 20000;        // earlier round is never taken for this one's
 constexpr auto kTick = std::chrono::milliseconds(20);
@@ -48,6 +49,14 @@ struct Answer {
   char at_seq_state[16];
   char last_summary[224];
   char last_state[16];
+};
+
+struct Notice {
+  int64_t seq;
+  int32_t from;  // the rank it broke on, in the group
+  int32_t unused;
+  char group[160];
+  char reason[1024];
 };
 
 template <size_t N>
@@ -97,6 +106,14 @@ struct Responder {
   // Answers on their way (push_back keeps earlier ones in place for MPI); one still pending at
   // the stop (an asker that went away) stays here for good: the Responder is never destroyed.
   std::deque<Sent> sent;
+  // Notices this rank sent (any thread), until MPI is done with them; as `sent`, one still
+  // pending at the stop stays for good.
+  struct SentNotice {
+    MPI_Request req = MPI_REQUEST_NULL;
+    Notice notice;
+  };
+  std::mutex notices_mutex;
+  std::deque<SentNotice> notices;
   std::thread thread;
   std::mutex mutex;
   std::condition_variable cv;
@@ -128,6 +145,31 @@ struct Responder {
         dump |= q.dump != 0;
         asker = st.MPI_SOURCE;
       }
+      // Notices from ranks whose group broke: that group breaks here too.
+      for (;;) {
+        int flag = 0;
+        MPI_Status st;
+        Notice n{};
+        {
+          auto lk = mpi_runtime().lock();
+          if (MPI_Iprobe(MPI_ANY_SOURCE, kNoticeTag, comm, &flag, &st) != MPI_SUCCESS || !flag) break;
+          if (MPI_Recv(&n, sizeof n, MPI_BYTE, st.MPI_SOURCE, kNoticeTag, comm, MPI_STATUS_IGNORE) != MPI_SUCCESS) break;
+        }
+        try {
+          break_group_from_peer(get(n.group), n.from, n.seq, get(n.reason));
+        } catch (...) {  // no memory for the reason: the group breaks at its deadline instead
+        }
+      }
+      {
+        std::lock_guard notices_lock(notices_mutex);
+        while (!notices.empty()) {
+          int done = 0;
+          auto lk = mpi_runtime().lock();
+          if (MPI_Test(&notices.front().req, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) done = 1;
+          if (!done) break;
+          notices.pop_front();
+        }
+      }
       // Answers delivered (or to a rank that gave up: small, so MPI sends them eagerly) are freed.
       while (!sent.empty()) {
         int done = 0;
@@ -140,9 +182,12 @@ struct Responder {
       if (dump) flight_dump_on_failure(fmt::format("rank {} timed out and asked for it", asker));
       lock.lock();
     }
+    std::lock_guard notices_lock(notices_mutex);
     auto lk = mpi_runtime().lock();
     for (Sent& s : sent)
       if (s.req != MPI_REQUEST_NULL) MPI_Request_free(&s.req);  // the buffer stays (see `sent`)
+    for (SentNotice& s : notices)
+      if (s.req != MPI_REQUEST_NULL) MPI_Request_free(&s.req);
   }
 };
 
@@ -266,6 +311,28 @@ void start_peer_responder(MPI_Comm comm) {
   r.comm = comm;
   r.thread = std::thread([&r] { r.run(); });
   set_peer_prober(ask);
+}
+
+void notify_peers_of_break(const std::string& group, const std::vector<int>& world_ranks, int rank, int64_t seq,
+                           const std::string& reason) noexcept {
+  Responder& r = responder();
+  try {
+    std::lock_guard lock(r.mutex);  // not while the responder stops
+    if (r.stopping || r.comm == MPI_COMM_NULL) return;
+    std::lock_guard notices_lock(r.notices_mutex);
+    for (int k = 0; k < static_cast<int>(world_ranks.size()); ++k) {
+      if (k == rank) continue;
+      Responder::SentNotice& s = r.notices.emplace_back();
+      s.notice.seq = seq;
+      s.notice.from = rank;
+      put(s.notice.group, group);
+      put(s.notice.reason, reason);
+      auto lk = mpi_runtime().lock();
+      if (MPI_Isend(&s.notice, sizeof(Notice), MPI_BYTE, world_ranks[k], kNoticeTag, r.comm, &s.req) != MPI_SUCCESS)
+        s.req = MPI_REQUEST_NULL;
+    }
+  } catch (...) {  // no memory: the peers find out at their deadline
+  }
 }
 
 void stop_peer_responder() noexcept {

@@ -21,7 +21,8 @@ void check_mpi(int rc, const char* call, const char* file, int line) {
   char text[MPI_MAX_ERROR_STRING];
   int len = 0;
   MPI_Error_string(rc, text, &len);
-  fail("[mpi] {} failed: {} ({}:{})", call, std::string(text, len), file, line);
+  const std::string mpi_text(text, static_cast<size_t>(len));
+  throw MpiError(fmt::format("[mpi] {} failed: {} ({}:{})", call, mpi_text, file, line), mpi_text);
 }
 
 MpiRuntime& mpi_runtime() {

@@ -15,7 +15,19 @@
 
 namespace tandem::dist {
 
-// Throws "[mpi] <call> failed: <MPI's error string> (<file>:<line>)" unless rc is MPI_SUCCESS.
+// An MPI call that failed. Outside an operation (start-up, making communicators) its text is the
+// message; inside one the group turns it into one that names the operation and what the peers
+// did (MpiGroup::translate_failure), keeping MPI's words only where nothing better is known.
+class MpiError : public Error {
+ public:
+  MpiError(std::string message, std::string mpi_text) : Error(std::move(message)), mpi_text_(std::move(mpi_text)) {}
+  const std::string& mpi_text() const { return mpi_text_; }  // MPI's error string
+
+ private:
+  std::string mpi_text_;
+};
+
+// Throws MpiError "[mpi] <call> failed: <MPI's error string> (<file>:<line>)" unless rc is MPI_SUCCESS.
 void check_mpi(int rc, const char* call, const char* file, int line);
 #define TANDEM_MPI_CHECK(...) ::tandem::dist::check_mpi((__VA_ARGS__), #__VA_ARGS__, __FILE__, __LINE__)
 
