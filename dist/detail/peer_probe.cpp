@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <condition_variable>
 #include <mutex>
 
@@ -71,6 +72,8 @@ PeerReport describe_peer_answers(const std::vector<PeerAnswer>& answers, uint64_
   PeerReport r;
   std::vector<std::string> parts;
   std::vector<int> in_it;
+  // Ranks that issued something else under the number, grouped by what (and in which state).
+  std::vector<std::pair<std::string, std::vector<int>>> others;
   for (const PeerAnswer& a : answers) {
     if (!a.answered) {
       r.missing.push_back(a.rank);
@@ -90,12 +93,19 @@ PeerReport describe_peer_answers(const std::vector<PeerAnswer>& answers, uint64_
     } else if (a.has_at_seq && !my_signature.empty() && a.at_seq_signature != my_signature) {
       r.mismatch = true;
       join_involved |= a.at_seq_summary.find(kJoinAnnouncementTag) != std::string::npos;
-      parts.push_back(fmt::format("rank {} issued {} as #{} ({}), where this rank issued {}", a.rank, a.at_seq_summary,
-                                  seq, a.at_seq_state, my_summary));
+      const std::string what = fmt::format("{} as #{} ({})", a.at_seq_summary, seq, a.at_seq_state);
+      auto same = std::find_if(others.begin(), others.end(), [&](const auto& o) { return o.first == what; });
+      if (same == others.end()) {
+        others.push_back({what, {a.rank}});
+      } else {
+        same->second.push_back(a.rank);
+      }
     } else {
       in_it.push_back(a.rank);
     }
   }
+  for (const auto& [what, ranks] : others)
+    parts.push_back(fmt::format("{} issued {}, where this rank issued {}", rank_list(ranks), what, my_summary));
   if (r.missing.empty() && parts.empty()) {
     r.text = "every rank issued it (a rank may be stuck inside it)";
     return r;

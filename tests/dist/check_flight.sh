@@ -10,6 +10,12 @@
 #   stop   rank 1 stopped (SIGSTOP): the survivors' timeout names rank 1 as not answering, and the
 #          report names the collective ranks 0, 2, 3 entered and rank 1 never did
 #   usr1   SIGUSR1 makes every rank dump (the job itself checks its files)
+#   join   under a Join, rank 3 runs out of data while the loop averages its loss every step: every
+#          rank's error names both collectives and the Join's rule
+#
+# Where ranks ran different collectives (skip, size, join) every rank must end within the timeout
+# + 10 s, its error naming the mismatch in Tandem's words (no MPI error text, no source path): the
+# rank that finds it tells the others, which stop waiting at once.
 set -uo pipefail
 prog=${1:?usage: check_flight.sh FLIGHT_RANK FLIGHT_REPORT MPIRUN CASE}
 report_tool=${2:?usage: check_flight.sh FLIGHT_RANK FLIGHT_REPORT MPIRUN CASE}
@@ -24,8 +30,10 @@ mkdir "$dir/dumps"
 export TANDEM_FLIGHT_RECORDER=$dir/dumps TANDEM_DIST_TIMEOUT=3 TANDEM_NUM_THREADS=1
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 
+started=$SECONDS
 timeout -k 5 60 "$mpirun" -np 4 --oversubscribe "$prog" "$case_name" >"$out" 2>&1
 rc=$?
+elapsed=$((SECONDS - started))
 if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
   for pid in $(pgrep -f -x -- "$prog $case_name"); do
     kill -CONT "$pid" 2>/dev/null
@@ -48,6 +56,21 @@ expect_report() {  # an extended regular expression the report must hold
 }
 
 [ "$rc" -ne 124 ] && [ "$rc" -ne 137 ] || fail "the job hung: killed by timeout"
+# Every rank's error line names the mismatch, in Tandem's words, and the job ends soon after the
+# first rank finds it.
+expect_mismatch_on_every_rank() {
+  [ "$elapsed" -le 13 ] || fail "the job took ${elapsed} s, more than the timeout (3 s) + 10 s"
+  for r in 0 1 2 3; do
+    line=$(grep "^flight_rank (rank $r): " "$out")
+    [ -n "$line" ] || fail "rank $r printed no error"
+    echo "$line" | grep -q "the ranks are not running the same collective" ||
+      fail "rank $r's error does not name the mismatch: $line"
+    for pattern in "$@"; do
+      echo "$line" | grep -qF -- "$pattern" || fail "rank $r's error does not say '$pattern': $line"
+    done
+    if echo "$line" | grep -qE 'MPI_|\.(cpp|h):[0-9]'; then fail "rank $r's error shows MPI's text or a source path: $line"; fi
+  done
+}
 dumps=$(ls "$dir/dumps" | grep -c '^tandem_flight_rank[0-9]*\.json$')
 case $case_name in
   clean)
@@ -64,12 +87,19 @@ case $case_name in
     expect_report "ranks 0, 1, 2 issued allreduce avg f32\[[0-9]+\] \(ddp bucket 0\)"
     expect_report "rank 3 issued allreduce avg f32\[[0-9]+\] \(ddp bucket 1\)"
     expect_report "rank 3 skipped #[0-9]+ \(allreduce avg f32\[[0-9]+\] \(ddp bucket 0\)\)"
+    expect_mismatch_on_every_rank "allreduce avg f32[528] (ddp bucket 1)" "allreduce avg f32[288] (ddp bucket 0)"
     ;;
   size)
     [ "$report_rc" -eq 1 ] || fail "flight_report did not report the size mismatch"
     expect_report "the ranks disagree at collective #[0-9]+:"
     expect_report "ranks 0, 1, 3 issued allreduce avg f32\[1\] \(loss average\)"
     expect_report "rank 2 issued allreduce avg f32\[1000\] \(loss average\)"
+    expect_mismatch_on_every_rank "allreduce avg f32[1000] (loss average)" "allreduce avg f32[1] (loss average)"
+    ;;
+  join)
+    [ "$rc" -ne 0 ] || fail "the job ended with status 0 although a collective met a Join's announcement"
+    expect_mismatch_on_every_rank "(join announcement)" "(loss average)" \
+      "Under a dist::Join a rank that has run out of data shadows only the joinables' collectives"
     ;;
   stop)
     [ "$rc" -ne 0 ] || fail "the job ended with status 0 although a rank stopped"

@@ -8,6 +8,9 @@
 //   flight_rank size    rank 2 averages a loss of 1000 elements where the others average 1
 //   flight_rank stop    rank 1 stops itself (SIGSTOP): the others time out
 //   flight_rank usr1    every rank sends itself SIGUSR1 and waits for its dump to appear
+//   flight_rank join    under a dist::Join, rank 3 runs out of data after kFaultStep steps while
+//                       the loop averages the loss every step: its announcement meets the others'
+//                       loss average
 //
 // Every rank catches its error, prints "flight_rank (rank R): <what>" and returns 3.
 #include <fmt/format.h>
@@ -69,6 +72,23 @@ int run(const std::string& mode, dist::ProcessGroupPtr world) {
   manual_seed(100 + rank);
   Tensor x = randn({32, 16});
   Tensor y = randint(0, 16, {32});
+  if (mode == "join") {
+    // A PyTorch-style loop with a per-step loss average inside the Join: what its rule forbids.
+    dist::Join join({&ddp});
+    const int steps = rank == 3 ? kFaultStep : kSteps;
+    for (step = 0; step < steps; ++step) {
+      opt.zero_grad(true);
+      Tensor loss = nn::cross_entropy(ddp(x), y);
+      loss.backward();
+      opt.step();
+      Tensor avg = loss.detach().reshape({1}).clone();
+      dist::CollectiveTag tag("loss average");
+      world->allreduce(avg, dist::ReduceOp::avg)->wait();
+    }
+    join.join();
+    std::printf("flight_rank (rank %d): trained %d steps\n", rank, steps);
+    return 0;
+  }
   for (step = 0; step < kSteps; ++step) {
     if (step == kFaultStep && mode == "stop" && rank == 1) {
       std::fprintf(stderr, "flight_rank (rank %d): stopping itself (SIGSTOP) before step %d\n", rank, step);
@@ -97,8 +117,8 @@ int run(const std::string& mode, dist::ProcessGroupPtr world) {
 
 int main(int argc, char** argv) {
   const std::string mode = argc == 2 ? argv[1] : "";
-  if (mode != "clean" && mode != "skip" && mode != "size" && mode != "stop" && mode != "usr1") {
-    std::fputs("usage: flight_rank clean|skip|size|stop|usr1   (under mpirun -np 4)\n", stderr);
+  if (mode != "clean" && mode != "skip" && mode != "size" && mode != "stop" && mode != "usr1" && mode != "join") {
+    std::fputs("usage: flight_rank clean|skip|size|stop|usr1|join   (under mpirun -np 4)\n", stderr);
     return 2;
   }
   int rank = 0;

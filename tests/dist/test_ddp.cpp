@@ -165,6 +165,76 @@ TEST_CASE("ddp: stats describe buckets, timings and the ready order", "[ddp]") {
     expect(s.rebuilt_bucket_bytes.size() == s.bucket_bytes.size(), "rebuilt sizes missing");
     expect(s.comm_ms >= 0 && s.backward_compute_ms >= 0 && s.forward_ms > 0, "timings not recorded");
     expect(s.str().find("DDP over 2 ranks, 2 iterations") != std::string::npos, "str(): {}", s.str());
+    // A forward through ddp.call is timed too (it read 0.000 ms before).
+    DistributedDataParallel called(make_net_without_never(f32), g);
+    called.call([&] { return mse_loss(called.module()(inputs(0, 4, 8, f32)), targets(0, 4, 4, f32)); }).backward();
+    expect(called.stats().forward_ms > 0, "ddp.call's forward time is {} ms", called.stats().forward_ms);
+  });
+}
+
+namespace {
+// y = fc(x) * scale + shift, with shift optional (an undefined tensor): a module of several inputs.
+struct ScaledNet : nn::Module {
+  std::shared_ptr<nn::Linear> fc;
+  Dtype seen_x = f64, seen_scale = f64;
+  ScaledNet() : Module("ScaledNet") { fc = register_module("fc", std::make_shared<nn::Linear>(8, 4)); }
+  size_t max_inputs() const override { return 3; }
+  Tensor forward_inputs(const TensorList& in) override {
+    seen_x = in[0].dtype();
+    seen_scale = in[1].dtype();
+    Tensor y = (*fc)(in[0]) * in[1];
+    return in.size() > 2 && in[2].defined() ? y + in[2] : y;
+  }
+};
+}  // namespace
+
+// ddp(x, scale) reaches the module's forward_inputs: equal to one process on the whole batch; under
+// mixed precision the floating inputs arrive in param_dtype; the hooks see every input.
+TEST_CASE("ddp: a module of several inputs through ddp(a, b)", "[ddp]") {
+  on_threads(2, [](ProcessGroupPtr g) {
+    const int R = g->rank();
+    manual_seed(3);
+    auto model = std::make_shared<ScaledNet>();
+    model->to(f64);
+    manual_seed(3);
+    auto reference = std::make_shared<ScaledNet>();
+    reference->to(f64);
+    DistributedDataParallel ddp(model, g);
+    optim::SGD opt(model->parameters(), {.lr = 0.1});
+    optim::SGD ref_opt(reference->parameters(), {.lr = 0.1});
+    auto scale = [](int r) { return full({4, 1}, 1.0 + 0.5 * r, f64); };
+    for (int step = 0; step < 3; ++step) {
+      opt.zero_grad();
+      mse_loss(ddp(inputs(8 * step + 4 * R, 4, 8, f64), scale(R)), targets(8 * step + 4 * R, 4, 4, f64)).backward();
+      opt.step();
+      ref_opt.zero_grad();
+      Tensor total;
+      for (int r = 0; r < 2; ++r) {
+        Tensor l = mse_loss((*reference)(inputs(8 * step + 4 * r, 4, 8, f64), scale(r)), targets(8 * step + 4 * r, 4, 4, f64));
+        total = total.defined() ? total + l : l;
+      }
+      (total / 2.0).backward();
+      ref_opt.step();
+      expect_same_parameters(*model, *reference, 1e-12, fmt::format("several inputs, step {}", step));
+    }
+    expect(ddp.stats().forward_ms > 0, "ddp(a, b)'s forward is not timed");
+    // A hook sees both inputs and may replace them; an undefined optional input passes as it is.
+    auto hook = model->register_forward_pre_hook(
+        nn::ForwardPreHookInputs([](nn::Module&, const TensorList& in) -> std::optional<TensorList> {
+          return TensorList{in[0], in[1] * 0.0};
+        }));
+    Tensor zero = ddp(inputs(0, 4, 8, f64), scale(R), Tensor());
+    expect(zero.abs().max().item<double>() == 0, "the hook's replaced scale did not reach forward_inputs");
+    hook.remove();
+    // Mixed precision: x and scale arrive as bf16.
+    auto low = std::make_shared<ScaledNet>();
+    low->to(f32);
+    DdpOptions o;
+    o.mixed_precision = MixedPrecision{.param_dtype = bf16};
+    DistributedDataParallel low_ddp(low, g, o);
+    mse_loss(low_ddp(inputs(0, 4, 8, f32), full({4, 1}, 2.0, f32)).to(f32), targets(0, 4, 4, f32)).backward();
+    expect(low->seen_x == bf16 && low->seen_scale == bf16, "under bf16 mixed precision the inputs arrived as {} and {}",
+           low->seen_x, low->seen_scale);
   });
 }
 

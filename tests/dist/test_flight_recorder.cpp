@@ -220,6 +220,11 @@ TEST_CASE("flight recorder: a timed-out rank describes its peers' answers", "[di
   CHECK(r.mismatch);
   CHECK(r.text == "rank 1 issued allreduce sum f32[9] (ddp bucket 1) as #5 (started), where this rank issued "
                   "allreduce sum f32[8] (loss average)");
+  // Ranks that issued the same other collective are named together.
+  r = describe_peer_answers({answer(1, 6, "allreduce sum f32[9]"), answer(2, 6, "allreduce sum f32[9]"), answer(3, 5, mine)},
+                            5, me, std::chrono::milliseconds(10));
+  CHECK(r.text == "ranks 1, 2 issued allreduce sum f32[9] (ddp bucket 1) as #5 (started), where this rank issued "
+                  "allreduce sum f32[8] (loss average); rank 3 issued it too");
   // One of them a Join's announcement: the Join's rule is added.
   PeerAnswer joined = answer(1, 6, "allreduce sum i64[2]");
   joined.at_seq_summary = "allreduce sum i64[2] (join announcement)";

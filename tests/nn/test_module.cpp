@@ -235,6 +235,63 @@ TEST_CASE("module: pre-forward hooks run before forward, may replace the input",
   REQUIRE_FALSE(y2.allclose(fc->bias.detach().unsqueeze(0)));
 }
 
+namespace {
+// forward_inputs(x, gate[, bias]) = fc(x) * gate (+ bias): a module of several inputs.
+struct Gated : nn::Module {
+  std::shared_ptr<nn::Linear> fc;
+  Gated() : Module("Gated") { fc = register_module("fc", std::make_shared<nn::Linear>(3, 3)); }
+  size_t max_inputs() const override { return 3; }
+  Tensor forward_inputs(const TensorList& in) override {
+    Tensor y = (*fc)(in[0]);
+    if (in.size() > 1 && in[1].defined()) y = y * in[1];
+    return in.size() > 2 && in[2].defined() ? y + in[2] : y;
+  }
+};
+}  // namespace
+
+TEST_CASE("module: several inputs (forward_inputs), through hooks and Sequential", "[nn][module][hooks]") {
+  manual_seed(1);
+  nn::Linear lin(3, 3);
+  const Tensor x = randn({2, 3}), gate = full({2, 3}, 2.0), bias = ones({2, 3});
+  // A one-input module refuses more, naming itself.
+  REQUIRE_THROWS_WITH(lin(x, gate), Contains("[Linear] takes 1 input, got 2"));
+  auto gated = std::make_shared<Gated>();
+  REQUIRE_THROWS_WITH(gated->call({x, gate, bias, bias}), Contains("[Gated] takes 3 inputs at most, got 4"));
+  const Tensor want = (*gated->fc)(x) * gate + bias;
+  CHECK(((*gated)(x, gate, bias) - want).abs().max().item<double>() == 0);
+  CHECK(((*gated)(x) - (*gated->fc)(x)).abs().max().item<double>() == 0);  // one input: forward -> forward_inputs
+  {
+    // A one-tensor hook sees and replaces the first input; a list hook sees all of them.
+    auto first = gated->register_forward_pre_hook(
+        [](nn::Module&, const Tensor& in) -> std::optional<Tensor> { return in * 0.0; });
+    const Tensor from_zeros = (*gated->fc)(zeros({2, 3})) * gate + bias;
+    CHECK(((*gated)(x, gate, bias) - from_zeros).abs().max().item<double>() == 0);
+  }
+  {
+    int seen = 0;
+    auto all = gated->register_forward_pre_hook(
+        nn::ForwardPreHookInputs([&](nn::Module&, const TensorList& in) -> std::optional<TensorList> {
+          seen = static_cast<int>(in.size());
+          return std::nullopt;
+        }));
+    (*gated)(x, gate);
+    CHECK(seen == 2);
+    auto wrong = gated->register_forward_pre_hook(nn::ForwardPreHookInputs(
+        [](nn::Module&, const TensorList& in) -> std::optional<TensorList> { return TensorList{in[0]}; }));
+    REQUIRE_THROWS_WITH((*gated)(x, gate), Contains("[Gated] a pre-forward hook replaced 2 inputs with 1"));
+  }
+  // Sequential: the first input runs through the chain; the others go to the children that take several.
+  auto a = std::make_shared<Gated>();
+  auto b = std::make_shared<Gated>();
+  nn::Sequential seq(a, std::make_shared<nn::ReLU>(), b);
+  CHECK(seq.max_inputs() == 3);
+  const Tensor chained = (*b)(relu((*a)(x, gate, bias)), gate, bias);
+  CHECK((seq(x, gate, bias) - chained).abs().max().item<double>() == 0);
+  CHECK((seq(x) - (*b)(relu((*a)(x)))).abs().max().item<double>() == 0);
+  nn::Sequential plain(std::make_shared<nn::Linear>(3, 3), std::make_shared<nn::ReLU>());
+  REQUIRE_THROWS_WITH(plain(x, gate), Contains("[Sequential] got 2 inputs, but none of its layers takes more than 1"));
+}
+
 TEST_CASE("module: str prints the tree", "[nn][module]") {
   auto net = std::make_shared<Net>();
   std::string s = net->str();

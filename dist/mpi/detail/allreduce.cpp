@@ -1,5 +1,7 @@
 #include "dist/mpi/detail/allreduce.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cstring>
 
@@ -18,6 +20,20 @@ constexpr size_t kMaxMessage = size_t(1) << 30;
 constexpr size_t kRingMinBytes = 64 * 1024;
 constexpr size_t kRingChunkBytes = 32 * 1024;
 bool use_ring(size_t bytes, int n) { return bytes >= std::max(kRingMinBytes, kRingChunkBytes * static_cast<size_t>(n)); }
+
+// The receives among `reqs` (the first ones, `expected` bytes each) got what was expected: a peer
+// that ran another collective on the group sends a message of another size, which MPI accepts when
+// it is shorter (a longer one is MPI's own error). Throws an MpiError, which the group turns into
+// an error naming both collectives.
+void check_received(const MPI_Status* statuses, const int* expected, size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    int got = 0;
+    MPI_Get_count(&statuses[i], MPI_BYTE, &got);
+    if (got != expected[i])
+      throw MpiError(fmt::format("[mpi] allreduce: a peer sent {} bytes where {} were expected", got, expected[i]),
+                     fmt::format("a message of {} bytes where {} were expected", got, expected[i]));
+  }
+}
 
 }  // namespace
 
@@ -107,11 +123,13 @@ void RingAllreduce::post_step() {
   const size_t send_bytes = static_cast<size_t>(len(send_c)) * item_;
   const size_t recv_bytes = static_cast<size_t>(len(recv_c)) * item_;
   reqs_.clear();
+  recv_bytes_.clear();
   auto lk = mpi_runtime().lock();
   // In pieces that fit an int count.
   for (size_t off = 0; off < recv_bytes; off += kMaxMessage) {
     reqs_.push_back(MPI_REQUEST_NULL);
     const int piece = static_cast<int>(std::min(kMaxMessage, recv_bytes - off));
+    recv_bytes_.push_back(piece);
     TANDEM_MPI_CHECK(MPI_Irecv(recv + off, piece, MPI_BYTE, left, kAllreduceTag, c_.comm(), &reqs_.back()));
   }
   for (size_t off = 0; off < send_bytes; off += kMaxMessage) {
@@ -125,11 +143,13 @@ bool RingAllreduce::progress() {
   if (done_) return true;
   if (!reqs_.empty()) {
     int flag = 0;
+    statuses_.resize(reqs_.size());
     {
       auto lk = mpi_runtime().lock();
-      TANDEM_MPI_CHECK(MPI_Testall(static_cast<int>(reqs_.size()), reqs_.data(), &flag, MPI_STATUSES_IGNORE));
+      TANDEM_MPI_CHECK(MPI_Testall(static_cast<int>(reqs_.size()), reqs_.data(), &flag, statuses_.data()));
     }
     if (!flag) return false;
+    check_received(statuses_.data(), recv_bytes_.data(), recv_bytes_.size());
   }
   const int n = c_.size();
   if (step_ < n - 1) {
@@ -175,10 +195,11 @@ bool SmallAllreduce::progress() {
   int flag = 0;
   {
     auto lk = mpi_runtime().lock();
-    TANDEM_MPI_CHECK(MPI_Testall(nreq_, reqs_, &flag, MPI_STATUSES_IGNORE));
+    TANDEM_MPI_CHECK(MPI_Testall(nreq_, reqs_, &flag, statuses_));
   }
   if (!flag) return false;
   nreq_ = 0;
+  if (tmp_) check_received(statuses_, recv_bytes_, static_cast<size_t>(nrecv_));  // MPI's own allreduce checks its messages
   if (tmp_) {
     const int peer = c_.rank() ^ mask_;
     if (c_.rank() < peer) {
@@ -206,9 +227,11 @@ void SmallAllreduce::post_round() {
   const int peer = c_.rank() ^ mask_;
   const size_t item = itemsize(dt_);
   const size_t piece = bytes_ <= kPieceBytes * kMaxPieces ? kPieceBytes / item * item : bytes_;
+  nrecv_ = 0;
   auto lk = mpi_runtime().lock();
   for (size_t off = 0; off < bytes_; off += piece) {
     int len = static_cast<int>(std::min(piece, bytes_ - off));
+    recv_bytes_[nrecv_++] = len;
     TANDEM_MPI_CHECK(MPI_Irecv(tmp_ + off, len, MPI_BYTE, peer, kAllreduceTag, c_.comm(), &reqs_[nreq_++]));
   }
   for (size_t off = 0; off < bytes_; off += piece) {

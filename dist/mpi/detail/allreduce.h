@@ -132,7 +132,9 @@ class RingAllreduce final : public StartedOp {
   size_t item_;
   int step_ = 0;  // 0 .. n-2 reduce-scatter, n-1 .. 2n-3 allgather
   bool done_ = false;
-  std::vector<MPI_Request> reqs_;
+  std::vector<MPI_Request> reqs_;  // the step's receives, then its sends
+  std::vector<MPI_Status> statuses_;
+  std::vector<int> recv_bytes_;  // what each receive expects
 };
 
 // An allreduce too small for the ring, as a StartedOp, so the issuing thread can begin it and the
@@ -161,7 +163,10 @@ class SmallAllreduce final : public StartedOp {
   size_t bytes_;
   int mask_ = 1;
   bool done_ = false;
-  MPI_Request reqs_[2 * kMaxPieces] = {};
+  MPI_Request reqs_[2 * kMaxPieces] = {};  // the round's receives, then its sends
+  MPI_Status statuses_[2 * kMaxPieces] = {};
+  int recv_bytes_[kMaxPieces] = {};  // what each receive of the round expects
+  int nrecv_ = 0;
   int nreq_ = 0;
 };
 
