@@ -362,11 +362,8 @@ Tensor Sequential::forward(const Tensor& input) {
 }
 
 Tensor Sequential::forward_inputs(const TensorList& inputs) {
-  TANDEM_CHECK(!inputs.empty(), "[Sequential] forward got no input");
-  TANDEM_CHECK(inputs.size() <= max_inputs(),
-               "[Sequential] got {} inputs, but none of its layers takes more than {} (the first input runs through "
-               "the chain, the others go to every layer that takes several)",
-               inputs.size(), max_inputs());
+  TANDEM_CHECK(!inputs.empty() && inputs.size() <= max_inputs(), "[Sequential] takes 1 to {} inputs, got {}",
+               max_inputs(), inputs.size());
   Tensor x = inputs[0];
   for (const auto& layer : layers_) {
     if (layer->max_inputs() == 1) {

@@ -69,6 +69,8 @@ Tensor Module::forward_inputs(const TensorList& inputs) {
 Tensor Module::call(const TensorList& inputs) {
   TANDEM_CHECK(!inputs.empty(), "[{}] called with no input", type_name_);
   if (inputs.size() == 1) return (*this)(inputs[0]);
+  TANDEM_CHECK(inputs.size() <= max_inputs(), "[{}] takes {} input{}, got {}", type_name_, max_inputs(),
+               max_inputs() == 1 ? "" : "s at most", inputs.size());
   return forward_inputs(run_pre_forward_hooks(inputs));
 }
 

@@ -221,7 +221,7 @@ TEST_CASE("ddp: a module of several inputs through ddp(a, b)", "[ddp]") {
     // A hook sees both inputs and may replace them; an undefined optional input passes as it is.
     auto hook = model->register_forward_pre_hook(
         nn::ForwardPreHookInputs([](nn::Module&, const TensorList& in) -> std::optional<TensorList> {
-          return TensorList{in[0], in[1] * 0.0};
+          return TensorList{in[0], in[1] * 0.0, in[2]};
         }));
     Tensor zero = ddp(inputs(0, 4, 8, f64), scale(R), Tensor());
     expect(zero.abs().max().item<double>() == 0, "the hook's replaced scale did not reach forward_inputs");
