@@ -140,6 +140,10 @@ class GroupBase : public ProcessGroup {
   // The error every rank raises when the fingerprints of collective #seq differ
   // (fingerprints[i] = rank i's): which ranks called what.
   [[noreturn]] void fail_mismatch(uint64_t seq, const std::vector<std::string>& fingerprints) const;
+  // What a timeout error adds while the debug checks are off: the setting that compares every
+  // collective across the ranks before it runs (measured: bench_ddp fingerprint_check_np2), so that
+  // a rank that called another one is named at that collective ("" when they are on).
+  std::string compare_hint() const;
   // "[all_to_all] split mismatch at #<seq> on group <name>: rank <src> sends <n> rows to rank
   // <dst>, which expects <m>"
   std::string split_mismatch(uint64_t seq, int src, int64_t sends, int dst, int64_t expects) const;

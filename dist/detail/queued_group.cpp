@@ -314,8 +314,8 @@ void QueuedGroup::poll() {
 
 void QueuedGroup::pending_timeout(const Op& op) {
   if (broken().is_broken()) throw CollectiveError(stopped_by_break(op), false);
-  throw TimeoutError(fmt::format("[dist] {} timed out after {} ms; the group is broken", describe(op),
-                                 op.timeout.count()),
+  throw TimeoutError(fmt::format("[dist] {} timed out after {} ms; the group is broken.{}", describe(op),
+                                 op.timeout.count(), compare_hint()),
                      false);
 }
 

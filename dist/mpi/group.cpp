@@ -268,8 +268,8 @@ class MpiGroup final : public QueuedGroup {
     stop_if_broken(op);
     std::optional<PeerReport> peers = probe_peers(recorder(), op.seq);
     const std::string who = peers ? peers->text : "the other ranks could not be asked where they are";
-    throw TimeoutError(fmt::format("[dist] {} timed out after {} ms; the group is broken: {}. {}", describe(op),
-                                   op.timeout.count(), who, flight_dump_hint()),
+    throw TimeoutError(fmt::format("[dist] {} timed out after {} ms; the group is broken: {}. {}{}", describe(op),
+                                   op.timeout.count(), who, flight_dump_hint(), compare_hint()),
                        false, peers ? peers->missing : std::vector<int>{});
   }
 

@@ -105,6 +105,8 @@ case $case_name in
     [ "$rc" -ne 0 ] || fail "the job ended with status 0 although a rank stopped"
     grep -Eq "timed out after 3000 ms; the group is broken: rank 1 did not arrive: it did not answer" "$out" ||
       fail "the survivors' timeout error does not name rank 1"
+    grep -q "TANDEM_DIST_DEBUG=detail compares each one across the ranks" "$out" ||
+      fail "the timeout error does not name the setting that compares the ranks' collectives"
     # Rank 1 normally leaves no dump; when mpirun lets it go again (SIGCONT) before ending it, its
     # responder may still write one, which then shows it past the collective: the survivors'
     # timeouts name it either way.

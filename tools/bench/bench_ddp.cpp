@@ -24,6 +24,9 @@
 //   zero_overlap_step_np2 the same with overlap_with_ddp (the partition stepped in backward) vs DDP + Adam
 //   flight_recorder_np2   the bench MLP's DDP step with the flight recorder (2000 entries) vs off (0 entries),
 //                         interleaved; the note: the same with 400 single-parameter buckets a step
+//   fingerprint_check_np2 the bench MLP's DDP step with every collective's fingerprint compared across the
+//                         ranks first (TANDEM_DIST_DEBUG=detail) vs without, interleaved; the note: the same
+//                         with 400 single-parameter buckets a step
 //   zero_adam_state_rss_np2/np4  the 50 M-parameter model under DDP: the resident memory Adam's first step adds
 //                         (its state) with ZeroRedundancyOptimizer vs plain Adam, the largest over the ranks
 // The three DDP-step variants and the floor run in the same two processes, in interleaved batches
@@ -281,12 +284,30 @@ double backward_comm_ms(dist::ProcessGroupPtr g, std::optional<double> cap_mb, i
 // entries) and on a copy of it made with TANDEM_FLIGHT_RECORDER_ENTRIES=0 (counters only),
 // interleaved in the same processes: the bench MLP (a few buckets a step) and the 200-layer model
 // with a bucket per parameter (400 collectives a step), where a per-operation cost would show.
+nlohmann::json paired_steps(dist::ProcessGroupPtr on, dist::ProcessGroupPtr off, int runs);
+
 nlohmann::json flight_steps(dist::ProcessGroupPtr g, int runs) {
   std::vector<int> all(static_cast<size_t>(g->size()));
   std::iota(all.begin(), all.end(), 0);
   setenv("TANDEM_FLIGHT_RECORDER_ENTRIES", "0", 1);
   dist::ProcessGroupPtr off = g->new_group(all);
   unsetenv("TANDEM_FLIGHT_RECORDER_ENTRIES");
+  return paired_steps(g, off, runs);
+}
+
+// The debug fingerprints' cost (every collective preceded by an exchange of what each rank
+// called): the same steps on a copy of the world group with the checks on, vs the world group.
+nlohmann::json fingerprint_steps(dist::ProcessGroupPtr g, int runs) {
+  std::vector<int> all(static_cast<size_t>(g->size()));
+  std::iota(all.begin(), all.end(), 0);
+  dist::ProcessGroupPtr checked = g->new_group(all);
+  checked->set_debug_checks(true);
+  return paired_steps(checked, g, runs);
+}
+
+// The bench MLP's DDP step and the 400-bucket step on group `on` and on group `off`, interleaved.
+nlohmann::json paired_steps(dist::ProcessGroupPtr on, dist::ProcessGroupPtr off, int runs) {
+  dist::ProcessGroupPtr g = on;
   manual_seed(0);
   MlpBench on_mlp(64, 784, 512, 10);
   manual_seed(0);
@@ -385,6 +406,8 @@ int worker(const std::string& what, int runs, double momentum) {
     out = zero_steps(g, runs);
   } else if (what == "flight") {
     out = flight_steps(g, runs);
+  } else if (what == "fingerprint") {
+    out = fingerprint_steps(g, runs);
   } else if (what == "zero_rss" || what == "adam_rss") {
     out = adam_state_rss(g, what == "zero_rss");
   } else if (what == "rss_ddp") {
@@ -484,6 +507,16 @@ int main(int argc, char** argv) {
                       "ratio <= 1.1",
                       "the same with overlap_with_ddp (each partition stepped in backward as its bucket is reduced) "
                       "vs DDP + Adam"});
+    }
+    auto checked = run_json(fmt::format("{} {} --worker fingerprint --runs {} 2>&1", bench::mpirun_prefix(2), self, runs));
+    if (checked) {
+      const double deep_on = figure(checked, "deep_on_ms"), deep_off = figure(checked, "deep_off_ms");
+      rows.push_back({"fingerprint_check_np2", figure(checked, "mlp_on_ms"), figure(checked, "mlp_off_ms"), "ms",
+                      "ratio <= 1.02 (the default then)",
+                      fmt::format("the bench MLP's DDP step with every collective's fingerprint compared first "
+                                  "(TANDEM_DIST_DEBUG=detail) vs without; 400 buckets a step: {:.3f} vs {:.3f} ms = "
+                                  "{:.3f}",
+                                  deep_on, deep_off, deep_on / deep_off)});
     }
     auto flight = run_json(fmt::format("{} {} --worker flight --runs {} 2>&1", bench::mpirun_prefix(2), self, runs));
     if (flight) {
