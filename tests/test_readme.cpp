@@ -4,6 +4,7 @@
 #include <atomic>
 
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <sstream>
@@ -153,6 +154,18 @@ TEST_CASE("README from PyTorch table", "[readme]") {
   const double grad_norm = nn::utils::clip_grad_norm_(seq.parameters(), 1.0);
   REQUIRE(grad_norm > 0);
   REQUIRE(nn::utils::clip_grad_norm_(seq.parameters(), 1.0) <= std::min(grad_norm, 1.0));
+  // attention layer, transformer, several inputs
+  {
+    nn::MultiheadAttention mha(8, 2);
+    Tensor q = randn({5, 3, 8}), k = randn({5, 3, 8}), val = randn({5, 3, 8});
+    Tensor padding = arange(5).unsqueeze(0).expand({3, 5}) >= 4;  // the last key of each sequence
+    Tensor out = mha(q, k, val, padding);
+    REQUIRE(out.shape() == Shape{5, 3, 8});
+    nn::TransformerEncoderLayer enc(8, 2, {.dim_feedforward = 32});
+    Tensor src = randn({5, 3, 8});
+    Tensor causal = ones({5, 5}).triu(1).to(boolean);  // true: not allowed
+    REQUIRE(enc(src, causal).shape() == src.shape());
+  }
   // autograd
   Tensor w = from_vector<double>({1, 2});
   w.requires_grad_();
@@ -169,6 +182,12 @@ TEST_CASE("README from PyTorch table", "[readme]") {
   nn::load_model(other, "readme_table.safetensors");
   REQUIRE(other(x).equal(seq(x)));
   std::remove("readme_table.safetensors");
+  // checkpoint (a world of one: no launcher)
+  dist::save_checkpoint("readme_table_ckpt.safetensors", {.model = &seq, .optimizer = &opt, .step = 20});
+  dist::TrainingState state{.model = &other, .optimizer = &opt};
+  REQUIRE(dist::load_checkpoint("readme_table_ckpt.safetensors", state).step == 20);
+  REQUIRE(other(x).equal(seq(x)));
+  std::remove("readme_table_ckpt.safetensors");
   // collectives and DDP (a world of one without a launcher)
   auto pg = dist::init();
   Tensor t = full({2}, 3.0);
@@ -298,6 +317,91 @@ TEST_CASE("README weight tying", "[readme]") {
   REQUIRE(lm.named_parameters().keys() == std::vector<std::string>{"wte.weight"});
   REQUIRE(lm.state_dict().keys() == std::vector<std::string>{"wte.weight", "lm_head.weight"});
   REQUIRE(lm(from_vector<int64_t>({1, 2, 3}, {3})).shape() == Shape{3, 100});
+}
+
+namespace {
+// A text classifier over padded batches: tokens [N, L] and a padding mask [N, L] (true: padding).
+struct Classifier : nn::Module {
+  std::shared_ptr<nn::Embedding> emb;
+  std::shared_ptr<nn::Sequential> encoder;
+  std::shared_ptr<nn::Linear> head;
+  Classifier() : Module("Classifier") {
+    const nn::TransformerLayerOptions layer{.dim_feedforward = 64, .dropout = 0.1, .batch_first = true,
+                                            .norm_first = true};
+    emb = register_module("emb", std::make_shared<nn::Embedding>(100, 32));
+    encoder = register_module("encoder", std::make_shared<nn::Sequential>(nn::TransformerEncoderLayer(32, 4, layer),
+                                                                          nn::TransformerEncoderLayer(32, 4, layer)));
+    head = register_module("head", std::make_shared<nn::Linear>(32, 2));
+  }
+  size_t max_inputs() const override { return 2; }
+  Tensor forward_inputs(const TensorList& in) override {
+    Tensor h = encoder->call({(*emb)(in[0]), Tensor(), in[1]});  // src, no attn_mask, src_key_padding_mask
+    return (*head)(h.mean({1}));
+  }
+};
+}  // namespace
+
+TEST_CASE("README several inputs, and the transformer layers", "[readme]") {
+  manual_seed(0);
+  Tensor tokens = randint(0, 100, {4, 6});
+  Tensor padding = arange(6).unsqueeze(0).expand({4, 6}) >= 5;
+  Classifier net;
+  Tensor logits = net(tokens, padding);  // under DDP: ddp(tokens, padding)
+  REQUIRE(logits.shape() == Shape{4, 2});
+  std::vector<Tensor> grads(2);
+  dist::run_threads(2, [&](dist::ProcessGroup& group) {
+    dist::ProcessGroupPtr pg(std::shared_ptr<void>(), &group);
+    manual_seed(0);
+    auto model = std::make_shared<Classifier>();
+    model->eval();  // no dropout: both ranks compute the same
+    dist::DistributedDataParallel ddp(model, pg);
+    nn::cross_entropy(ddp(tokens, padding), from_vector<int64_t>({0, 1, 1, 0})).backward();
+    grads[group.rank()] = model->head->weight.grad().clone();
+  });
+  REQUIRE(grads[0].equal(grads[1]));
+}
+
+TEST_CASE("README checkpoints", "[readme]") {
+  const std::string path = "readme_run/checkpoint.safetensors";
+  std::vector<Tensor> before(2), after(2);
+  dist::run_threads(2, [&](dist::ProcessGroup& group) {
+    dist::ProcessGroupPtr pg(std::shared_ptr<void>(), &group);
+    manual_seed(0);
+    auto model = std::make_shared<nn::Sequential>(nn::Linear(8, 4));
+    dist::DistributedDataParallel ddp(model, pg);
+    dist::ZeroRedundancyOptimizer opt(model->parameters(), optim::AdamWOptions{.lr = 1e-2}, pg);
+    optim::CosineAnnealingLR schedule(opt, /*t_max=*/10);
+    Tensor x = randn({4, 8}), y = randn({4, 4});
+    const int64_t epoch = 1, batch = 3;
+    int64_t step = 0;
+    for (; step < 3; ++step) {
+      opt.zero_grad();
+      nn::mse_loss(ddp(x), y).backward();
+      opt.step();
+      schedule.step();
+    }
+    dist::TrainingState state{.model = model.get(), .optimizer = &opt, .scheduler = &schedule};
+    state.step = step;
+    state.extra.insert_or_assign("position", from_vector<int64_t>({epoch, batch}));
+    dist::save_checkpoint("readme_run/checkpoint.safetensors", state, pg);  // every rank of pg
+    before[group.rank()] = model->at<nn::Linear>(0)->weight.detach().clone();
+    // A later run, at any number of ranks, with the same objects built afresh:
+    manual_seed(5);
+    auto fresh = std::make_shared<nn::Sequential>(nn::Linear(8, 4));
+    dist::ZeroRedundancyOptimizer fresh_opt(fresh->parameters(), optim::AdamWOptions{.lr = 1e-2}, pg);
+    optim::CosineAnnealingLR fresh_schedule(fresh_opt, /*t_max=*/10);
+    dist::TrainingState resumed{.model = fresh.get(), .optimizer = &fresh_opt, .scheduler = &fresh_schedule};
+    dist::CheckpointInfo info = dist::load_checkpoint("readme_run/checkpoint.safetensors", resumed);
+    after[group.rank()] = fresh->at<nn::Linear>(0)->weight.detach().clone();
+    if (info.step != 3 || info.world_size != 2 || resumed.extra["position"].to_vector<int64_t>()[1] != batch ||
+        fresh_schedule.last_epoch() != 3)
+      after[group.rank()] = Tensor();
+  });
+  std::filesystem::remove_all("readme_run");
+  REQUIRE(after[0].defined());
+  REQUIRE(after[1].defined());
+  REQUIRE(after[0].equal(before[0]));
+  REQUIRE(after[1].equal(before[1]));
 }
 
 TEST_CASE("README dist", "[readme]") {
@@ -489,6 +593,64 @@ TEST_CASE("README uneven inputs: Join", "[readme]") {
   REQUIRE(failed == 0);
   REQUIRE(weights[0].equal(weights[2]));
   REQUIRE(weights[1].equal(weights[2]));
+}
+
+TEST_CASE("README Join: a metric after join(); ZeRO with clipping and a schedule", "[readme]") {
+  std::vector<double> means(3);
+  std::vector<Tensor> weights(3);
+  std::vector<int64_t> epochs(3);
+  dist::run_threads(3, [&](dist::ProcessGroup& group) {
+    dist::ProcessGroupPtr pg(std::shared_ptr<void>(), &group);
+    manual_seed(1);
+    const int64_t rows = 6 + 4 * group.rank();
+    auto shard = std::make_shared<data::TensorDataset>(TensorList{randn({rows, 8}), randn({rows, 2})});
+    data::DataLoader loader(shard, {.batch_size = 4, .drop_last = false});
+    manual_seed(0);
+    auto model = std::make_shared<nn::Sequential>(nn::Linear(8, 2));
+    dist::DistributedDataParallel ddp(model, pg);
+    optim::SGD opt(model->parameters(), {.lr = 0.1});
+    double loss_sum = 0;
+    int64_t batches = 0;
+    {
+      dist::Join join({&ddp});
+      for (const TensorList& batch : loader) {
+        opt.zero_grad();
+        Tensor loss = nn::mse_loss(ddp(batch[0]), batch[1]);
+        loss.backward();
+        opt.step();
+        loss_sum += loss.item<double>();  // local: no collective inside the Join
+        ++batches;
+      }
+      join.join();
+    }
+    Tensor totals = from_vector<double>({loss_sum, static_cast<double>(batches)});
+    pg->allreduce(totals, dist::ReduceOp::sum)->wait();  // after the Join: every rank is here
+    const double mean_loss = totals.to_vector<double>()[0] / totals.to_vector<double>()[1];
+    means[group.rank()] = mean_loss;
+
+    manual_seed(0);
+    auto zmodel = std::make_shared<nn::Sequential>(nn::Linear(8, 2));
+    dist::DistributedDataParallel zddp(zmodel, pg);
+    dist::ZeroRedundancyOptimizer zopt(zmodel->parameters(), optim::AdamWOptions{.lr = 3e-4}, pg);
+    optim::CosineAnnealingLR schedule(zopt, /*t_max=*/1000);
+    {
+      dist::Join join({&zddp, &zopt});
+      for (const TensorList& batch : loader) {  // uneven shards
+        zopt.zero_grad();
+        nn::mse_loss(zddp(batch[0]), batch[1]).backward();
+        nn::utils::clip_grad_norm_(zmodel->parameters(), 1.0);  // repeated by ranks that have joined
+        zopt.step();
+        schedule.step();
+      }
+    }
+    weights[group.rank()] = zmodel->at<nn::Linear>(0)->weight.detach().clone();
+    epochs[group.rank()] = schedule.last_epoch();
+  });
+  REQUIRE(means[0] == means[1]);
+  REQUIRE(means[1] == means[2]);
+  REQUIRE(weights[0].equal(weights[2]));
+  REQUIRE(weights[1].equal(weights[2]));
+  REQUIRE(epochs == std::vector<int64_t>{4, 4, 4});  // the longest shard's batches, on every rank
 }
 
 TEST_CASE("README sharded optimizer state: ZeroRedundancyOptimizer", "[readme]") {
