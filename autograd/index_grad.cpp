@@ -1,4 +1,4 @@
-// The differentiable indexing and joining ops: forward in core/detail/index.cpp, backward rules here.
+// The differentiable indexing and joining ops: forward in core/cpu/index.cpp, backward rules here.
 // Integer index tensors and bool masks are saved for backward but never differentiated.
 #include "autograd/node.h"
 #include "autograd/ops.h"

@@ -9,7 +9,7 @@
 
 namespace tandem {
 
-// ---- creation (core/detail/creation.cpp, core/random.cpp) ----
+// ---- creation (core/cpu/creation.cpp, core/random.cpp) ----
 Tensor empty(const Shape& shape, TensorOptions opts = {});
 Tensor zeros(const Shape& shape, TensorOptions opts = {});
 Tensor ones(const Shape& shape, TensorOptions opts = {});
@@ -48,7 +48,7 @@ Tensor randint(int64_t low, int64_t high, const Shape& shape, TensorOptions opts
 // core/random.h).
 Tensor multinomial(const Tensor& probs, int64_t num_samples, bool replacement = false);
 
-// ---- elementwise (core/detail/elementwise.cpp, autograd/elementwise_grad.cpp) ----
+// ---- elementwise (core/cpu/elementwise.cpp, autograd/elementwise_grad.cpp) ----
 Tensor add(const Tensor& a, const Tensor& b, const Scalar& alpha = 1);
 Tensor sub(const Tensor& a, const Tensor& b, const Scalar& alpha = 1);
 Tensor mul(const Tensor& a, const Tensor& b);
@@ -147,7 +147,7 @@ Tensor flatten(const Tensor& a, int64_t start_dim = 0, int64_t end_dim = -1);
 Tensor contiguous(const Tensor& a);
 Tensor clone(const Tensor& a);
 
-// ---- reductions (core/detail/reduce.cpp, autograd/reduce_grad.cpp) ----
+// ---- reductions (core/cpu/reduce.cpp, autograd/reduce_grad.cpp) ----
 Tensor sum(const Tensor& a);
 Tensor sum(const Tensor& a, const Shape& dims, bool keepdim = false);
 Tensor mean(const Tensor& a);
@@ -170,7 +170,7 @@ Tensor std(const Tensor& a);
 Tensor logsumexp(const Tensor& a, const Shape& dims, bool keepdim = false);
 Tensor norm(const Tensor& a);  // 2-norm of all elements
 
-// ---- top-k (core/detail/topk.cpp, autograd/topk_grad.cpp) ----
+// ---- top-k (core/cpu/topk.cpp, autograd/topk_grad.cpp) ----
 // The k largest (largest = false: smallest) elements along dim and their i64 indices, ranked
 // first to last when sorted, else in the order of their indices. Ties go to the lower index
 // first; NaN ranks above every number (as in PyTorch). Numeric dtypes (not bool); a 0-dim input
@@ -178,21 +178,21 @@ Tensor norm(const Tensor& a);  // 2-norm of all elements
 std::pair<Tensor, Tensor> topk(const Tensor& a, int64_t k, int64_t dim = -1, bool largest = true,
                                bool sorted = true);
 
-// ---- linear algebra (core/detail/matmul.cpp, autograd/matmul_grad.cpp) ----
+// ---- linear algebra (core/cpu/matmul.cpp, autograd/matmul_grad.cpp) ----
 Tensor matmul(const Tensor& a, const Tensor& b);  // 1-D, 2-D and batched with broadcasting
 Tensor mm(const Tensor& a, const Tensor& b);
 Tensor bmm(const Tensor& a, const Tensor& b);
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor());  // x W^T + b
 Tensor addmm(const Tensor& bias, const Tensor& a, const Tensor& b);  // bias + a b
 
-// ---- nn functional (core/detail/nn_ops.cpp, autograd/nn_ops_grad.cpp) ----
+// ---- nn functional (core/cpu/nn_ops.cpp, autograd/nn_ops_grad.cpp) ----
 Tensor softmax(const Tensor& a, int64_t dim);
 Tensor log_softmax(const Tensor& a, int64_t dim);
 Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight = Tensor(),
                   const Tensor& bias = Tensor(), double eps = 1e-5);
 Tensor dropout(const Tensor& x, double p, bool training);
 
-// ---- attention (core/detail/attention.cpp, autograd/attention_grad.cpp) ----
+// ---- attention (core/cpu/attention.cpp, autograd/attention_grad.cpp) ----
 // PyTorch 2.x's torch.nn.functional.scaled_dot_product_attention, fused: q [..., L, E],
 // k [..., S, E], v [..., S, Ev] with the same leading (batch) dims -> [..., L, Ev], of q's dtype
 // (f32, f64, bf16, f16; accumulated in f32, f64 for f64). attn_mask broadcasts to [..., L, S]:
@@ -205,7 +205,7 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
                                     const Tensor& attn_mask = Tensor(), double dropout_p = 0.0,
                                     bool is_causal = false, std::optional<double> scale = std::nullopt);
 
-// ---- convolution and pooling (core/detail/conv.cpp, core/detail/pool.cpp, autograd/conv_grad.cpp) ----
+// ---- convolution and pooling (core/cpu/conv.cpp, core/cpu/pool.cpp, autograd/conv_grad.cpp) ----
 // Inputs are [N, C, H, W], or [C, H, W] for one unbatched sample (the result is then unbatched).
 // A Size2 is one value for both spatial dims or {h, w}. Semantics and output sizes are PyTorch's.
 // weight [out_channels, in_channels / groups, kh, kw], bias [out_channels] or undefined.
@@ -225,7 +225,7 @@ Tensor avg_pool2d(const Tensor& input, Size2 kernel_size, std::optional<Size2> s
 // Output cell (i, j) averages input rows [floor(i H / OH), ceil((i + 1) H / OH)) and likewise columns.
 Tensor adaptive_avg_pool2d(const Tensor& input, Size2 output_size);
 
-// ---- indexing and joining (core/detail/index.cpp, autograd/index_grad.cpp) ----
+// ---- indexing and joining (core/cpu/index.cpp, autograd/index_grad.cpp) ----
 Tensor embedding(const Tensor& weight, const Tensor& indices);
 Tensor index_select(const Tensor& a, int64_t dim, const Tensor& index);
 Tensor gather(const Tensor& a, int64_t dim, const Tensor& index);
@@ -237,7 +237,7 @@ TensorList split(const Tensor& a, int64_t split_size, int64_t dim = 0);
 TensorList split(const Tensor& a, const std::vector<int64_t>& sizes, int64_t dim = 0);
 TensorList chunk(const Tensor& a, int64_t chunks, int64_t dim = 0);
 
-// ---- triangles (core/detail/triangle.cpp, autograd/triangle_grad.cpp) ----
+// ---- triangles (core/cpu/triangle.cpp, autograd/triangle_grad.cpp) ----
 // A new tensor: the lower (tril: column - row <= diagonal) or upper (triu: column - row >=
 // diagonal) triangle of each matrix in the last two dims, zero elsewhere. At least 2 dims, any
 // dtype; the gradient goes through the same mask.

@@ -1,4 +1,4 @@
-// The differentiable triangles, tril and triu: forward in core/detail/triangle.cpp, backward here.
+// The differentiable triangles, tril and triu: forward in core/cpu/triangle.cpp, backward here.
 // The output is the input times a fixed 0/1 mask, so the gradient is the incoming gradient
 // through the same mask; backward saves nothing.
 #include "autograd/node.h"

@@ -136,11 +136,20 @@ class Printer {
       // One line holds as many elements as fit in the line width after the indent.
       const size_t per_line = std::max<size_t>(1, (kLineWidth - std::min(kLineWidth, indent)) / (fmt_->width() + 2));
       for (size_t k = 0; k < idx.size(); ++k) {
-        if (k > 0) out += k % per_line == 0 ? ",\n" + std::string(indent + 1, ' ') : ", ";
+        // Appended piece by piece: GCC 12 warns (-Wrestrict, a false positive) about
+        // `"," + std::string(...)`, which inserts at the front of a temporary.
+        if (k > 0 && k % per_line == 0) {
+          out += ",\n";
+          out.append(indent + 1, ' ');
+        } else if (k > 0) {
+          out += ", ";
+        }
         out += idx[k] < 0 ? " ..." : element(off + idx[k] * stride);
       }
     } else {
-      const std::string sep = "," + std::string(static_cast<size_t>(nd - d - 1), '\n') + std::string(indent + 1, ' ');
+      std::string sep = ",";
+      sep.append(static_cast<size_t>(nd - d - 1), '\n');
+      sep.append(indent + 1, ' ');
       for (size_t k = 0; k < idx.size(); ++k) {
         if (k > 0) out += sep;
         out += idx[k] < 0 ? "..." : nested(d + 1, off + idx[k] * stride, indent + 1);

@@ -1,4 +1,5 @@
-// Matrix products on CUDA: core/detail/matmul.cpp's batched GEMM through cuBLAS.
+// Matrix products on CUDA: the batched GEMM of core/detail/matmul.h (core/cpu/matmul.cpp on the CPU)
+// through cuBLAS.
 //
 // Core hands over a batch of row-major products C[i] = A[i] B[i] with arbitrary strides. cuBLAS is
 // column-major, so each call computes C^T = B^T A^T: a row-major matrix with unit column stride

@@ -74,7 +74,7 @@ __global__ void max_pool2d_backward_kernel(const T* __restrict__ g, const int64_
 
 // ---- average pooling ----
 
-// avg_pool2d's clipped window of output (oh, ow) and its divisor (core/detail/pool.cpp's avg_cell).
+// avg_pool2d's clipped window of output (oh, ow) and its divisor (core/cpu/pool.cpp's avg_cell).
 struct AvgCell {
   int64_t h0, h1, w0, w1, divisor;
 };

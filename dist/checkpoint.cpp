@@ -154,52 +154,6 @@ std::vector<int64_t> integers(const std::string& path, const Sections& s, const 
   return t->to(i64).to_vector<int64_t>();
 }
 
-// What Module::load_state_dict(strict) refuses, found without copying anything (its checks, and
-// the dtype check it makes only while copying), so the load after it cannot fail half-way.
-std::vector<std::string> model_problems(const nn::Module& model, const nn::TensorDict& section) {
-  const nn::TensorDict own = model.state_dict();
-  std::vector<std::string> missing, unexpected, problems;
-  for (const auto& [name, t] : own) {
-    const Tensor* src = section.find(name);
-    if (!src) {
-      missing.push_back("'" + name + "'");
-    } else if (!src->defined()) {
-      problems.push_back(fmt::format("'{}' is an undefined tensor", name));
-    } else if (src->shape() != t.shape()) {
-      problems.push_back(
-          fmt::format("size mismatch for '{}': the file has {}, the model has {}", name, src->shape(), t.shape()));
-    } else if (src->is_floating_point() && !t.is_floating_point()) {
-      problems.push_back(fmt::format("'{}' is {} in the file, {} in the model", name, src->dtype(), t.dtype()));
-    }
-  }
-  for (const auto& [name, t] : section)
-    if (!own.contains(name)) unexpected.push_back("'" + name + "'");
-  if (!unexpected.empty()) problems.insert(problems.begin(), "unexpected keys: " + join(unexpected));
-  if (!missing.empty()) problems.insert(problems.begin(), "missing keys: " + join(missing));
-  return problems;
-}
-
-// What LRScheduler::load_state_dict refuses, found without changing the scheduler.
-std::vector<std::string> scheduler_problems(const optim::LRScheduler& scheduler, const nn::TensorDict& section) {
-  std::vector<std::string> problems;
-  for (const auto& [key, t] : section)
-    if (key != "last_epoch" && key != "base_lrs") problems.push_back(fmt::format("unexpected key '{}'", key));
-  const Tensor* epoch = section.find("last_epoch");
-  const Tensor* bases = section.find("base_lrs");
-  if (!epoch || !epoch->defined() || epoch->numel() != 1 || epoch->is_floating_point() ||
-      epoch->to(i64).item<int64_t>() < 0)
-    problems.emplace_back("'last_epoch' must be one integer >= 0");
-  const size_t groups = scheduler.base_lrs().size();
-  if (!bases || !bases->defined() || bases->dim() != 1 || bases->numel() != static_cast<int64_t>(groups)) {
-    problems.push_back(
-        fmt::format("'base_lrs' must hold {} rate{}, one per group of the optimizer", groups, groups == 1 ? "" : "s"));
-  } else {
-    for (double v : bases->to(f64).to_vector<double>())
-      if (!(v >= 0)) problems.push_back(fmt::format("a base rate is {}", v));
-  }
-  return problems;
-}
-
 }  // namespace
 
 void save_checkpoint(const std::string& path, const TrainingState& state, ProcessGroupPtr group) {
@@ -262,8 +216,12 @@ CheckpointInfo load_checkpoint(const std::string& path, TrainingState& state) {
   };
   TANDEM_CHECK(meta("tandem.format") == kFormat,
                "[checkpoint] '{}' is not a checkpoint (its metadata has no tandem.format \"{}\"): write one with "
-               "dist::save_checkpoint",
-               path, kFormat);
+               "dist::save_checkpoint{}",
+               path, kFormat,
+               all.contains("train.position")
+                   ? " (this one was written by an older train, which saved its sections by hand: resume it with "
+                     "that version, or start afresh)"
+                   : "");
   TANDEM_CHECK(meta("tandem.format_version") == kVersion,
                "[checkpoint] '{}' has checkpoint format version '{}'; this build reads {}", path,
                meta("tandem.format_version"), kVersion);
@@ -283,9 +241,12 @@ CheckpointInfo load_checkpoint(const std::string& path, TrainingState& state) {
   check_in_backward_names(state, fmt::format("load '{}'", path));
   if (state.model) {
     require("model", "model ('model.')");
-    const std::vector<std::string> problems = model_problems(*state.model, s.model);
-    TANDEM_CHECK(problems.empty(), "[checkpoint] '{}': the model ({}) does not fit the file's 'model.' section: {}",
-                 path, state.model->type_name(), join(problems, "; "));
+    try {
+      state.model->check_state_dict(s.model, /*strict=*/true);
+    } catch (const Error& e) {
+      fail("[checkpoint] '{}': the model ({}) does not fit the file's 'model.' section: {}", path,
+           state.model->type_name(), e.what());
+    }
   }
   if (state.optimizer) require("optimizer", "optimizer state ('optimizer.')");
   if (state.scheduler) {
@@ -294,10 +255,12 @@ CheckpointInfo load_checkpoint(const std::string& path, TrainingState& state) {
     TANDEM_CHECK(meta("tandem.lr_scheduler") == kind,
                  "[checkpoint] '{}': the LR scheduler is a {}, the file holds a {}'s state", path, kind,
                  meta("tandem.lr_scheduler"));
-    const std::vector<std::string> problems = scheduler_problems(*state.scheduler, s.scheduler);
-    TANDEM_CHECK(problems.empty(),
-                 "[checkpoint] '{}': the LR scheduler ({}) does not fit the file's 'lr_scheduler.' section: {}", path,
-                 kind, join(problems, "; "));
+    try {
+      state.scheduler->check_state_dict(s.scheduler);
+    } catch (const Error& e) {
+      fail("[checkpoint] '{}': the LR scheduler ({}) does not fit the file's 'lr_scheduler.' section: {}", path,
+           kind, e.what());
+    }
   }
   for (const auto& [name, optimizers] : state.in_backward)
     require("in_backward." + name, fmt::format("optimizers in backward '{}' ('in_backward.{}.')", name, name));

@@ -60,8 +60,9 @@ struct JoinIteration {
   std::vector<int> active;  // the ranks still training, ascending (empty: every rank has joined)
   uint32_t flags = 0;       // what the announcing joinable does this iteration (its own bits)
   int world_size = 1;
-  // The rank whose state the others take (buffers broadcast from it): the lowest still training.
-  int authority() const { return active.front(); }
+  // The rank whose state the others take (buffers broadcast from it): the highest still
+  // training, as PyTorch's DDP picks it (_find_common_rank(rank, True), an allreduce of the max).
+  int authority() const { return active.back(); }
   // The divisor of this iteration's summed gradient.
   double divisor(const JoinOptions& options) const {
     return options.divide_by_initial_world_size ? world_size : static_cast<double>(active.size());
@@ -125,8 +126,8 @@ class Join {
   const JoinOptions& options() const { return options_; }
   bool joined() const { return joined_; }
 
-  // The lowest rank still training in the last iteration that had one (-1 before any): the rank
-  // whose state (buffers, a learning-rate schedule) the others take.
+  // The highest rank still training in the last iteration that had one (-1 before any): the rank
+  // whose state (parameters and buffers at the end, a learning-rate schedule) the others take.
   int authority() const { return last_authority_; }
 
   // Bits every announcement may carry; a joinable's own flags use the bits above kReservedBits.
@@ -142,7 +143,7 @@ class Join {
   JoinOptions options_;
   ProcessGroup* group_ = nullptr;
   int64_t iterations_ = 0;
-  int last_authority_ = -1;  // the lowest rank still training in the last iteration that had any
+  int last_authority_ = -1;  // the highest rank still training in the last iteration that had any
   bool joined_ = false;
   int uncaught_at_start_ = 0;
 };

@@ -64,18 +64,6 @@ std::unique_ptr<optim::Optimizer> make_local(const std::vector<ZeroParamGroup>& 
       groups.front().spec);
 }
 
-// `values` of rank `root` on every rank, whatever length the others had (two broadcasts: the
-// length, then the values).
-std::vector<double> broadcast_values(ProcessGroup& g, Device control, std::vector<double> values, int root) {
-  Tensor n = from_vector<int64_t>({static_cast<int64_t>(values.size())}).to(control);
-  g.broadcast(n, root)->wait();
-  values.resize(static_cast<size_t>(n.to(kCPU).item<int64_t>()));
-  if (values.empty()) return values;
-  Tensor t = from_vector<double>(values, {static_cast<int64_t>(values.size())}).to(control);
-  g.broadcast(t, root)->wait();
-  return t.to(kCPU).to_vector<double>();
-}
-
 // The elements of a [n] i64 vector, reduced with max over the group.
 std::vector<int64_t> max_over_ranks(ProcessGroup& g, Device device, std::vector<int64_t> v) {
   Tensor t = from_vector<int64_t>(v, {static_cast<int64_t>(v.size())}).to(g.control_device(device));
@@ -141,25 +129,32 @@ ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(std::vector<ZeroParamGroup> gro
   local_ = make_local(groups_, local);
   if (options_.overlap_with_ddp) register_overlap_steps();
   clip_watch_ = nn::utils::observe_gradient_clipping(
-      params_, [this](const TensorList& clipped, double max_norm, double norm_type) {
-        record_clip(clipped, max_norm, norm_type);
-      });
+      params_, {.check = [this](const TensorList& clipped) { check_clip(clipped); },
+                .done = [this](const TensorList& clipped, double max_norm, double norm_type) {
+                  record_clip(clipped, max_norm, norm_type);
+                }});
 }
 
-void ZeroRedundancyOptimizer::record_clip(const TensorList& clipped, double max_norm, double norm_type) {
+// Whether a clip is repeated: under a Join, on a rank still training (a joined rank is repeating).
+bool ZeroRedundancyOptimizer::records_clips() const {
   const Join* join = join_context();
-  if (join == nullptr || join->joined()) return;  // nothing to repeat; or this is a joined rank repeating
-  std::vector<double> call{max_norm, norm_type, static_cast<double>(clipped.size())};
-  for (const Tensor& p : clipped) {
-    const auto it = index_of_.find(p.impl());
-    TANDEM_CHECK(it != index_of_.end(),
+  return join != nullptr && !join->joined();
+}
+
+void ZeroRedundancyOptimizer::check_clip(const TensorList& clipped) const {
+  if (!records_clips()) return;
+  for (const Tensor& p : clipped)
+    TANDEM_CHECK(index_of_.count(p.impl()),
                  "[{}] under a Join, clip_grad_norm_ may clip only this optimizer's parameters: it also clips the "
                  "gradient of a tensor of shape {} the optimizer does not hold, which a rank that has run out of "
                  "data cannot clip as the others do. Clip opt.parameters(), or clip outside the Join",
                  kName, p.shape());
-    call.push_back(static_cast<double>(it->second));
-  }
-  clips_.insert(clips_.end(), call.begin(), call.end());
+}
+
+void ZeroRedundancyOptimizer::record_clip(const TensorList& clipped, double max_norm, double norm_type) {
+  if (!records_clips()) return;
+  clips_.insert(clips_.end(), {max_norm, norm_type, static_cast<double>(clipped.size())});
+  for (const Tensor& p : clipped) clips_.push_back(static_cast<double>(index_of_.at(p.impl())));
 }
 
 void ZeroRedundancyOptimizer::register_overlap_steps() {
@@ -344,19 +339,36 @@ void ZeroRedundancyOptimizer::step_partition_and_broadcast(int hyperparameters_f
   broadcast_partitions();
 }
 
+void ZeroRedundancyOptimizer::join_attached() {
+  // Every rank must hold the same schedulers (their positions travel in a message of that many
+  // entries): checked once, on every rank alike, when the Join is made.
+  const auto n = static_cast<int64_t>(schedulers().size());
+  const std::vector<int64_t> got = max_over_ranks(*group_, join_device(), {n, -n});
+  TANDEM_CHECK(got[0] == -got[1],
+               "[{}] under a Join every rank must build the same learning-rate schedulers on the optimizer: the "
+               "ranks hold between {} and {} (rank {} has {})",
+               kName, -got[1], got[0], group_->rank(), n);
+}
+
 void ZeroRedundancyOptimizer::sync_under_join(int root, bool replay_clips) {
-  // [the groups' hyperparameters, the schedulers' count and epochs, the clips since the last step]
-  std::vector<double> mine;
+  // One message of a size every rank knows: [the groups' hyperparameters, the schedulers'
+  // epochs, the length of the clips' description]; then that description, when there are clips.
+  std::vector<double> head;
   for (const ZeroParamGroup& g : groups_)
-    for (const auto& [name, v] : hyperparameters_of(g.spec)) mine.push_back(v);
+    for (const auto& [name, v] : hyperparameters_of(g.spec)) head.push_back(v);
   const std::vector<optim::LRScheduler*>& schedulers = this->schedulers();
-  mine.push_back(static_cast<double>(schedulers.size()));
-  for (const optim::LRScheduler* s : schedulers) mine.push_back(static_cast<double>(s->last_epoch()));
-  mine.insert(mine.end(), clips_.begin(), clips_.end());
-  std::vector<double> got;
-  {
-    CollectiveTag tag("zero hyperparameters");
-    got = broadcast_values(*group_, group_->control_device(join_device()), std::move(mine), root);
+  for (const optim::LRScheduler* s : schedulers) head.push_back(static_cast<double>(s->last_epoch()));
+  head.push_back(static_cast<double>(clips_.size()));
+  const Device control = group_->control_device(join_device());
+  CollectiveTag tag("zero hyperparameters");
+  Tensor t = from_vector<double>(head, {static_cast<int64_t>(head.size())}).to(control);
+  group_->broadcast(t, root)->wait();
+  const std::vector<double> got = t.to(kCPU).to_vector<double>();
+  std::vector<double> clips;
+  if (const auto n = static_cast<int64_t>(got.back()); n > 0) {
+    Tensor c = (group_->rank() == root ? from_vector<double>(clips_, {n}) : zeros({n}, f64)).to(control);
+    group_->broadcast(c, root)->wait();
+    clips = c.to(kCPU).to_vector<double>();
   }
   size_t k = 0;
   for (size_t g = 0; g < groups_.size(); ++g)
@@ -364,20 +376,16 @@ void ZeroRedundancyOptimizer::sync_under_join(int root, bool replay_clips) {
       if (got[k] != v) set_group_hyperparameter(g, name, got[k]);
       ++k;
     }
-  const auto n_schedulers = static_cast<size_t>(got[k++]);
-  TANDEM_CHECK(n_schedulers == schedulers.size(),
-               "[{}] under a Join: rank {} has {} learning-rate schedulers on this optimizer, rank {} (still "
-               "training) has {}; every rank must build the same schedulers",
-               kName, group_->rank(), schedulers.size(), root, n_schedulers);
   for (optim::LRScheduler* s : schedulers) s->set_last_epoch(static_cast<int64_t>(got[k++]));
   if (!replay_clips) return;
   NoGradGuard no_grad;
-  while (k < got.size()) {  // each call as the rank still training made it, on the same averages
-    const double max_norm = got[k], norm_type = got[k + 1];
-    const auto n = static_cast<size_t>(got[k + 2]);
+  k = 0;
+  while (k < clips.size()) {  // each call as the rank still training made it, on the same averages
+    const double max_norm = clips[k], norm_type = clips[k + 1];
+    const auto n = static_cast<size_t>(clips[k + 2]);
     k += 3;
     TensorList clipped;
-    for (size_t j = 0; j < n; ++j) clipped.push_back(params_.at(static_cast<size_t>(got[k++])));
+    for (size_t j = 0; j < n; ++j) clipped.push_back(params_.at(static_cast<size_t>(clips[k++])));
     nn::utils::clip_grad_norm_(clipped, max_norm, norm_type);
   }
 }

@@ -103,6 +103,7 @@ class ZeroRedundancyOptimizer : public optim::Optimizer, public Joinable {
   // every rank's hyperparameters and schedulers are those of a rank that trained last.
   ProcessGroup& join_group() override;  // refuses overlap_with_ddp: a Join fails at construction
   Device join_device() const override;
+  void join_attached() override;  // collective: every rank holds the same schedulers
   void join_shadow(const JoinIteration& iteration) override;
   void join_finish(int authority) override;
 
@@ -120,6 +121,8 @@ class ZeroRedundancyOptimizer : public optim::Optimizer, public Joinable {
   // Under a Join: the hyperparameters, schedulers' positions and clip_grad_norm_ calls of `root`,
   // a rank still training; a joined rank repeats the clips (replay_clips).
   void sync_under_join(int root, bool replay_clips);
+  bool records_clips() const;
+  void check_clip(const TensorList& clipped) const;  // refuses a clip a joined rank could not repeat
   void record_clip(const TensorList& clipped, double max_norm, double norm_type);
   void broadcast_partitions();
 

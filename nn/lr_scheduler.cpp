@@ -44,6 +44,13 @@ TensorDict LRScheduler::state_dict() const {
 }
 
 void LRScheduler::load_state_dict(const TensorDict& state) {
+  check_state_dict(state);
+  set_base_lrs(state.at("base_lrs").to(f64).to(kCPU).to_vector<double>());
+  last_epoch_ = state.at("last_epoch").to(i64).to(kCPU).item<int64_t>();
+  apply();
+}
+
+void LRScheduler::check_state_dict(const TensorDict& state) const {
   const char* n = name_.c_str();
   const Tensor* epoch = state.find("last_epoch");
   const Tensor* bases = state.find("base_lrs");
@@ -58,11 +65,8 @@ void LRScheduler::load_state_dict(const TensorDict& state) {
   TANDEM_CHECK(bases->dim() == 1 && bases->numel() == static_cast<int64_t>(base_lrs_.size()),
                "[{}] load_state_dict: 'base_lrs' has shape {}, but the optimizer has {} groups", n, bases->shape(),
                base_lrs_.size());
-  std::vector<double> loaded = bases->to(f64).to(kCPU).to_vector<double>();
-  for (double v : loaded) TANDEM_CHECK(v >= 0, "[{}] load_state_dict: a base rate is negative ({})", n, v);
-  set_base_lrs(std::move(loaded));
-  last_epoch_ = e;
-  apply();
+  for (double v : bases->to(f64).to(kCPU).to_vector<double>())
+    TANDEM_CHECK(v >= 0, "[{}] load_state_dict: a base rate is negative ({})", n, v);
 }
 
 StepLR::StepLR(Optimizer& optimizer, int64_t step_size, double gamma)

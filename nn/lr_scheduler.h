@@ -36,6 +36,8 @@ class LRScheduler {
   // rates of the loaded epoch.
   TensorDict state_dict() const;
   void load_state_dict(const TensorDict& state);
+  // What load_state_dict checks, without changing anything (throws its error).
+  void check_state_dict(const TensorDict& state) const;
   // Moves the schedule to `epoch` without setting any rate: what a ZeroRedundancyOptimizer under a
   // Join does to the schedulers of a rank that ran out of data, whose optimizer already took the
   // rates of a rank still training. (load_state_dict sets the rates too.)

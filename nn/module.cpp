@@ -3,6 +3,7 @@
 #include <ostream>
 #include <sstream>
 #include <unordered_set>
+#include <utility>
 
 #include "autograd/grad_mode.h"
 #include "autograd/ops.h"
@@ -51,9 +52,24 @@ Module::Module(Module&& other)
   other.children_.clear();
 }
 
+namespace {
+// The module whose default forward(Tensor) is handing its input to forward_inputs on this thread.
+thread_local const Module* t_forwarding_one_input = nullptr;
+}  // namespace
+
 Tensor Module::forward(const Tensor& input) {
-  if (max_inputs() > 1) return forward_inputs({input});
-  fail("[{}] this module does not implement forward(const Tensor&)", type_name_);
+  TANDEM_CHECK(max_inputs() > 1, "[{}] this module does not implement forward(const Tensor&)", type_name_);
+  // A forward_inputs that hands a single input back to forward would loop forever.
+  TANDEM_CHECK(t_forwarding_one_input != this,
+               "[{}] takes several inputs but implements neither forward(const Tensor&) nor forward_inputs for one "
+               "input (its forward_inputs called forward for it)",
+               type_name_);
+  const Module* previous = std::exchange(t_forwarding_one_input, this);
+  struct Restore {
+    const Module* previous;
+    ~Restore() { t_forwarding_one_input = previous; }
+  } restore{previous};
+  return forward_inputs({input});
 }
 
 Tensor Module::forward_inputs(const TensorList& inputs) {
@@ -342,7 +358,7 @@ TensorDict Module::state_dict() const {
   return out;
 }
 
-LoadStateDictResult Module::load_state_dict(const TensorDict& state_dict, bool strict) {
+LoadStateDictResult Module::check_state_dict(const TensorDict& state_dict, bool strict) const {
   TensorDict own;
   collect_state("", own, false);
   LoadStateDictResult result;
@@ -357,6 +373,9 @@ LoadStateDictResult Module::load_state_dict(const TensorDict& state_dict, bool s
     if (src->shape() != t.shape()) {
       mismatches.push_back(
           fmt::format("size mismatch for '{}': the state dict has {}, the module has {}", name, src->shape(), t.shape()));
+    } else if (src->is_floating_point() && !t.is_floating_point()) {
+      mismatches.push_back(
+          fmt::format("entry '{}' has dtype {} but the module's tensor is {}", name, src->dtype(), t.dtype()));
     }
   }
   for (const auto& [name, t] : state_dict) {
@@ -368,16 +387,16 @@ LoadStateDictResult Module::load_state_dict(const TensorDict& state_dict, bool s
   if (strict && !result.unexpected_keys.empty()) add_problem("unexpected keys: " + join_list(result.unexpected_keys));
   for (const auto& m : mismatches) add_problem(m);
   TANDEM_CHECK(problems.empty(), "[load_state_dict] cannot load into {}: {}", type_name_, problems);
+  return result;
+}
 
+LoadStateDictResult Module::load_state_dict(const TensorDict& state_dict, bool strict) {
+  LoadStateDictResult result = check_state_dict(state_dict, strict);  // all of it, before any copy
+  TensorDict own;
+  collect_state("", own, false);
   NoGradGuard guard;
-  for (const auto& [name, t] : own) {
-    if (const Tensor* src = state_dict.find(name)) {
-      TANDEM_CHECK(t.is_floating_point() || !src->is_floating_point(),
-                   "[load_state_dict] entry '{}' has dtype {} but the module's tensor is {}", name, src->dtype(),
-                   t.dtype());
-      if (!src->is_same(t)) copy_(t, src->detach());
-    }
-  }
+  for (const auto& [name, t] : own)
+    if (const Tensor* src = state_dict.find(name); src && !src->is_same(t)) copy_(t, src->detach());
   return result;
 }
 

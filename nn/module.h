@@ -216,6 +216,9 @@ class Module : public std::enable_shared_from_this<Module> {
   // match. With strict, missing or unexpected keys are an error naming all of them; nothing is
   // copied unless the whole dict is acceptable.
   LoadStateDictResult load_state_dict(const TensorDict& state_dict, bool strict = true);
+  // What load_state_dict checks, without changing anything: throws its error, or returns what a
+  // non-strict load would leave out.
+  LoadStateDictResult check_state_dict(const TensorDict& state_dict, bool strict = true) const;
 
   // ---- hooks ----
   [[nodiscard]] HookHandle register_forward_pre_hook(ForwardPreHook hook);

@@ -196,8 +196,9 @@ MultiheadAttention::Heads MultiheadAttention::project(const Tensor& query, const
 
 Tensor MultiheadAttention::finish(const Heads& h, const Tensor& attended) {
   Tensor merged = reshape(transpose(attended, 1, 2), {h.N, h.L, embed_dim});
-  // PyTorch applies out_proj's parameters functionally: its hooks do not run.
-  Tensor out = linear(merged, out_proj->weight, out_proj->bias);
+  // Through out_proj's call, so its pre-forward hooks run (PyTorch applies its parameters
+  // functionally): DDP's mixed precision waits there for out_proj's cast on a side stream.
+  Tensor out = (*out_proj)(merged);
   if (!h.batched) return squeeze(out, 0);
   return batch_first ? out : transpose(out, 0, 1);
 }

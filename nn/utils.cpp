@@ -33,21 +33,19 @@ ClipWatches& clip_watches() {
   return *w;
 }
 
-// Tells the observers watching any of `clipped` (outside the registry's lock: they may throw, or
-// take locks of their own).
-void notify_clip_observers(const TensorList& clipped, double max_norm, double norm_type) {
+// The observers watching any of `clipped`; they are called outside the registry's lock (they may
+// throw, or take locks of their own).
+std::vector<std::shared_ptr<ClipWatch>> clip_observers_of(const TensorList& clipped) {
   std::vector<std::shared_ptr<ClipWatch>> told;
-  {
-    ClipWatches& w = clip_watches();
-    std::lock_guard lock(w.mu);
-    for (const auto& watch : w.all)
-      for (const Tensor& p : clipped)
-        if (watch->watched.count(p.impl())) {
-          told.push_back(watch);
-          break;
-        }
-  }
-  for (const auto& watch : told) watch->observer(clipped, max_norm, norm_type);
+  ClipWatches& w = clip_watches();
+  std::lock_guard lock(w.mu);
+  for (const auto& watch : w.all)
+    for (const Tensor& p : clipped)
+      if (watch->watched.count(p.impl())) {
+        told.push_back(watch);
+        break;
+      }
+  return told;
 }
 
 // The norm_type-norm of one gradient as a 0-dim tensor on its device: f64 for f64 gradients, f32
@@ -106,7 +104,9 @@ double clip(const TensorList& parameters, const std::function<std::string(size_t
     clipped.push_back(p);
   }
   if (grads.empty()) return 0.0;
-  notify_clip_observers(clipped, max_norm, norm_type);  // may refuse: nothing is scaled yet
+  const std::vector<std::shared_ptr<ClipWatch>> observers = clip_observers_of(clipped);
+  for (const auto& o : observers)
+    if (o->observer.check) o->observer.check(clipped);  // may refuse: nothing is computed yet
 
   NoGradGuard no_grad;
   // One pass over the gradients for the per-gradient norms, which stay on the device until the
@@ -132,6 +132,8 @@ double clip(const TensorList& parameters, const std::function<std::string(size_t
   // Not `coef < 1`: a NaN coefficient (a NaN total) is applied too, as in PyTorch.
   if (!(coef >= 1.0))
     for (const Tensor& g : grads) g.mul_(coef);
+  for (const auto& o : observers)
+    if (o->observer.done) o->observer.done(clipped, max_norm, norm_type);
   return total;
 }
 

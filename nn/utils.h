@@ -46,12 +46,16 @@ double clip_grad_norm_(const TensorDict& named_parameters, double max_norm, doub
 // ---- The seam for what must repeat a clipping elsewhere ----
 // A ZeroRedundancyOptimizer under a Join watches its parameters: a rank that has run out of data
 // no longer runs the user's loop, so it repeats, before it steps its share, the clip_grad_norm_
-// calls a rank still training made. `observer` is told of every call that clips the gradient of
-// one of `watched`: `clipped` are the call's parameters whose .grad is defined (what the norm is
-// taken over), after the arguments were checked and before any gradient is scaled; an exception
-// from it refuses the call with nothing changed. The handle removes the observer. Observers run on
-// the thread that clips; the registry itself is thread-safe (several ranks in one process).
-using GradientClipObserver = std::function<void(const TensorList& clipped, double max_norm, double norm_type)>;
+// calls a rank still training made. An observer is told of every call that clips the gradient of
+// one of `watched`, with `clipped`, the call's parameters whose .grad is defined (what the norm is
+// taken over): `check` after the arguments were checked and before anything is computed (an
+// exception refuses the call with nothing changed), `done` once the call has clipped (not when it
+// threw). The handle removes the observer. Observers run on the thread that clips; the registry
+// itself is thread-safe (several ranks in one process).
+struct GradientClipObserver {
+  std::function<void(const TensorList& clipped)> check;
+  std::function<void(const TensorList& clipped, double max_norm, double norm_type)> done;
+};
 [[nodiscard]] HookHandle observe_gradient_clipping(const TensorList& watched, GradientClipObserver observer);
 
 }  // namespace tandem::nn::utils

@@ -5,11 +5,14 @@
     dist (communication) <- dist/ddp          (only the umbrella dist/dist.h includes both)
     of autograd, dist includes only backward_seam.h and the public ops.h, grad_mode.h, hooks.h
     cuda <- core only                         (the CUDA backend; dist/nccl/ is built with it)
+    core/cpu <- core/cpu, core's .cpp files   (the CPU backend: no layer above core, not cuda, and no
+                                               header of core/ or core/detail/, which those include)
 
-and nothing in the library includes tools/ or tests/. Third-party backends stay in their folder:
-<mpi.h> in dist/mpi/, <nccl.h> in dist/nccl/, CUDA's headers in cuda/ and dist/nccl/ (core/half.h
-includes cuda_fp16.h/cuda_bf16.h only under nvcc, for device code: checked below), OpenBLAS's
-<cblas.h> in core/detail/matmul.cpp.
+and nothing in the library includes tools/ or tests/ (which may include anything, core/cpu/ too:
+they are not checked here). Third-party backends stay in their folder: <mpi.h> in dist/mpi/,
+<nccl.h> in dist/nccl/, CUDA's headers in cuda/ and dist/nccl/ (core/half.h includes
+cuda_fp16.h/cuda_bf16.h only under nvcc, for device code: checked below), OpenBLAS's <cblas.h> in
+core/cpu/matmul.cpp, oneDNN's headers in core/cpu/onednn.cpp.
 
 Usage: check_layers.py [ROOT]      exits 1 and names file:line for each include against the map
        check_layers.py --self-test a tree with one violation of each kind must fail, a clean one pass
@@ -21,7 +24,8 @@ import tempfile
 
 # Folder (longest prefix wins) -> the folders its files may include.
 ALLOWED = {
-    "core": {"core"},
+    "core": {"core", "core/cpu"},
+    "core/cpu": {"core", "core/cpu"},  # the CPU backend, internal to core (the mirror of cuda/)
     "autograd": {"core", "autograd"},
     "nn": {"core", "autograd", "nn"},
     "data": {"core", "autograd", "nn", "data"},
@@ -40,7 +44,8 @@ BACKEND_HEADERS = [
     (re.compile(r"^mpi\.h$"), ("dist/mpi/",)),
     (re.compile(r"^nccl(_device)?\.h$"), ("dist/nccl/",)),
     (re.compile(r"^(cuda|cublas|curand|cusparse|cufft)[A-Za-z0-9_]*\.h$"), ("cuda/", "dist/nccl/")),
-    (re.compile(r"^cblas\.h$"), ("core/detail/matmul.cpp",)),
+    (re.compile(r"^cblas\.h$"), ("core/cpu/matmul.cpp",)),
+    (re.compile(r"^(oneapi/)?dnnl[A-Za-z0-9_./]*$"), ("core/cpu/onednn.cpp",)),
 ]
 # file -> headers it may include only inside `#if defined(__CUDACC__)` (device code under nvcc).
 UNDER_NVCC = {"core/half.h": {"cuda_fp16.h", "cuda_bf16.h"}}
@@ -95,7 +100,12 @@ def check(root):
                             elif "/" in target and first in PROJECT_ROOTS:
                                 # A folder with its own row (dist/ddp, dist/nccl) is a layer of its own.
                                 dest = folder_of(target) or first
-                                if here.startswith("dist") and dest == "autograd" and target not in AUTOGRAD_FOR_DIST:
+                                if dest == "core/cpu" and here != "core/cpu" and (
+                                        here != "core" or name.endswith((".h", ".cuh"))):
+                                    problems.append(f"{where}: includes {target}: core/cpu/ is core's CPU backend, "
+                                                    f"included only by core/cpu/ and core's .cpp files (not by {here}/ "
+                                                    f"{'headers, which cuda/ and the layers above include' if here == 'core' else 'files'})")
+                                elif here.startswith("dist") and dest == "autograd" and target not in AUTOGRAD_FOR_DIST:
                                     problems.append(f"{where}: dist includes {target}: of autograd, dist uses only "
                                                     f"{', '.join(sorted(AUTOGRAD_FOR_DIST))} (the seam and the public API)")
                                 elif dest != here and dest not in ALLOWED[here] and not (rel == "dist/dist.h" and dest.startswith("dist")):
@@ -124,6 +134,10 @@ def self_test():
         "core/half.h": '#include <cuda_fp16.h>\n',                     # not under nvcc
         "dist/work.cpp": '#include "dist/ddp/reducer.h"\n',           # communication layer up into DDP
         "dist/ddp/j.cpp": '#include "autograd/node.h"\n',             # autograd's internals past the seam
+        "autograd/k.cpp": '#include "core/cpu/onednn.h"\n',          # above core into its CPU backend
+        "cuda/l.cu": '#include "core/cpu/elementwise_loops.h"\n',    # the CUDA backend into the CPU one
+        "core/detail/m.h": '#include "core/cpu/simd_loops.h"\n',     # a shared header into the CPU backend
+        "core/n.cpp": '#include <oneapi/dnnl/dnnl.hpp>\n',            # oneDNN outside core/cpu/onednn.cpp
     }
     clean = {
         "core/half.h": '#if defined(__CUDACC__)\n#include <cuda_fp16.h>\n#endif\n',
@@ -131,6 +145,10 @@ def self_test():
         "data/h.cpp": '#include "nn/module.h"\n#include "data/idx.h"\n',
         "dist/ddp/i.cpp": '#include "dist/process_group.h"\n#include "dist/ddp/reducer.h"\n#include "autograd/backward_seam.h"\n',
         "dist/dist.h": '#include "dist/ddp/ddp.h"\n#include "dist/init.h"\n',
+        "core/cpu/matmul.cpp": '#include "core/detail/matmul.h"\n#include <cblas.h>\n#include "core/cpu/onednn.h"\n',
+        "core/cpu/onednn.cpp": '#include "core/cpu/onednn.h"\n#include <oneapi/dnnl/dnnl.hpp>\n',
+        "core/cpu/elementwise_loops.h": '#include "core/detail/elementwise.h"\n#include "core/cpu/simd_loops.h"\n',
+        "core/detail/copy.cpp": '#include "core/detail/copy.h"\n#include "core/cpu/elementwise_loops.h"\n',
     }
     with tempfile.TemporaryDirectory() as bad, tempfile.TemporaryDirectory() as good:
         for root, files in ((bad, cases), (good, clean)):

@@ -1,4 +1,9 @@
-// The README's examples, compiled and run, so the documentation cannot drift from the code.
+// The examples of README.md and docs/*.md, compiled and run, so the documentation cannot drift from
+// the code. Each ```cpp block of those pages is copied here as written, inside a TEST_CASE that may
+// add setup before it and checks between and after its lines; tests/check_doc_snippets.py (CTest
+// docs:snippets) checks that every block's lines are here, in order. The cases follow the pages:
+// README.md, docs/api.md, docs/ddp.md, docs/join-zero.md, docs/mpirun.md. The GPU notes' example
+// (docs/gpu.md) needs the CUDA backend: it is in tests/cuda/test_cuda_readme.cpp.
 #include <catch2/catch.hpp>
 
 #include <atomic>
@@ -13,6 +18,11 @@
 
 using namespace tandem;
 
+// ---------------------------------------------------------------------------------------------
+// README.md
+// ---------------------------------------------------------------------------------------------
+
+// README.md, "Quick start": the program's body.
 TEST_CASE("README quick start trains and saves", "[readme]") {
   manual_seed(0);
   nn::Sequential model(nn::Linear(32, 64), nn::ReLU(), nn::Linear(64, 10));
@@ -34,7 +44,11 @@ TEST_CASE("README quick start trains and saves", "[readme]") {
   std::remove(path.c_str());
 }
 
-// Every Tandem cell of the "From PyTorch" table, in order, with its values checked.
+// ---------------------------------------------------------------------------------------------
+// docs/api.md: the API by example
+// ---------------------------------------------------------------------------------------------
+
+// docs/api.md, "From PyTorch": every Tandem cell of the table, in order, with its values checked.
 TEST_CASE("README from PyTorch table", "[readme]") {
   using V = std::vector<double>;
   auto v = [](const Tensor& t) { return t.to_vector<double>(); };
@@ -202,6 +216,7 @@ TEST_CASE("README from PyTorch table", "[readme]") {
   REQUIRE(model->at<nn::Linear>(0)->weight.grad().defined());
 }
 
+// docs/api.md, "Tensors".
 TEST_CASE("README tensors", "[readme]") {
   Tensor a = arange(6).to(f32).view({2, 3});
   Tensor b = a.t();
@@ -224,6 +239,7 @@ TEST_CASE("README tensors", "[readme]") {
                       "[matmul] inner dimensions differ: a is [4, 3], b is [5, 2]");
 }
 
+// docs/api.md: Cube is the custom Function of "Autograd", Net the module of "nn and optim".
 namespace {
 struct Cube : autograd::Function<Cube> {
   static Tensor forward(autograd::AutogradContext& ctx, const Tensor& x) {
@@ -246,6 +262,7 @@ struct Net : nn::Module {
 };
 }  // namespace
 
+// docs/api.md, "Autograd".
 TEST_CASE("README autograd", "[readme]") {
   Tensor w = randn({3, 3}, f64).requires_grad_();
   Tensor loss = (matmul(w, w) * 2).sum();
@@ -275,6 +292,7 @@ TEST_CASE("README autograd", "[readme]") {
   REQUIRE(r.ok);
 }
 
+// docs/api.md, "nn and optim".
 TEST_CASE("README nn and optim", "[readme]") {
   Net net;
   std::vector<std::string> names;
@@ -298,6 +316,7 @@ TEST_CASE("README nn and optim", "[readme]") {
   std::remove("readme_opt.safetensors");
 }
 
+// docs/api.md, "Weight tying" (under "nn and optim").
 namespace {
 struct TinyLM : nn::Module {
   std::shared_ptr<nn::Embedding> wte;
@@ -319,6 +338,7 @@ TEST_CASE("README weight tying", "[readme]") {
   REQUIRE(lm(from_vector<int64_t>({1, 2, 3}, {3})).shape() == Shape{3, 100});
 }
 
+// docs/api.md, "Several inputs, and the transformer layers".
 namespace {
 // A text classifier over padded batches: tokens [N, L] and a padding mask [N, L] (true: padding).
 struct Classifier : nn::Module {
@@ -361,49 +381,73 @@ TEST_CASE("README several inputs, and the transformer layers", "[readme]") {
   REQUIRE(grads[0].equal(grads[1]));
 }
 
-TEST_CASE("README checkpoints", "[readme]") {
-  const std::string path = "readme_run/checkpoint.safetensors";
-  std::vector<Tensor> before(2), after(2);
-  dist::run_threads(2, [&](dist::ProcessGroup& group) {
-    dist::ProcessGroupPtr pg(std::shared_ptr<void>(), &group);
-    manual_seed(0);
-    auto model = std::make_shared<nn::Sequential>(nn::Linear(8, 4));
-    dist::DistributedDataParallel ddp(model, pg);
-    dist::ZeroRedundancyOptimizer opt(model->parameters(), optim::AdamWOptions{.lr = 1e-2}, pg);
-    optim::CosineAnnealingLR schedule(opt, /*t_max=*/10);
-    Tensor x = randn({4, 8}), y = randn({4, 4});
-    const int64_t epoch = 1, batch = 3;
-    int64_t step = 0;
-    for (; step < 3; ++step) {
+// docs/api.md, "Data": its snippet as written, then its outcome.
+TEST_CASE("README data", "[readme]") {
+  manual_seed(0);
+  Tensor x = randn({100, 8}), y = randint(0, 2, {100});
+  data::DataLoader mine(data::TensorDataset({x, y}), {.batch_size = 32, .drop_last = true});  // row i of each
+  REQUIRE(mine.num_batches() == 3);
+  if (!data::FashionMNIST::available(data::Split::train) || !data::FashionMNIST::available(data::Split::test)) {
+    WARN("SKIP: Fashion-MNIST is not installed (apt-get install dataset-fashion-mnist)");
+    return;
+  }
+  auto pg = dist::init();  // no launcher here: a world of one
+
+  data::FashionMNIST train(data::Split::train);  // images [60000, 28, 28] f32, normalised; labels [60000] i64
+  data::DataLoader loader(train, {.batch_size = 64, .seed = 0, .num_replicas = pg->size(), .rank = pg->rank()});
+  nn::Sequential model(nn::Linear(784, 256), nn::ReLU(), nn::Linear(256, 10));
+  optim::SGD opt(model.parameters(), {.lr = 0.05, .momentum = 0.9});
+  for (int64_t epoch = 0; epoch < 2; ++epoch) {
+    loader.set_epoch(epoch);                  // a new shuffle, the same on every rank
+    for (const TensorList& batch : loader) {  // made ahead on a background thread
       opt.zero_grad();
-      nn::mse_loss(ddp(x), y).backward();
+      nn::cross_entropy(model(batch[0].flatten(1)), batch[1]).backward();
       opt.step();
-      schedule.step();
     }
-    dist::TrainingState state{.model = model.get(), .optimizer = &opt, .scheduler = &schedule};
-    state.step = step;
-    state.extra.insert_or_assign("position", from_vector<int64_t>({epoch, batch}));
-    dist::save_checkpoint("readme_run/checkpoint.safetensors", state, pg);  // every rank of pg
-    before[group.rank()] = model->at<nn::Linear>(0)->weight.detach().clone();
-    // A later run, at any number of ranks, with the same objects built afresh:
-    manual_seed(5);
-    auto fresh = std::make_shared<nn::Sequential>(nn::Linear(8, 4));
-    dist::ZeroRedundancyOptimizer fresh_opt(fresh->parameters(), optim::AdamWOptions{.lr = 1e-2}, pg);
-    optim::CosineAnnealingLR fresh_schedule(fresh_opt, /*t_max=*/10);
-    dist::TrainingState resumed{.model = fresh.get(), .optimizer = &fresh_opt, .scheduler = &fresh_schedule};
-    dist::CheckpointInfo info = dist::load_checkpoint("readme_run/checkpoint.safetensors", resumed);
-    after[group.rank()] = fresh->at<nn::Linear>(0)->weight.detach().clone();
-    if (info.step != 3 || info.world_size != 2 || resumed.extra["position"].to_vector<int64_t>()[1] != batch ||
-        fresh_schedule.last_epoch() != 3)
-      after[group.rank()] = Tensor();
-  });
-  std::filesystem::remove_all("readme_run");
-  REQUIRE(after[0].defined());
-  REQUIRE(after[1].defined());
-  REQUIRE(after[0].equal(before[0]));
-  REQUIRE(after[1].equal(before[1]));
+  }
+  Tensor labels = data::read_idx("/usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz", i64);
+
+  REQUIRE(labels.shape() == Shape{10000});
+  data::FashionMNIST test(data::Split::test);
+  NoGradGuard no_grad;
+  const double accuracy = model(test.images().flatten(1)).argmax(1).eq(test.labels()).to(f64).mean().item<double>();
+  INFO("test accuracy " << accuracy);
+  REQUIRE(accuracy > 0.82);  // an MLP's usual ~0.85-0.87 after two epochs
 }
 
+// docs/api.md, "Text data": its snippet as written (on fortunes, skipped without it), then its outcome.
+TEST_CASE("README text data", "[readme]") {
+  if (!data::TextDataset::available()) {
+    WARN("SKIP: the fortunes corpus is not installed in " << data::default_text_corpus_path()
+                                                           << " (apt-get install fortunes)");
+    return;
+  }
+  auto pg = dist::init();  // no launcher here: a world of one
+
+  data::TextDataset train(data::default_text_corpus_path(), {.block_size = 128});  // or any text file
+  data::TextDataset val(data::default_text_corpus_path(),  // stride = block_size: windows share no target
+                        {.block_size = 128, .split = data::TextSplit::validation, .stride = 128,
+                         .vocab = train.vocab()});
+  data::DataLoader windows(train, {.batch_size = 64, .seed = 0, .num_replicas = pg->size(), .rank = pg->rank()});
+  TensorList batch = *windows.begin();            // x, y: i64 [64, 128]; y is x one character on
+  Tensor saved = train.vocab().to_tensor();       // for the checkpoint; data::CharVocab::from_tensor(saved) reads it
+  std::string text = train.vocab().decode(batch[0][0]);  // 128 characters of fortunes
+
+  REQUIRE(batch[0].shape() == Shape{64, 128});
+  REQUIRE(batch[1].shape() == Shape{64, 128});
+  REQUIRE(batch[1][0].narrow(0, 0, 127).equal(batch[0][0].narrow(0, 1, 127)));
+  REQUIRE(data::CharVocab::from_tensor(saved) == train.vocab());
+  REQUIRE(text.size() == 128);  // the training split has no unknown bytes
+  REQUIRE(val.vocab() == train.vocab());
+  REQUIRE(val.size() == (val.split_bytes() - 129) / 128 + 1);
+}
+
+// ---------------------------------------------------------------------------------------------
+// docs/ddp.md: process groups and DistributedDataParallel
+// ---------------------------------------------------------------------------------------------
+
+// docs/ddp.md, "Process groups and collectives", "Who advances a collective: TANDEM_DIST_PROGRESS"
+// and "Blocking collectives: BlockingIssueGuard".
 TEST_CASE("README dist", "[readme]") {
   auto pg = dist::init();  // no launcher here: a world of one
   REQUIRE(pg->size() == 1);
@@ -450,6 +494,7 @@ TEST_CASE("README dist", "[readme]") {
   }
 }
 
+// docs/ddp.md, "DistributedDataParallel".
 TEST_CASE("README DistributedDataParallel", "[readme]") {
   dist::run_threads(2, [](dist::ProcessGroup& group) {
     dist::ProcessGroupPtr pg(std::shared_ptr<void>(), &group);  // run_threads lends the group
@@ -480,26 +525,8 @@ TEST_CASE("README DistributedDataParallel", "[readme]") {
   });
 }
 
-TEST_CASE("README optimizer in backward", "[readme]") {
-  manual_seed(0);
-  Tensor x = randn({16, 4}), y = randn({16, 2});
-  nn::Sequential model;
-  model.push_back(std::make_shared<nn::Linear>(4, 8));
-  model.push_back(std::make_shared<nn::ReLU>());
-  model.push_back(std::make_shared<nn::Linear>(8, 2));
-  const double first = nn::mse_loss(model(x), y).item<double>();
-  auto in_backward = optim::apply_optimizer_in_backward(optim::AdamWOptions{.lr = 1e-3}, model.parameters());
-  for (int step = 0; step < 10; ++step) {
-    in_backward->set_lr(1e-3 * (1 - step / 10.0));  // a schedule, as with any optimizer
-    nn::mse_loss(model(x), y).backward();          // steps each parameter; no zero_grad, no step()
-  }
-  nn::TensorDict state = in_backward->state_dict();  // "0.state.0.exp_avg", ...: "<i>." + parameter i's optimizer keys
-  REQUIRE(state.contains("0.state.0.exp_avg"));
-  REQUIRE(state["3.state.0.step"].item<double>() == 10);
-  for (const Tensor& p : model.parameters()) REQUIRE_FALSE(p.grad().defined());
-  REQUIRE(nn::mse_loss(model(x), y).item<double>() < first);
-}
-
+// docs/ddp.md, "Static graph" and "Delayed-allreduce parameters" (the latter has no snippet on
+// the page: the options as it names them).
 TEST_CASE("README DDP modes: static graph, delayed-allreduce parameters", "[readme]") {
   std::vector<std::vector<bool>> checks(2);  // per rank, asserted on this thread (Catch2 v2 is not thread-safe)
   dist::run_threads(2, [&](dist::ProcessGroup& group) {
@@ -536,6 +563,8 @@ TEST_CASE("README DDP modes: static graph, delayed-allreduce parameters", "[read
   for (const auto& ok : checks) REQUIRE(ok == std::vector<bool>{true, true, true});
 }
 
+// docs/ddp.md, "Mixed precision" and "Optimizer in backward with DDP" (the latter has no snippet on
+// the page: the order it prescribes, applied before DDP wraps the model).
 TEST_CASE("README DDP modes: mixed precision, optimizer in backward", "[readme]") {
   std::atomic<int> failed{0};  // Catch2 assertions are for the main thread: workers count
   dist::run_threads(2, [&](dist::ProcessGroup& group) {
@@ -564,6 +593,32 @@ TEST_CASE("README DDP modes: mixed precision, optimizer in backward", "[readme]"
   REQUIRE(failed == 0);
 }
 
+// docs/ddp.md, "Optimizer in backward (no DDP)".
+TEST_CASE("README optimizer in backward", "[readme]") {
+  manual_seed(0);
+  Tensor x = randn({16, 4}), y = randn({16, 2});
+  nn::Sequential model;
+  model.push_back(std::make_shared<nn::Linear>(4, 8));
+  model.push_back(std::make_shared<nn::ReLU>());
+  model.push_back(std::make_shared<nn::Linear>(8, 2));
+  const double first = nn::mse_loss(model(x), y).item<double>();
+  auto in_backward = optim::apply_optimizer_in_backward(optim::AdamWOptions{.lr = 1e-3}, model.parameters());
+  for (int step = 0; step < 10; ++step) {
+    in_backward->set_lr(1e-3 * (1 - step / 10.0));  // a schedule, as with any optimizer
+    nn::mse_loss(model(x), y).backward();          // steps each parameter; no zero_grad, no step()
+  }
+  nn::TensorDict state = in_backward->state_dict();  // "0.state.0.exp_avg", ...: "<i>." + parameter i's optimizer keys
+  REQUIRE(state.contains("0.state.0.exp_avg"));
+  REQUIRE(state["3.state.0.step"].item<double>() == 10);
+  for (const Tensor& p : model.parameters()) REQUIRE_FALSE(p.grad().defined());
+  REQUIRE(nn::mse_loss(model(x), y).item<double>() < first);
+}
+
+// ---------------------------------------------------------------------------------------------
+// docs/join-zero.md: uneven inputs, sharded optimizer state and checkpoints of a run
+// ---------------------------------------------------------------------------------------------
+
+// docs/join-zero.md, "Uneven inputs: dist::Join".
 TEST_CASE("README uneven inputs: Join", "[readme]") {
   std::atomic<int> failed{0};
   std::vector<Tensor> weights(3);
@@ -595,6 +650,8 @@ TEST_CASE("README uneven inputs: Join", "[readme]") {
   REQUIRE(weights[1].equal(weights[2]));
 }
 
+// docs/join-zero.md: the Join's "Your own collectives" (a metric reduced after join()) and ZeRO's
+// "With Join" (clipping and a schedule repeated by the ranks that have joined).
 TEST_CASE("README Join: a metric after join(); ZeRO with clipping and a schedule", "[readme]") {
   std::vector<double> means(3);
   std::vector<Tensor> weights(3);
@@ -653,6 +710,7 @@ TEST_CASE("README Join: a metric after join(); ZeRO with clipping and a schedule
   REQUIRE(epochs == std::vector<int64_t>{4, 4, 4});  // the longest shard's batches, on every rank
 }
 
+// docs/join-zero.md, "Sharded optimizer state: dist::ZeroRedundancyOptimizer".
 TEST_CASE("README sharded optimizer state: ZeroRedundancyOptimizer", "[readme]") {
   std::atomic<int> failed{0};
   const std::string path = "readme_optimizer.safetensors";
@@ -684,6 +742,7 @@ TEST_CASE("README sharded optimizer state: ZeroRedundancyOptimizer", "[readme]")
   REQUIRE(failed == 0);
 }
 
+// docs/join-zero.md, ZeRO's "overlap_with_ddp".
 TEST_CASE("README sharded optimizer state: overlap_with_ddp", "[readme]") {
   std::vector<Tensor> weights(2);
   dist::run_threads(2, [&](dist::ProcessGroup& group) {
@@ -703,6 +762,55 @@ TEST_CASE("README sharded optimizer state: overlap_with_ddp", "[readme]") {
   REQUIRE(weights[0].equal(weights[1]));
 }
 
+// docs/join-zero.md, "Checkpoints of a run: dist::save_checkpoint / dist::load_checkpoint".
+TEST_CASE("README checkpoints", "[readme]") {
+  const std::string path = "readme_run/checkpoint.safetensors";
+  std::vector<Tensor> before(2), after(2);
+  dist::run_threads(2, [&](dist::ProcessGroup& group) {
+    dist::ProcessGroupPtr pg(std::shared_ptr<void>(), &group);
+    manual_seed(0);
+    auto model = std::make_shared<nn::Sequential>(nn::Linear(8, 4));
+    dist::DistributedDataParallel ddp(model, pg);
+    dist::ZeroRedundancyOptimizer opt(model->parameters(), optim::AdamWOptions{.lr = 1e-2}, pg);
+    optim::CosineAnnealingLR schedule(opt, /*t_max=*/10);
+    Tensor x = randn({4, 8}), y = randn({4, 4});
+    const int64_t epoch = 1, batch = 3;
+    int64_t step = 0;
+    for (; step < 3; ++step) {
+      opt.zero_grad();
+      nn::mse_loss(ddp(x), y).backward();
+      opt.step();
+      schedule.step();
+    }
+    dist::TrainingState state{.model = model.get(), .optimizer = &opt, .scheduler = &schedule};
+    state.step = step;
+    state.extra.insert_or_assign("position", from_vector<int64_t>({epoch, batch}));
+    dist::save_checkpoint("readme_run/checkpoint.safetensors", state, pg);  // every rank of pg
+    before[group.rank()] = model->at<nn::Linear>(0)->weight.detach().clone();
+    // A later run, at any number of ranks, with the same objects built afresh:
+    manual_seed(5);
+    auto fresh = std::make_shared<nn::Sequential>(nn::Linear(8, 4));
+    dist::ZeroRedundancyOptimizer fresh_opt(fresh->parameters(), optim::AdamWOptions{.lr = 1e-2}, pg);
+    optim::CosineAnnealingLR fresh_schedule(fresh_opt, /*t_max=*/10);
+    dist::TrainingState resumed{.model = fresh.get(), .optimizer = &fresh_opt, .scheduler = &fresh_schedule};
+    dist::CheckpointInfo info = dist::load_checkpoint("readme_run/checkpoint.safetensors", resumed);
+    after[group.rank()] = fresh->at<nn::Linear>(0)->weight.detach().clone();
+    if (info.step != 3 || info.world_size != 2 || resumed.extra["position"].to_vector<int64_t>()[1] != batch ||
+        fresh_schedule.last_epoch() != 3)
+      after[group.rank()] = Tensor();
+  });
+  std::filesystem::remove_all("readme_run");
+  REQUIRE(after[0].defined());
+  REQUIRE(after[1].defined());
+  REQUIRE(after[0].equal(before[0]));
+  REQUIRE(after[1].equal(before[1]));
+}
+
+// ---------------------------------------------------------------------------------------------
+// docs/mpirun.md
+// ---------------------------------------------------------------------------------------------
+
+// docs/mpirun.md, "Hangs that name their culprit: the flight recorder": tags and dumps.
 TEST_CASE("README flight recorder: tags and dumps", "[readme]") {
   const std::string file = "readme_flight.json";
   std::atomic<int> failed{0};
@@ -727,65 +835,4 @@ TEST_CASE("README flight recorder: tags and dumps", "[readme]") {
   });
   std::remove(file.c_str());
   REQUIRE(failed == 0);
-}
-
-// The proposed README "Data" subsection (data/): its snippet as written, then its outcome.
-TEST_CASE("README data", "[readme]") {
-  manual_seed(0);
-  Tensor x = randn({100, 8}), y = randint(0, 2, {100});
-  data::DataLoader mine(data::TensorDataset({x, y}), {.batch_size = 32, .drop_last = true});  // row i of each
-  REQUIRE(mine.num_batches() == 3);
-  if (!data::FashionMNIST::available(data::Split::train) || !data::FashionMNIST::available(data::Split::test)) {
-    WARN("SKIP: Fashion-MNIST is not installed (apt-get install dataset-fashion-mnist)");
-    return;
-  }
-  auto pg = dist::init();  // no launcher here: a world of one
-
-  data::FashionMNIST train(data::Split::train);  // images [60000, 28, 28] f32, normalised; labels [60000] i64
-  data::DataLoader loader(train, {.batch_size = 64, .seed = 0, .num_replicas = pg->size(), .rank = pg->rank()});
-  nn::Sequential model(nn::Linear(784, 256), nn::ReLU(), nn::Linear(256, 10));
-  optim::SGD opt(model.parameters(), {.lr = 0.05, .momentum = 0.9});
-  for (int64_t epoch = 0; epoch < 2; ++epoch) {
-    loader.set_epoch(epoch);                  // a new shuffle, the same on every rank
-    for (const TensorList& batch : loader) {  // made ahead on a background thread
-      opt.zero_grad();
-      nn::cross_entropy(model(batch[0].flatten(1)), batch[1]).backward();
-      opt.step();
-    }
-  }
-  Tensor labels = data::read_idx("/usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz", i64);
-
-  REQUIRE(labels.shape() == Shape{10000});
-  data::FashionMNIST test(data::Split::test);
-  NoGradGuard no_grad;
-  const double accuracy = model(test.images().flatten(1)).argmax(1).eq(test.labels()).to(f64).mean().item<double>();
-  INFO("test accuracy " << accuracy);
-  REQUIRE(accuracy > 0.82);  // an MLP's usual ~0.85-0.87 after two epochs
-}
-
-// The README "text data" paragraph: its snippet as written (on fortunes, skipped without it), then its outcome.
-TEST_CASE("README text data", "[readme]") {
-  if (!data::TextDataset::available()) {
-    WARN("SKIP: the fortunes corpus is not installed in " << data::default_text_corpus_path()
-                                                           << " (apt-get install fortunes)");
-    return;
-  }
-  auto pg = dist::init();  // no launcher here: a world of one
-
-  data::TextDataset train(data::default_text_corpus_path(), {.block_size = 128});  // or any text file
-  data::TextDataset val(data::default_text_corpus_path(),  // stride = block_size: windows share no target
-                        {.block_size = 128, .split = data::TextSplit::validation, .stride = 128,
-                         .vocab = train.vocab()});
-  data::DataLoader windows(train, {.batch_size = 64, .seed = 0, .num_replicas = pg->size(), .rank = pg->rank()});
-  TensorList batch = *windows.begin();            // x, y: i64 [64, 128]; y is x one character on
-  Tensor saved = train.vocab().to_tensor();       // for the checkpoint; data::CharVocab::from_tensor(saved) reads it
-  std::string text = train.vocab().decode(batch[0][0]);  // 128 characters of fortunes
-
-  REQUIRE(batch[0].shape() == Shape{64, 128});
-  REQUIRE(batch[1].shape() == Shape{64, 128});
-  REQUIRE(batch[1][0].narrow(0, 0, 127).equal(batch[0][0].narrow(0, 1, 127)));
-  REQUIRE(data::CharVocab::from_tensor(saved) == train.vocab());
-  REQUIRE(text.size() == 128);  // the training split has no unknown bytes
-  REQUIRE(val.vocab() == train.vocab());
-  REQUIRE(val.size() == (val.split_bytes() - 129) / 128 + 1);
 }

@@ -6,8 +6,11 @@
 //
 // The problem, once core has validated and shaped it (AttentionProblem below): q [B, H, L, E],
 // k [B, H, S, E], v [B, H, S, Ev], any strides; out [B, H, L, Ev]. For every (b, h) and query row i:
-//   s_ij = scale · q_i·k_j + bias_ij               (bias: 0, -inf where a boolean mask is false or
-//                                                   j > i under is_causal, or the additive mask)
+//   s_ij = (scale · q_i)·k_j + bias_ij             (bias: 0, -inf where a boolean mask is false or
+//                                                   j > i under is_causal, or the additive mask;
+//                                                   the scale goes in first, so a tiny or zero scale
+//                                                   with huge q and k gives small scores, not inf
+//                                                   or 0 · inf = NaN)
 //   lse_i = log Σ_j exp(s_ij)                      (+inf for a row whose keys are all masked)
 //   p_ij = exp(s_ij - lse_i)                       (0 for such a row: its output and gradients are 0)
 //   out_i = Σ_j p_ij · keep_ij / (1 - dropout_p) · v_j

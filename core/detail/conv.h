@@ -24,7 +24,7 @@ struct Window2d {
   int64_t kh = 1, kw = 1, sh = 1, sw = 1, ph = 0, pw = 0, dh = 1, dw = 1;
 };
 
-// The input checks conv2d and pooling (core/detail/pool.cpp) share, one message each: "[op] expected
+// The input checks conv2d and pooling (core/cpu/pool.cpp) share, one message each: "[op] expected
 // input [N, C, H, W] (or [C, H, W]), got [...]" and "[op] <what> must be positive, got [h, w]".
 void check_4d(const Tensor& t, const char* op);
 void check_positive(Size2 s, const char* what, const char* op);

@@ -5,8 +5,8 @@
 #include <cstring>
 
 #include "core/backend.h"
+#include "core/cpu/elementwise_loops.h"
 #include "core/detail/checks.h"
-#include "core/detail/elementwise_loops.h"
 
 namespace tandem::detail {
 

@@ -31,14 +31,14 @@ enum class SameDtype : uint8_t {
 //
 // On the CPU, one dtype moves bytes: one memmove when both tensors are contiguous with one
 // shape, else run by run (core/detail/iter.h's coalesced runs, copy_strided_run below). Two dtypes go
-// through core/detail/elementwise_loops.h's map, which converts contiguous runs in vectorised blocks.
+// through core/cpu/elementwise_loops.h's map, which converts contiguous runs in vectorised blocks.
 void strided_copy(const Tensor& dst, const Tensor& src, const char* op, SameDtype same = SameDtype::bits);
 
 // One run of a same-dtype copy: a memcpy when it is contiguous on both sides and at least 32
 // bytes long, else element by element. Shorter runs copy faster in the loop than through a call to
 // memcpy, longer ones slower (a [1024, 1024] f32 narrowed to 4 columns: 3.2 us in the loop, 3.8
 // through memcpy; to 12 columns: 6.4 us in the loop, 3.8 through memcpy). strided_copy's runs and
-// index_select's rows (core/detail/index.cpp) go through it.
+// index_select's rows (core/cpu/index.cpp) go through it.
 template <class T>
 inline void copy_strided_run(const StridedRun<2>& r) {
   constexpr int64_t kSize = static_cast<int64_t>(sizeof(T));

@@ -1,4 +1,4 @@
-// The device kernels behind the factory functions of core/detail/creation.cpp (zeros/ones/full and
+// The device kernels behind the factory functions of core/cpu/creation.cpp (zeros/ones/full and
 // eye's zeros go through detail::fill; arange, linspace and eye have their own).
 #pragma once
 

@@ -1,7 +1,7 @@
 // Elementwise ops: the per-element math (functors the CPU kernels and a CUDA backend share) and
-// the forward and raw backward kernels, defined in core/detail/elementwise.cpp (fill, where),
+// the forward and raw backward kernels, defined in core/cpu/elementwise.cpp (fill, where),
 // elementwise_binary.cpp, elementwise_unary.cpp and elementwise_backward.cpp over the loops of
-// core/detail/elementwise_loops.h; PyTorch's result-type rules are in core/dtype.h. No autograd here:
+// core/cpu/elementwise_loops.h; PyTorch's result-type rules are in core/dtype.h. No autograd here:
 // autograd/elementwise_grad.cpp wires these into the public ops of autograd/ops.h.
 //
 // Functors take and return the compute type C = acc_t<T> of the element type T (float for the

@@ -1,8 +1,10 @@
 // Branch-free f32 exp and erf for the CPU kernels' inner loops. glibc's expf/erff are calls the
 // compiler cannot vectorise, and in a softmax or a GELU they cost more than the arithmetic
 // around them; these are plain arithmetic and bit operations, so g++ vectorises the loops that
-// call them (SSE2 at the baseline; the GELU and attention loops of core/detail/simd_loops.cpp also
+// call them (SSE2 at the baseline; the GELU and attention loops of core/cpu/simd_loops.cpp also
 // as AVX2/AVX-512 clones, with the same bits). Host only: CUDA kernels use the device's expf/erff.
+// Here rather than in core/cpu/: the GELU functors of core/detail/elementwise.h, which the CUDA
+// kernels share, call it in their host path.
 #pragma once
 
 #include <bit>

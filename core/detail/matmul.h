@@ -4,7 +4,7 @@
 // Everything funnels into one strided batched GEMM. f32/f64 go to CBLAS (OpenBLAS); an operand
 // whose rows or columns are unit-stride is passed with a leading dimension and a transpose flag
 // instead of being copied, so x.matmul(w.t()) copies nothing. bf16 goes to oneDNN where the CPU
-// has AVX512_BF16 (core/detail/onednn.h); f16, and bf16 elsewhere, are computed through f32,
+// has AVX512_BF16 (core/cpu/onednn.h); f16, and bf16 elsewhere, are computed through f32,
 // integers with a plain loop. Tensors on another device take the same route up to the GEMM, which
 // goes to that device's MatmulDeviceKernels (cuda/matmul.cu: cuBLAS).
 #pragma once

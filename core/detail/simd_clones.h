@@ -2,7 +2,7 @@
 // picked at load time by the CPU (GCC's target_clones); the library itself is built for the
 // baseline. Empty (the baseline only) under ThreadSanitizer, whose runtime crashes in the clones'
 // load-time ifunc resolver; under clang (the fuzzers' build), which refuses target_clones on
-// function templates; and off x86-64. Used by core/detail/simd_loops.cpp and the bucket reduction
+// function templates; and off x86-64. Used by core/cpu/simd_loops.cpp and the bucket reduction
 // (dist/detail/reduce_kernels.h). Internal: not installed.
 #pragma once
 

@@ -394,7 +394,7 @@ void DistributedDataParallel::before_forward() {
     // shadow), so the rebuild waits until after it.
     if (reducer_) reducer_->prepare_for_forward(/*rebuild_now=*/false);
     const JoinIteration it = join->announce(join_flags(!buffers.empty()));
-    buffer_root = it.authority();  // rank 0 may have joined: its buffers are stale
+    buffer_root = it.authority();  // the highest rank still training (PyTorch's rule under a Join)
     if (reducer_) {
       reducer_->set_divisor(it.divisor(join->options()));
       reducer_->rebuild_if_pending();
@@ -519,6 +519,9 @@ Tensor DistributedDataParallel::forward(const Tensor& input) {
 
 Tensor DistributedDataParallel::forward(const TensorList& inputs) {
   TANDEM_TRACE_SCOPE("ddp forward", "ddp");
+  // Before the iteration's collectives and casts, which a refused call would leave half done.
+  TANDEM_CHECK(!inputs.empty() && inputs.size() <= module_->max_inputs(), "[ddp] {} takes 1 to {} inputs, got {}",
+               module_->type_name(), module_->max_inputs(), inputs.size());
   before_forward();
   const auto start = std::chrono::steady_clock::now();
   Tensor out = module_->call(forward_input(inputs));

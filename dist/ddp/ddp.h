@@ -192,7 +192,7 @@ class DistributedDataParallel : public Joinable {
   const std::vector<std::string>& parameter_names() const { return names_; }
 
   // Joinable (dist/join.h): under a Join every forward in grad mode announces its iteration; a
-  // joined rank shadows the rebuild, the buffer broadcast (from the lowest rank still training)
+  // joined rank shadows the rebuild, the buffer broadcast (from the highest rank still training)
   // and the bucket reductions, and at the end takes the parameters and buffers of a rank that
   // trained last.
   ProcessGroup& join_group() override { return *group_; }

@@ -154,6 +154,7 @@ class GroupBase : public ProcessGroup {
   uint64_t& next_number(OpKind kind) { return is_p2p(kind) ? next_p2p_ : next_seq_; }
 
   BrokenState& broken() const { return *broken_; }
+  const std::shared_ptr<BrokenState>& broken_ptr() const { return broken_; }
 
   // "<name>/<k>", k counting this group's new_group calls: every rank makes the same calls in
   // the same order, so the names agree (non-members count too).

@@ -482,6 +482,10 @@ void QueuedGroup::fail_op(Op& op, std::exception_ptr error) {
   } catch (const CollectiveError& e) {
     if (!e.group_survives()) {
       broke = true;
+      try {
+        keep_buffers_of_broken(op);
+      } catch (...) {
+      }
       // This rank found it first (not told by a peer, not a later op of a broken group): the
       // others, maybe waiting in a collective that can no longer finish, are told at once.
       if (broken().mark(e.what())) {

@@ -113,6 +113,9 @@ class QueuedGroup : public GroupBase {
   // The group just broke on this rank, at `op`, for `reason`: a backend that can reach its peers
   // outside the group tells them, so that they stop waiting for it.
   virtual void on_break(const Op&, const std::string& reason) {}
+  // An op whose failure broke the group (a timeout, a transport error): the transport may still
+  // write into its buffers (a late peer), so a backend keeps them alive.
+  virtual void keep_buffers_of_broken(const Op&) {}
   // The error of an op whose wait ended because the group broke meanwhile.
   std::string stopped_by_break(const Op& op) const;
   // Backends call this first in their destructor so the thread stops before their state dies

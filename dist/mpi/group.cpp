@@ -5,6 +5,7 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -40,6 +41,10 @@ class MpiGroup final : public QueuedGroup {
     TANDEM_MPI_CHECK(MPI_Comm_dup(comm, &p2p_));
     TANDEM_MPI_CHECK(MPI_Comm_dup(comm, &debug_));
     recorder().set_backend("mpi", world_ranks(comm));
+    {
+      std::lock_guard lock(mpi_runtime().broken_mutex);
+      mpi_runtime().broken_by_name.emplace(this->name(), broken_ptr());
+    }
     std::lock_guard lock(mpi_runtime().groups_mutex);
     mpi_runtime().groups.insert(this);
   }
@@ -47,6 +52,15 @@ class MpiGroup final : public QueuedGroup {
     {
       std::lock_guard lock(mpi_runtime().groups_mutex);
       mpi_runtime().groups.erase(this);
+    }
+    {
+      std::lock_guard lock(mpi_runtime().broken_mutex);
+      auto& by_name = mpi_runtime().broken_by_name;
+      for (auto [it, end] = by_name.equal_range(name()); it != end; ++it)
+        if (it->second.lock() == broken_ptr()) {
+          by_name.erase(it);
+          break;
+        }
     }
     shutdown();
   }
@@ -102,19 +116,22 @@ class MpiGroup final : public QueuedGroup {
     }
   }
 
+  // The op's tensors (host copies when staged) and the algorithms' scratch areas may still be
+  // written by MPI: a receive freed with a late peer's message on its way, a collective that
+  // cannot be cancelled. Kept for good (the group is broken: no op runs on it again).
+  void keep_buffers_of_broken(const Op& op) override {
+    auto tensors = std::make_shared<TensorList>(op.inputs);
+    tensors->insert(tensors->end(), op.outputs.begin(), op.outputs.end());
+    keep_forever(std::move(tensors));
+    coll_.abandon();
+  }
+
   // The peers' responders hear it now (peer_responder.h), so a rank waiting in a collective this
   // one will never finish fails within moments instead of at its deadline.
   void on_break(const Op& op, const std::string& reason) override {
     notify_peers_of_break(recorder().group(), recorder().world_ranks(), rank(), static_cast<int64_t>(op.seq), reason);
   }
 
- public:
-  // A peer's notice (peer_responder.cpp): rank `from` broke this group at its collective #seq.
-  void broken_by_peer(int from, int64_t seq, const std::string& reason) {
-    broken().mark(fmt::format("rank {} broke it at collective #{}: {}", from, seq, reason));
-  }
-
- private:
 
  private:
   void run(Op& op) {
@@ -205,7 +222,10 @@ class MpiGroup final : public QueuedGroup {
         const Tensor& out = op.outputs[0];
         const int64_t row = static_cast<int64_t>(row_bytes(out));
         const int n = size();
-        std::vector<int> sc(n), sd(n), rc(n), rd(n);
+        // On the heap: MPI reads the counts until the exchange completes (kept if it fails).
+        auto counts = std::make_shared<std::array<std::vector<int>, 4>>();
+        for (auto& c : *counts) c.resize(static_cast<size_t>(n));
+        auto& [sc, sd, rc, rd] = *counts;
         int64_t soff = 0, roff = 0;
         for (int k = 0; k < n; ++k) {
           sc[k] = mpi_int(op.in_splits[k] * row, "all_to_all bytes");
@@ -221,7 +241,7 @@ class MpiGroup final : public QueuedGroup {
           TANDEM_MPI_CHECK(MPI_Ialltoallv(in.data_ptr(), sc.data(), sd.data(), MPI_BYTE, out.data_ptr(), rc.data(),
                                           rd.data(), MPI_BYTE, comm_, &req));
         }
-        wait_collective(op, &req, 1, static_cast<size_t>(soff + roff));
+        wait_collective(op, &req, 1, static_cast<size_t>(soff + roff), counts);
         break;
       }
       case OpKind::barrier: {
@@ -278,8 +298,12 @@ class MpiGroup final : public QueuedGroup {
     if (broken().is_broken()) throw CollectiveError(stopped_by_break(op), false);
   }
 
-  void wait_collective(const Op& op, MPI_Request* reqs, int n, size_t bytes = 0) {
-    if (!wait_requests(reqs, n, op.deadline, bytes)) collective_timeout(op);
+  // `keep`: buffers of the caller's own (counts, lengths) that the requests use, kept for good
+  // when the wait fails.
+  void wait_collective(const Op& op, MPI_Request* reqs, int n, size_t bytes = 0, std::shared_ptr<void> keep = nullptr) {
+    if (wait_requests(reqs, n, op.deadline, bytes)) return;
+    if (keep) keep_forever(std::move(keep));
+    collective_timeout(op);
   }
 
   // ---- allreduce ----
@@ -315,11 +339,22 @@ class MpiGroup final : public QueuedGroup {
   void exchange_fingerprints(const Op& op) {
     const int n = size(), me = rank();
     const int64_t words = fingerprint_words();
-    const std::vector<int64_t> mine = pack_fingerprint(op.fingerprint, op.kind, op.in_splits, op.out_splits);
-    std::vector<int64_t> table(n * words);
+    // On the heap: kept for good if the exchange fails with messages still on their way.
+    struct Exchange {
+      std::vector<int64_t> mine, table;
+      std::vector<MPI_Request> recvs, sends;
+    };
+    auto ex = std::make_shared<Exchange>();
+    ex->mine = pack_fingerprint(op.fingerprint, op.kind, op.in_splits, op.out_splits);
+    ex->table.resize(static_cast<size_t>(n * words));
+    ex->recvs.assign(static_cast<size_t>(n), MPI_REQUEST_NULL);
+    ex->sends.assign(static_cast<size_t>(n), MPI_REQUEST_NULL);
+    const std::vector<int64_t>& mine = ex->mine;
+    std::vector<int64_t>& table = ex->table;
+    std::vector<MPI_Request>& recvs = ex->recvs;
+    std::vector<MPI_Request>& sends = ex->sends;
     std::copy(mine.begin(), mine.end(), table.begin() + me * words);
     const int bytes = mpi_int(words * static_cast<int64_t>(sizeof(int64_t)), "fingerprint bytes");
-    std::vector<MPI_Request> recvs(n, MPI_REQUEST_NULL), sends(n, MPI_REQUEST_NULL);
     {
       auto lk = mpi_runtime().lock();
       for (int k = 0; k < n; ++k) {
@@ -329,26 +364,29 @@ class MpiGroup final : public QueuedGroup {
       }
     }
     if (!wait_requests(recvs.data(), n, op.deadline)) {
-      stop_if_broken(op);
       std::vector<int> missing;
-      auto lk = mpi_runtime().lock();
-      for (int k = 0; k < n; ++k) {
-        if (recvs[k] == MPI_REQUEST_NULL) continue;
-        int done = 0;
-        MPI_Test(&recvs[k], &done, MPI_STATUS_IGNORE);
-        if (done) continue;
-        missing.push_back(k);
-        MPI_Cancel(&recvs[k]);
-        MPI_Request_free(&recvs[k]);
+      {
+        auto lk = mpi_runtime().lock();
+        for (int k = 0; k < n; ++k) {
+          if (recvs[k] == MPI_REQUEST_NULL) continue;
+          int done = 0;
+          MPI_Test(&recvs[k], &done, MPI_STATUS_IGNORE);
+          if (done) continue;
+          missing.push_back(k);
+          MPI_Cancel(&recvs[k]);
+          MPI_Request_free(&recvs[k]);
+        }
+        for (auto& s : sends)
+          if (s != MPI_REQUEST_NULL) MPI_Request_free(&s);
       }
-      for (auto& s : sends)
-        if (s != MPI_REQUEST_NULL) MPI_Request_free(&s);
+      keep_forever(ex);  // a cancel need not have taken effect yet
+      stop_if_broken(op);
       throw TimeoutError(fmt::format("[dist] {} timed out after {} ms: {} {} did not arrive. {}", describe(op),
                                      op.timeout.count(), missing.size() == 1 ? "rank" : "ranks", join_ranks(missing),
                                      flight_dump_hint()),
                          false, missing);
     }
-    wait_collective(op, sends.data(), n);
+    wait_collective(op, sends.data(), n, 0, ex);
     check_fingerprints(op.seq, op.kind, table.data());
   }
 
@@ -420,27 +458,38 @@ class MpiGroup final : public QueuedGroup {
   void do_new_group(Op& op) {
     const int n = size();
     // Every rank must list the same ranks: gather the lists and compare.
-    int len = static_cast<int>(op.ranks.size());
-    std::vector<int> lens(n);
+    // On the heap: kept for good if a gather fails with messages still on their way.
+    struct Gathered {
+      int len = 0;
+      std::vector<int> ranks, lens, displs, all;
+    };
+    auto gathered = std::make_shared<Gathered>();
+    gathered->len = static_cast<int>(op.ranks.size());
+    gathered->ranks = op.ranks;
+    gathered->lens.resize(static_cast<size_t>(n));
+    gathered->displs.resize(static_cast<size_t>(n));
+    const int len = gathered->len;
+    std::vector<int>& lens = gathered->lens;
+    std::vector<int>& displs = gathered->displs;
+    std::vector<int>& all = gathered->all;
     MPI_Request req;
     {
       auto lk = mpi_runtime().lock();
-      TANDEM_MPI_CHECK(MPI_Iallgather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, comm_, &req));
+      TANDEM_MPI_CHECK(MPI_Iallgather(&gathered->len, 1, MPI_INT, lens.data(), 1, MPI_INT, comm_, &req));
     }
-    wait_collective(op, &req, 1);
-    std::vector<int> displs(n);
+    wait_collective(op, &req, 1, 0, gathered);
     int total = 0;
     for (int k = 0; k < n; ++k) {
       displs[k] = total;
       total += lens[k];
     }
-    std::vector<int> all(total);
+    all.resize(static_cast<size_t>(total));
     {
       auto lk = mpi_runtime().lock();
-      TANDEM_MPI_CHECK(MPI_Iallgatherv(op.ranks.data(), len, MPI_INT, all.data(), lens.data(), displs.data(), MPI_INT,
-                                       comm_, &req));
+      TANDEM_MPI_CHECK(MPI_Iallgatherv(gathered->ranks.data(), len, MPI_INT, all.data(), lens.data(), displs.data(),
+                                       MPI_INT, comm_, &req));
     }
-    wait_collective(op, &req, 1);
+    wait_collective(op, &req, 1, 0, gathered);
     std::vector<std::string> fps(n);
     bool mismatch = false;
     for (int k = 0; k < n; ++k) {
@@ -475,9 +524,10 @@ class MpiGroup final : public QueuedGroup {
 
 void break_group_from_peer(const std::string& name, int from, int64_t seq, const std::string& reason) {
   MpiRuntime& rt = mpi_runtime();
-  std::lock_guard lock(rt.groups_mutex);  // a group leaves the set before it is destroyed
-  for (MpiGroup* g : rt.groups)
-    if (g->name() == name) g->broken_by_peer(from, seq, reason);
+  const std::string why = fmt::format("rank {} broke it at collective #{}: {}", from, seq, reason);
+  std::lock_guard lock(rt.broken_mutex);
+  for (auto [it, end] = rt.broken_by_name.equal_range(name); it != end; ++it)
+    if (std::shared_ptr<BrokenState> state = it->second.lock()) state->mark(why);
 }
 
 ProcessGroupPtr make_mpi_world(std::optional<Milliseconds> timeout, std::optional<bool> debug_checks) {

@@ -817,6 +817,25 @@ TEST_CASE("scaled_dot_product_attention: a tiny scale with huge q and k keeps fi
   REQUIRE(max(abs(v.grad() - v2.grad())).item<double>() <= 1e-12 * max(abs(v.grad())).item<double>());
 }
 
+// fuzz_seq_ops' finding (tools/fuzz/corpus/seq_ops/crash-attention-negzero-scale): scale = -0 with
+// q = k = 1.5e300 and one key. The scale goes into q first, so every score is ±0 and the output is
+// v exactly; the target's reference computed q·k first, which overflowed, and -0 · inf is NaN. The
+// reference was wrong, not the op: the scores are (scale · q)·k, as the op's contract says.
+TEST_CASE("scaled_dot_product_attention: a zero scale with huge q and k attends evenly", "[attention][fuzz]") {
+  for (const double scale : {-0.0, 0.0}) {
+    Tensor q = full({2, 8, 1}, 0x1.7e43c8800759cp+996, f64).requires_grad_();
+    Tensor k = full({2, 3, 1}, 0x1.7e43c8800759cp+996, f64).requires_grad_();
+    Tensor v = from_vector<double>({1, 2, 3, 4, 5, 6}, {2, 3, 1}).requires_grad_();
+    Tensor out = scaled_dot_product_attention(q, k, v, {}, 0.0, false, scale);
+    // Every weight 1/3: each row is the mean of its batch's values.
+    REQUIRE(max(abs(out - from_vector<double>({2, 5}, {2, 1, 1}))).item<double>() == 0);
+    sum(out).backward();
+    for (const Tensor* t : {&q, &k, &v})
+      REQUIRE(sum(logical_or(isnan(t->grad()), isinf(t->grad()))).item<int64_t>() == 0);
+    REQUIRE(max(abs(v.grad() - full({2, 3, 1}, 8.0 / 3, f64))).item<double>() < 1e-15);
+  }
+}
+
 // Stride-0 views can have sizes whose B·H·L·S overflows int64: dropout cannot number its weights,
 // which is a clear error before anything is drawn or allocated.
 TEST_CASE("scaled_dot_product_attention: dropout over more weights than int64 counts is an error", "[attention]") {

@@ -1,4 +1,4 @@
-// Convolution and pooling on the CPU (core/detail/conv.cpp, core/detail/pool.cpp, autograd/conv_grad.cpp, nn::Conv2d and the
+// Convolution and pooling on the CPU (core/cpu/conv.cpp, core/cpu/pool.cpp, autograd/conv_grad.cpp, nn::Conv2d and the
 // pooling/BatchNorm2d/Flatten modules): against naive loop references, against values printed by
 // PyTorch 1.13, finite-difference gradients in f64, and the argument errors.
 #include <catch2/catch.hpp>
@@ -7,7 +7,7 @@
 #include <limits>
 #include <string>
 
-#include "core/detail/onednn.h"
+#include "core/cpu/onednn.h"
 #include "tandem.h"
 #include "test_util.h"
 

@@ -877,7 +877,7 @@ TEST_CASE("Tensor methods give what the free functions give", "[elementwise][met
 
 TEST_CASE("f32 and bf16 GELU and its gradient on the SIMD clones give the scalar functors' bits", "[elementwise]") {
   // Contiguous f32 GELU runs on clones built for AVX-512/AVX2/the baseline without multiply-add
-  // contraction (core/detail/simd_loops.cpp): every element must equal the functor evaluated one
+  // contraction (core/cpu/simd_loops.cpp): every element must equal the functor evaluated one
   // at a time here (this file is built for the baseline, which has no FMA). An odd length for the
   // tail, values across erf's and exp's ranges, infinities, NaN and signed zeros.
   std::vector<float> xs;

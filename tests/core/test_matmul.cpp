@@ -3,7 +3,7 @@
 #include <cmath>
 #include <limits>
 
-#include "core/detail/onednn.h"  // onednn_bf16_gemm: the oneDNN route on its own
+#include "core/cpu/onednn.h"  // onednn_bf16_gemm: the oneDNN route on its own
 #include "tandem.h"
 #include "test_util.h"
 

@@ -166,10 +166,10 @@ inline void failed_backward_then_training(ProcessGroupPtr g) {
   X("ddp threads: Join with uneven inputs trains as one process, and every rank ends with its parameters",            \
     "[ddp][join]", "ddp mpi: Join with uneven inputs",                                                                \
     Step{join_uneven_inputs, {1, 2, 4}})                                                                              \
-  X("ddp threads: under Join buffers come from the ranks still training; throw_on_early_termination; misuse",         \
+  X("ddp threads: under Join buffers come from the highest rank still training; early termination; misuse",         \
     "[ddp][join]", "ddp mpi: Join buffers, early termination and misuse",                                             \
     Step{join_buffers_follow_the_ranks_still_training, {2, 3}}, Step{join_throw_on_early_termination, {1, 2, 4}},     \
-    Step{join_misuse, {1, 2}})                                                                                        \
+    Step{join_misuse, {1, 2}}, Step{join_batchnorm_buffers_both, {2, 4}})                                             \
   /* ZeRO stage 1 (ddp_zero_cases.h). */                                                                              \
   X("ddp threads: ZeroRedundancyOptimizer equals DDP + the plain optimizer; its state dict is the plain one's",       \
     "[ddp][zero]", "ddp mpi: ZeroRedundancyOptimizer",                                                                \

@@ -319,7 +319,8 @@ inline void checkpoint_errors(ProcessGroupPtr g) {
     TrainingState ws{.model = wide.get(), .optimizer = &wide_opt, .rng = false};
     expect_join_error([&] { load_checkpoint(file.path, ws); },
                       fmt::format("[checkpoint] '{}': the model (WideNet) does not fit the file's 'model.' section: "
-                                  "size mismatch for 'fc2.weight': the file has [4, 16], the model has [5, 16]",
+                                  "[load_state_dict] cannot load into WideNet: size mismatch for 'fc2.weight': the "
+                                  "state dict has [4, 16], the module has [5, 16]",
                                   file.path));
     expect_same_dict(wide->state_dict(), wide_before, what + " after a model of other shapes: the model");
     expect_same_dict(wide_opt.state_dict(), wide_opt_before, what + " after a model of other shapes: the optimizer");

@@ -140,10 +140,10 @@ struct ForwardCounter : nn::Module {
   }
 };
 
-// Buffers are broadcast before each iteration from the lowest rank still training (rank 0 joins
-// first, with a stale count), and at the end every rank takes the count of a rank that trained in
-// the last iteration: the number of iterations the longest shard had (2W - 1; from a stale rank 0
-// it would be 2).
+// Buffers are broadcast before each iteration from a rank still training (rank 0 joins first, with
+// a stale count), and at the end every rank takes the count of a rank that trained in the last
+// iteration: the number of iterations the longest shard had (2W - 1; from a stale rank 0 it would
+// be 2).
 inline void join_buffers_follow_the_ranks_still_training(ProcessGroupPtr g) {
   const int W = g->size(), R = g->rank();
   manual_seed(3);
@@ -168,6 +168,68 @@ inline void join_buffers_follow_the_ranks_still_training(ProcessGroupPtr g) {
   g->allreduce(w, ReduceOp::sum)->wait();
   expect(max_abs_diff(w, model->fc->weight * static_cast<double>(W)) < 1e-12,
          "join buffers rank {}/{}: the parameters differ across ranks after the join", R, W);
+}
+
+// BatchNorm under a Join, as PyTorch: before each iteration the running statistics of the highest
+// rank still training are broadcast (even when every rank still has data), and at the end every
+// rank takes those of the highest rank that trained in the last iteration. The BatchNorm is the
+// first layer, so its statistics depend on the data alone: the reference replays the rule.
+inline void join_batchnorm_buffers(ProcessGroupPtr g, bool uneven) {
+  const int W = g->size(), R = g->rank();
+  const std::string what = fmt::format("join batchnorm uneven={} rank {}/{}", uneven, R, W);
+  // Uneven: rank r has W - r full batches and a short one, so the highest ranks join first and
+  // the lowest and highest rules disagree; even: two full batches and a short one everywhere.
+  auto full_batches = [&](int r) -> int64_t { return uneven ? W - r : 2; };
+  manual_seed(4);
+  auto model = std::make_shared<nn::Sequential>(nn::BatchNorm1d(8), nn::Linear(8, 4));
+  model->to(f64);
+  DistributedDataParallel ddp(model, g);
+  optim::SGD opt(model->parameters(), {.lr = 0.05});
+  {
+    Join join({&ddp});
+    data::DataLoader loader(join_shard(R, full_batches(R)), join_loader_options());
+    for (const TensorList& b : loader) {
+      opt.zero_grad();
+      mse_loss(ddp(b[0]), b[1]).backward();
+      opt.step();
+    }
+  }
+  // The rule, replayed: each rank's statistics after iteration i are its own batch's update of the
+  // statistics the iteration's authority (the highest rank with a batch i) had after i - 1.
+  std::vector<std::vector<TensorList>> batches;
+  for (int r = 0; r < W; ++r) batches.push_back(join_batches(r, full_batches(r)));
+  nn::BatchNorm1d bn(8);
+  bn.to(f64);
+  std::vector<std::pair<Tensor, Tensor>> stats(static_cast<size_t>(W), {zeros({8}, f64), ones({8}, f64)});
+  int last = -1;
+  for (size_t i = 0;; ++i) {
+    int authority = -1;
+    for (int r = 0; r < W; ++r)
+      if (i < batches[r].size()) authority = r;
+    if (authority < 0) break;
+    last = authority;
+    const auto base = stats[static_cast<size_t>(authority)];
+    for (int r = 0; r < W; ++r) {
+      stats[static_cast<size_t>(r)] = base;  // the broadcast reaches the joined ranks too
+      if (i >= batches[r].size()) continue;
+      NoGradGuard no_grad;
+      bn.running_mean().copy_(base.first);
+      bn.running_var().copy_(base.second);
+      bn(batches[r][i][0]);
+      stats[static_cast<size_t>(r)] = {bn.running_mean().clone(), bn.running_var().clone()};
+    }
+  }
+  auto got = model->at<nn::BatchNorm1d>(0);
+  const auto& want = stats[static_cast<size_t>(last)];
+  expect(max_abs_diff(got->running_mean(), want.first) < 1e-12 && max_abs_diff(got->running_var(), want.second) < 1e-12,
+         "{}: the running statistics are not those of the highest rank still training (rank {} last): mean differs "
+         "by {}, var by {}",
+         what, last, max_abs_diff(got->running_mean(), want.first), max_abs_diff(got->running_var(), want.second));
+}
+
+inline void join_batchnorm_buffers_both(ProcessGroupPtr g) {
+  join_batchnorm_buffers(g, true);
+  join_batchnorm_buffers(g, false);
 }
 
 // throw_on_early_termination: every rank raises at the first iteration where a rank has no

@@ -24,8 +24,10 @@ namespace ddp_cases {
 struct ZeroJoinCase {
   std::optional<Dtype> low;    // DDP mixed precision: parameters and reduction in this dtype
   std::optional<double> clip;  // the user's clip_grad_norm_ of every iteration
+  bool refused_clip = false;   // every iteration also tries a clip another observer refuses
   std::string str() const {
-    return fmt::format("mp={} clip={}", low ? dtype_name(*low) : "none", clip ? fmt::format("{}", *clip) : "none");
+    return fmt::format("mp={} clip={} refused_clip={}", low ? dtype_name(*low) : "none",
+                       clip ? fmt::format("{}", *clip) : "none", refused_clip);
   }
 };
 
@@ -47,6 +49,15 @@ inline int64_t train_uneven(DistributedDataParallel& ddp, optim::Optimizer& opt,
   for (const TensorList& b : loader) {
     opt.zero_grad();
     mse_loss(ddp(b[0].to(dt)).to(dt), b[1].to(dt)).backward();
+    if (c.refused_clip) {
+      // A clip that never happens (refused after the ZeRO's own check passed) is not repeated.
+      HookHandle refuse = nn::utils::observe_gradient_clipping(
+          ddp.module().parameters(), {.check = [](const TensorList&) { fail("[test] this clip is refused"); }});
+      try {
+        nn::utils::clip_grad_norm_(ddp.module().parameters(), 1e-4);
+      } catch (const Error&) {
+      }
+    }
     if (c.clip) nn::utils::clip_grad_norm_(ddp.module().parameters(), *c.clip);
     opt.step();
     schedule.step();
@@ -88,6 +99,7 @@ inline void zero_join_mixed_precision_and_clipping(ProcessGroupPtr g) {
   zero_join_against_plain(g, {.low = bf16});
   zero_join_against_plain(g, {.low = f16});
   zero_join_against_plain(g, {.low = bf16, .clip = 0.05});
+  zero_join_against_plain(g, {.refused_clip = true});
 }
 
 // Under a Join a clip of a tensor the ZeRO does not hold cannot be repeated by a joined rank: the
@@ -114,6 +126,17 @@ inline void zero_join_clip_errors(ProcessGroupPtr g) {
   nn::utils::clip_grad_norm_(held, 1e-3);  // its own parameters: fine
   zero.step();
   join.join();
+  if (g->size() > 1) {
+    // The schedulers' positions travel with the hyperparameters: every rank must hold the same
+    // ones, checked when the Join is made, on every rank alike.
+    ZeroRedundancyOptimizer other(held, optim::AdamOptions{.lr = 0.01}, g);
+    optim::StepLR first(other, 2);
+    std::optional<optim::StepLR> extra;
+    if (g->rank() == 1) extra.emplace(other, 3);
+    expect_join_error([&] { Join bad({&ddp, &other}); },
+                      "under a Join every rank must build the same learning-rate schedulers on the optimizer: the "
+                      "ranks hold between 1 and 2");
+  }
 }
 
 // Rank 0 runs out of data first; after the Join its schedule (the one a user checkpoints from rank

@@ -292,6 +292,24 @@ TEST_CASE("module: several inputs (forward_inputs), through hooks and Sequential
   REQUIRE_THROWS_WITH(plain(x, gate), Contains("[Sequential] takes 1 input, got 2"));
 }
 
+namespace {
+// Declares two inputs, and hands a single one back to forward: a loop the default forward breaks.
+struct Looping : nn::Module {
+  Looping() : Module("Looping") {}
+  size_t max_inputs() const override { return 2; }
+  Tensor forward_inputs(const TensorList& in) override { return in.size() == 1 ? forward(in[0]) : in[0] + in[1]; }
+};
+}  // namespace
+
+TEST_CASE("module: a module of several inputs that hands one back to forward is an error, not a loop",
+          "[nn][module]") {
+  Looping m;
+  const Tensor x = ones({2});
+  CHECK((m(x, x) - 2.0).abs().max().item<double>() == 0);
+  REQUIRE_THROWS_WITH(m(x), Contains("[Looping] takes several inputs but implements neither forward(const Tensor&) "
+                                     "nor forward_inputs for one input"));
+}
+
 TEST_CASE("module: str prints the tree", "[nn][module]") {
   auto net = std::make_shared<Net>();
   std::string s = net->str();

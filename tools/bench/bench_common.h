@@ -15,6 +15,7 @@
 #include <fstream>
 #include <functional>
 #include <optional>
+#include <cstdlib>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -95,6 +96,15 @@ inline std::string self_exe(const char* fallback) {
 
 // `mpirun -np N` with what this machine needs (root, more ranks than cores) and one intra-op
 // thread per rank.
+// The Python that runs the PyTorch peer: `flag` (--peer-python PATH) when given, else
+// $TANDEM_PEER_PYTHON, else Debian's /usr/bin/python3 (python3-torch 1.13). tools/ci/peer-venv.sh
+// makes one with today's PyTorch 2.x.
+inline std::string peer_python(const std::string& flag) {
+  if (!flag.empty()) return flag;
+  const char* env = std::getenv("TANDEM_PEER_PYTHON");
+  return env && *env ? env : "/usr/bin/python3";
+}
+
 inline std::string mpirun_prefix(int np) {
   std::string flags;
   if (geteuid() == 0) flags += " --allow-run-as-root";

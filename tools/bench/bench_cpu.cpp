@@ -1,6 +1,6 @@
 // bench_cpu: Tandem's CPU figures beside PyTorch's (run in the same process tree, one thread).
 //
-//   bench_cpu [--json] [--runs N] [--no-peer] [--quick]
+//   bench_cpu [--json] [--runs N] [--no-peer] [--quick] [--peer-python PATH]
 //
 // Rows: mlp_step (64x784-512-512-10 MLP, cross-entropy, SGD momentum, one step), mlp_step_2t and
 // cnn_step_2t (that step and one of train's Fashion-MNIST CNN, batch 64, on two threads), tiny_op (one
@@ -69,8 +69,8 @@ double conv2d_fwd_bwd_ms(int runs) {
 }
 
 // The PyTorch peer's rows; nullopt (silently) where it cannot run.
-std::optional<nlohmann::json> run_peer(int runs) {
-  return bench::run_json(fmt::format("/usr/bin/python3 {}/bench_cpu_peer.py {} 2>/dev/null", TANDEM_BENCH_DIR, runs));
+std::optional<nlohmann::json> run_peer(const std::string& python, int runs) {
+  return bench::run_json(fmt::format("{} {}/bench_cpu_peer.py {} 2>/dev/null", python, TANDEM_BENCH_DIR, runs));
 }
 
 }  // namespace
@@ -83,6 +83,9 @@ int main(int argc, char** argv) {
   app.add_option("--runs", runs, "samples per row (the median is reported)")->check(CLI::Range(1, 1000000));
   app.add_flag("--no-peer", no_peer, "do not run the PyTorch peer");
   app.add_flag("--quick", quick, "skip the long rss_growth row");
+  std::string peer_flag;
+  app.add_option("--peer-python", peer_flag,
+                 "the Python with torch that runs the peer (default: $TANDEM_PEER_PYTHON, else /usr/bin/python3)");
   TANDEM_TOOL_PARSE(app, argc, argv);
 
   set_num_threads(1);
@@ -128,11 +131,12 @@ int main(int argc, char** argv) {
     rows.push_back({"rss_growth", (rss_20k - rss_1k) / rss_1k * 100.0, std::nullopt, "%", "<= 1%",
                     fmt::format("RSS {:.1f} MiB at 1k steps, {:.1f} MiB at 20k", rss_1k / 1048576, rss_20k / 1048576)});
   }
-  if (!no_peer) peer = run_peer(runs);
+  const std::string python = bench::peer_python(peer_flag);
+  if (!no_peer) peer = run_peer(python, runs);
   for (auto& row : rows) {
     if (peer && peer->contains(row.name)) row.peer = (*peer)[row.name].get<double>();
   }
-  if (!no_peer && !peer) fmt::print(stderr, "note: PyTorch peer not available (/usr/bin/python3 with torch)\n");
+  if (!no_peer && !peer) fmt::print(stderr, "note: PyTorch peer not available ({} with torch)\n", python);
   bench::print_rows(rows, json);
   return 0;
 }

@@ -1,6 +1,6 @@
 // bench_ddp: DDP's cost, beside our own single-process step and PyTorch DDP over gloo.
 //
-//   bench_ddp [--json] [--runs N] [--no-peer] [--quick]
+//   bench_ddp [--json] [--runs N] [--no-peer] [--quick] [--peer-python PATH]
 //
 // Run it plainly (not under mpirun): it measures the single-process figures itself and launches
 // `mpirun -np 2 bench_ddp --worker ...` for the DDP ones (one thread per rank), and the PyTorch
@@ -438,6 +438,9 @@ int main(int argc, char** argv) {
   app.add_flag("--quick", quick, "skip the 50 M-parameter RSS rows");
   app.add_option("--worker", worker_task, "internal: run one measurement under mpirun");
   app.add_option("--momentum", momentum, "internal: SGD momentum of a peak-RSS worker");
+  std::string peer_flag;
+  app.add_option("--peer-python", peer_flag,
+                 "the Python with torch that runs the peer (default: $TANDEM_PEER_PYTHON, else /usr/bin/python3)");
   TANDEM_TOOL_PARSE(app, argc, argv);
 
   try {
@@ -472,7 +475,8 @@ int main(int argc, char** argv) {
 
     std::optional<nlohmann::json> torch;
     if (!no_peer)
-      torch = run_json(fmt::format("/usr/bin/python3 {}/bench_ddp_peer.py {} 2>&1", TANDEM_BENCH_DIR, runs));
+      torch = run_json(fmt::format("{} {}/bench_ddp_peer.py {} 2>&1", bench::peer_python(peer_flag), TANDEM_BENCH_DIR,
+                                   runs));
     std::optional<double> torch_ms;
     if (torch) torch_ms = (*torch)["ddp_step_ms"].get<double>();
     rows.push_back({"ddp_vs_torch_np2", ddp_ms, torch_ms, "ms", "ratio <= 0.4",

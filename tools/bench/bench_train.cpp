@@ -3,11 +3,12 @@
 // optimizer and schedule; one intra-op thread per process.
 //
 //   bench_train [--json] [--runs N] [--acc-runs N] [--gpt-runs N] [--no-peer] [--quick] [--data-root DIR]
-//               [--rows LIST]
+//               [--rows LIST] [--peer-python PATH]
 //
 // Run it plainly (not under mpirun): it launches its own workers (`bench_train --worker epoch|sdpa|
 // gpt|gpt_bf16`, under `mpirun -np 2` for the DDP rows), the PyTorch peer
-// (tools/bench/bench_train_peer.py with /usr/bin/python3; gloo processes for the DDP rows) and, for
+// (tools/bench/bench_train_peer.py with /usr/bin/python3, or --peer-python's; gloo processes for the
+// DDP rows) and, for
 // the accuracy and the validation loss, the main job itself (`mpirun -np 2 train` with its
 // defaults, and with `--model gpt`). Ours and the peer's runs alternate (ours, peer, ours, peer,
 // ...), so a shared machine's drift falls on both alike; a row shows the medians, and its note the
@@ -410,6 +411,9 @@ int main(int argc, char** argv) {
   app.add_flag("--no-peer", no_peer, "do not run the PyTorch peer");
   app.add_flag("--quick", quick, "one run of each timed row, no accuracy or validation-loss row");
   app.add_option("--data-root", data_root, "folder of the Fashion-MNIST IDX files");
+  std::string peer_flag;
+  app.add_option("--peer-python", peer_flag,
+                 "the Python with torch that runs the peer (default: $TANDEM_PEER_PYTHON, else /usr/bin/python3)");
   std::string row_groups = "cnn,sdpa,gpt";
   app.add_option("--rows", row_groups, "the row groups to run, comma-separated: cnn (conv2d_fwd_bwd, fmnist_*), "
                                        "sdpa (sdpa_*), gpt (gpt_*)");
@@ -459,7 +463,7 @@ int main(int argc, char** argv) {
     const fs::path tmp(tmp_template);
     const std::string setup = (tmp / "setup.safetensors").string();
     if (want("cnn")) write_setup(setup, kFmnistCnnRecipe.epochs, 60000);
-    const std::string py = "/usr/bin/python3";
+    const std::string py = bench::peer_python(peer_flag);
     const std::string peer_script = fmt::format("{}/bench_train_peer.py", TANDEM_BENCH_DIR);
     // The peer's run of train's CNN: `epochs` > 1 is the main job's recipe, 1 the timed epoch (a
     // constant lr, as the worker's).

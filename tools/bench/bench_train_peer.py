@@ -14,8 +14,9 @@
       loading excluded), the last step's loss and the test accuracy.
 
   bench_train_peer.py sdpa
-      Attention as a model writes it without a fused op (PyTorch 1.13 has none): q kᵀ · scale,
-      masked_fill of the causal mask, softmax, · v; forward and backward at B 8, H 4, T 512, D 64, f32.
+      Causal attention, forward and backward at B 8, H 4, T 512, D 64, f32: PyTorch 2.x's fused
+      scaled_dot_product_attention where the peer has it; on PyTorch 1.13, which has none, as a
+      model writes it (q kᵀ · scale, masked_fill of the causal mask, softmax, · v).
       Reports the median ms of 5 runs after the first, and the first run's peak RSS over what the
       inputs take (MiB), as bench_train's sdpa worker does for ours.
 
@@ -27,8 +28,9 @@
       ("train_tokens"), every rank's window starts for the steps ("order.<W>.<rank>": step s takes
       entries [s B, (s + 1) B), the window being tokens [start, start + T] as train's TextDataset
       cuts it) and the validation windows train evaluates ("val.x", "val.y"), all written by
-      bench_train. Attention unfused (PyTorch 1.13 has no fused op): q kᵀ · 1/√D, masked_fill of
-      the causal mask, softmax, · v; exact GELU, LayerNorm eps 1e-5, the tied head. Each step:
+      bench_train. Attention fused on PyTorch 2.x, unfused on 1.13 (which has no fused op: q kᵀ ·
+      1/√D, masked_fill of the causal mask, softmax, · v); exact GELU, LayerNorm eps 1e-5, the tied
+      head. Each step:
       forward, mean cross-entropy, backward, clip_grad_norm_ to C, AdamW (betas B1/B2, eps 1e-8,
       weight decay WD on the parameters of 2+ dims, none on the others), then the schedule: train's
       warm-up from lr/10 over WU steps and a cosine to 0 over the other S - WU (LambdaLR). Runs N
@@ -184,6 +186,17 @@ def current_rss_mib():
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / (1024.0 * 1024.0)
 
 
+def causal_attention(q, k, v, causal, scale):
+    """softmax(q kᵀ · scale, causal) v: PyTorch 2.x's fused scaled_dot_product_attention where the
+    peer has it (its CPU kernel is tiled, as ours), else 1.13's composition of ops."""
+    fused = getattr(torch.nn.functional, "scaled_dot_product_attention", None)
+    if fused is not None:
+        return fused(q, k, v, is_causal=True)  # scale: 1/sqrt(D), the callers' own
+    s = (q @ k.transpose(-2, -1)) * scale
+    s = s.masked_fill(~causal, float("-inf"))
+    return torch.softmax(s, -1) @ v
+
+
 def sdpa():
     import resource
     set_threads(1)
@@ -196,9 +209,7 @@ def sdpa():
 
     def step():
         q.grad = k.grad = v.grad = None
-        s = (q @ k.transpose(-2, -1)) * scale
-        s = s.masked_fill(~causal, float("-inf"))
-        ((torch.softmax(s, -1) @ v) * w).sum().backward()
+        (causal_attention(q, k, v, causal, scale) * w).sum().backward()
 
     base = current_rss_mib()
     step()
@@ -227,9 +238,7 @@ class GptAttention(torch.nn.Module):
         B, T, C = x.shape
         D = C // self.n_head
         q, k, v = (t.view(B, T, self.n_head, D).transpose(1, 2) for t in self.c_attn(x).split(C, 2))
-        s = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(D))
-        s = s.masked_fill(~self.causal[:T, :T], float("-inf"))
-        y = torch.softmax(s, -1) @ v  # [B, H, T, D]
+        y = causal_attention(q, k, v, self.causal[:T, :T], 1.0 / math.sqrt(D))  # [B, H, T, D]
         return self.c_proj(y.transpose(1, 2).reshape(B, T, C))
 
 

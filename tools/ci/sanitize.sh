@@ -90,7 +90,7 @@ case "$kind" in
     ;;
 esac
 # clang-14 and libFuzzer for fuzz, the rest as for the tests: installed when missing (idempotent).
-"$root/tools/ci/deps.sh"
+"$root/tools/ci/deps.sh" test
 args=("$@")
 build=${TANDEM_SANITIZE_BUILD_DIR:-$root/build-$kind}
 launcher=()

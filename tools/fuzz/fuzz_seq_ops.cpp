@@ -916,7 +916,7 @@ class Program {
   }
 
   // Calls scaled_dot_product_attention and checks what it must do: refuse exactly what the
-  // contract (make_attention_problem in core/detail/attention.cpp) refuses, and return a result
+  // contract (make_attention_problem in core/cpu/attention.cpp) refuses, and return a result
   // that check_attention accepts. `fresh`: q, k, v and mask are new tensors here (their retained
   // gradients hold this call's alone).
   Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, double p, bool causal,
@@ -1064,10 +1064,13 @@ class Program {
           use[j] = !masked;
           any |= !masked;
           if (masked) continue;
+          // The scale folded into q, as the op's contract has it (core/detail/attention.h): with a
+          // tiny or zero scale and huge q and k, q·k alone overflows (scale · inf, or -0 · inf =
+          // NaN) where the scores themselves are small (the finding of scale=-0 with q = k = 1e300).
           double dot = 0;
           for (int64_t e = 0; e < E; ++e)
-            dot += qv.f[static_cast<size_t>(r * E + e)] * kv.f[static_cast<size_t>((b * S + j) * E + e)];
-          s[j] = sc * dot + bias;
+            dot += (sc * qv.f[static_cast<size_t>(r * E + e)]) * kv.f[static_cast<size_t>((b * S + j) * E + e)];
+          s[j] = dot + bias;
         }
         for (int64_t e = 0; e < Ev; ++e) {
           const double o = ov.f[static_cast<size_t>(r * Ev + e)];

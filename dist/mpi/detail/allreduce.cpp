@@ -11,8 +11,27 @@ namespace tandem::dist {
 
 namespace {
 
-constexpr int kAllreduceTag = 11;
 constexpr size_t kMaxMessage = size_t(1) << 30;
+
+// The algorithms' messages carry the allreduce's size in their tag, so a peer that runs an
+// allreduce of another size on the group sends messages our receives do not match (instead of
+// pieces of the same length that would sum silently), and foreign_message_waiting sees them.
+// MPI guarantees tags up to 32767; two sizes 30,000 bytes apart apiece still collide.
+int allreduce_tag(size_t bytes) { return 1000 + static_cast<int>(bytes % 30000); }
+
+// A receive from `peer` is still pending and a message from it with another tag waits unmatched:
+// the peer runs another collective (its messages to us arrive in order, and none of this
+// collective's can come after one of a later collective). Checked every 64th unsuccessful poll.
+// MPI's runtime lock held.
+void check_no_foreign_message(const CollectiveComm& c, int peer, int tag) {
+  int flag = 0;
+  MPI_Status st;
+  if (MPI_Iprobe(peer, MPI_ANY_TAG, c.comm(), &flag, &st) != MPI_SUCCESS || !flag || st.MPI_TAG == tag) return;
+  int bytes = 0;
+  MPI_Get_count(&st, MPI_BYTE, &bytes);
+  throw MpiError(fmt::format("[mpi] allreduce: rank {} sent a message of another collective ({} bytes)", peer, bytes),
+                 fmt::format("a message of another collective from rank {}", peer));
+}
 
 // The ring moves 2 (n-1)/n of the buffer in 2 (n-1) steps of bytes/n; recursive doubling moves
 // all of it log2(n) times. The ring wins once its steps are past MPI's rendezvous size: from
@@ -89,7 +108,8 @@ bool allreduce_buffer(CollectiveComm& c, char* data, int64_t count, Dtype dt, Re
 // ---- RingAllreduce ----
 
 RingAllreduce::RingAllreduce(CollectiveComm& c, ReduceOp reduce, char* data, int64_t count, Dtype dt)
-    : c_(c), reduce_(reduce), data_(data), count_(count), dt_(dt), item_(itemsize(dt)) {
+    : c_(c), reduce_(reduce), data_(data), count_(count), dt_(dt), item_(itemsize(dt)),
+      tag_(allreduce_tag(static_cast<size_t>(count) * itemsize(dt))) {
   tmp_ = c.scratch(1, static_cast<size_t>(count / c.size() + 1) * item_);
   post_step();
 }
@@ -130,12 +150,12 @@ void RingAllreduce::post_step() {
     reqs_.push_back(MPI_REQUEST_NULL);
     const int piece = static_cast<int>(std::min(kMaxMessage, recv_bytes - off));
     recv_bytes_.push_back(piece);
-    TANDEM_MPI_CHECK(MPI_Irecv(recv + off, piece, MPI_BYTE, left, kAllreduceTag, c_.comm(), &reqs_.back()));
+    TANDEM_MPI_CHECK(MPI_Irecv(recv + off, piece, MPI_BYTE, left, tag_, c_.comm(), &reqs_.back()));
   }
   for (size_t off = 0; off < send_bytes; off += kMaxMessage) {
     reqs_.push_back(MPI_REQUEST_NULL);
     const int piece = static_cast<int>(std::min(kMaxMessage, send_bytes - off));
-    TANDEM_MPI_CHECK(MPI_Isend(send + off, piece, MPI_BYTE, right, kAllreduceTag, c_.comm(), &reqs_.back()));
+    TANDEM_MPI_CHECK(MPI_Isend(send + off, piece, MPI_BYTE, right, tag_, c_.comm(), &reqs_.back()));
   }
 }
 
@@ -144,11 +164,12 @@ bool RingAllreduce::progress() {
   if (!reqs_.empty()) {
     int flag = 0;
     statuses_.resize(reqs_.size());
-    {
-      auto lk = mpi_runtime().lock();
-      TANDEM_MPI_CHECK(MPI_Testall(static_cast<int>(reqs_.size()), reqs_.data(), &flag, statuses_.data()));
+    auto lk = mpi_runtime().lock();
+    TANDEM_MPI_CHECK(MPI_Testall(static_cast<int>(reqs_.size()), reqs_.data(), &flag, statuses_.data()));
+    if (!flag) {
+      if ((++polls_ & 63) == 0) check_no_foreign_message(c_, (c_.rank() + c_.size() - 1) % c_.size(), tag_);
+      return false;
     }
-    if (!flag) return false;
     check_received(statuses_.data(), recv_bytes_.data(), recv_bytes_.size());
   }
   const int n = c_.size();
@@ -168,7 +189,8 @@ bool RingAllreduce::progress() {
 }
 
 SmallAllreduce::SmallAllreduce(CollectiveComm& c, ReduceOp reduce, char* data, int64_t count, Dtype dt)
-    : c_(c), reduce_(reduce), data_(data), count_(count), dt_(dt), bytes_(count * itemsize(dt)) {
+    : c_(c), reduce_(reduce), data_(data), count_(count), dt_(dt), bytes_(count * itemsize(dt)),
+      tag_(allreduce_tag(bytes_)) {
   const int n = c.size();
   if (n == 1 || count == 0) {
     done_ = true;
@@ -196,10 +218,13 @@ bool SmallAllreduce::progress() {
   {
     auto lk = mpi_runtime().lock();
     TANDEM_MPI_CHECK(MPI_Testall(nreq_, reqs_, &flag, statuses_));
+    if (!flag) {  // MPI's own allreduce (no tmp_) checks its messages itself
+      if (tmp_ && (++polls_ & 63) == 0) check_no_foreign_message(c_, c_.rank() ^ mask_, tag_);
+      return false;
+    }
+    if (tmp_) check_received(statuses_, recv_bytes_, static_cast<size_t>(nrecv_));
   }
-  if (!flag) return false;
   nreq_ = 0;
-  if (tmp_) check_received(statuses_, recv_bytes_, static_cast<size_t>(nrecv_));  // MPI's own allreduce checks its messages
   if (tmp_) {
     const int peer = c_.rank() ^ mask_;
     if (c_.rank() < peer) {
@@ -232,11 +257,11 @@ void SmallAllreduce::post_round() {
   for (size_t off = 0; off < bytes_; off += piece) {
     int len = static_cast<int>(std::min(piece, bytes_ - off));
     recv_bytes_[nrecv_++] = len;
-    TANDEM_MPI_CHECK(MPI_Irecv(tmp_ + off, len, MPI_BYTE, peer, kAllreduceTag, c_.comm(), &reqs_[nreq_++]));
+    TANDEM_MPI_CHECK(MPI_Irecv(tmp_ + off, len, MPI_BYTE, peer, tag_, c_.comm(), &reqs_[nreq_++]));
   }
   for (size_t off = 0; off < bytes_; off += piece) {
     int len = static_cast<int>(std::min(piece, bytes_ - off));
-    TANDEM_MPI_CHECK(MPI_Isend(data_ + off, len, MPI_BYTE, peer, kAllreduceTag, c_.comm(), &reqs_[nreq_++]));
+    TANDEM_MPI_CHECK(MPI_Isend(data_ + off, len, MPI_BYTE, peer, tag_, c_.comm(), &reqs_[nreq_++]));
   }
 }
 

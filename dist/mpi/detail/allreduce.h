@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <memory>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "dist/detail/comm_thread.h"
@@ -82,6 +83,16 @@ bool wait_requests(MPI_Request* reqs, int n, Clock::time_point deadline, size_t 
 class CollectiveComm {
  public:
   CollectiveComm(MPI_Comm comm, int rank, int size) : comm_(comm), rank_(rank), size_(size) {}
+  // After an operation failed (its group broken), MPI may still write into the scratch areas (a
+  // receive freed with a late peer's message on its way): they are then never freed.
+  ~CollectiveComm() {
+    if (abandoned_)
+      keep_forever(std::make_shared<std::pair<std::vector<char>, std::vector<char>>>(std::move(scratch_[0]),
+                                                                                    std::move(scratch_[1])));
+  }
+  CollectiveComm(const CollectiveComm&) = delete;
+  CollectiveComm& operator=(const CollectiveComm&) = delete;
+  void abandon() { abandoned_ = true; }
   MPI_Comm comm() const { return comm_; }
   int rank() const { return rank_; }
   int size() const { return size_; }
@@ -96,6 +107,7 @@ class CollectiveComm {
   int rank_;
   int size_;
   std::vector<char> scratch_[2];  // [0] for the group's packing, [1] for the algorithms
+  bool abandoned_ = false;
 };
 
 // In place over the group, run to its end on the calling thread (start_allreduce polled with a
@@ -130,6 +142,8 @@ class RingAllreduce final : public StartedOp {
   int64_t count_;
   Dtype dt_;
   size_t item_;
+  int tag_;        // the messages' tag: the allreduce's size (allreduce.cpp)
+  uint32_t polls_ = 0;
   int step_ = 0;  // 0 .. n-2 reduce-scatter, n-1 .. 2n-3 allgather
   bool done_ = false;
   std::vector<MPI_Request> reqs_;  // the step's receives, then its sends
@@ -161,6 +175,8 @@ class SmallAllreduce final : public StartedOp {
   int64_t count_;
   Dtype dt_;
   size_t bytes_;
+  int tag_;  // the messages' tag: the allreduce's size (allreduce.cpp)
+  uint32_t polls_ = 0;
   int mask_ = 1;
   bool done_ = false;
   MPI_Request reqs_[2 * kMaxPieces] = {};  // the round's receives, then its sends

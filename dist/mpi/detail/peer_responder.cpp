@@ -326,7 +326,8 @@ void notify_peers_of_break(const std::string& group, const std::vector<int>& wor
       s.notice.seq = seq;
       s.notice.from = rank;
       put(s.notice.group, group);
-      put(s.notice.reason, reason);
+      constexpr size_t kRoom = sizeof(s.notice.reason) - 1;
+      put(s.notice.reason, reason.size() <= kRoom ? reason : reason.substr(0, kRoom - 6) + " [...]");
       auto lk = mpi_runtime().lock();
       if (MPI_Isend(&s.notice, sizeof(Notice), MPI_BYTE, world_ranks[k], kNoticeTag, r.comm, &s.req) != MPI_SUCCESS)
         s.req = MPI_REQUEST_NULL;

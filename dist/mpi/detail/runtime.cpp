@@ -1,5 +1,9 @@
 #include "dist/mpi/detail/runtime.h"
 
+#include <memory>
+#include <mutex>
+#include <vector>
+
 #include <sched.h>
 #include <unistd.h>
 
@@ -28,6 +32,13 @@ void check_mpi(int rc, const char* call, const char* file, int line) {
 MpiRuntime& mpi_runtime() {
   static MpiRuntime* r = new MpiRuntime();
   return *r;
+}
+
+void keep_forever(std::shared_ptr<void> what) {
+  static std::mutex mu;
+  static auto* kept = new std::vector<std::shared_ptr<void>>();  // never destroyed, on purpose
+  std::lock_guard lock(mu);
+  kept->push_back(std::move(what));
 }
 
 void ensure_mpi_initialized() {

@@ -7,8 +7,11 @@
 
 #include <mpi.h>
 
+#include <map>
+#include <memory>
 #include <mutex>
 #include <set>
+#include <string>
 
 #include "dist/mpi/mpi.h"
 #include "dist/process_group.h"
@@ -32,6 +35,7 @@ void check_mpi(int rc, const char* call, const char* file, int line);
 #define TANDEM_MPI_CHECK(...) ::tandem::dist::check_mpi((__VA_ARGS__), #__VA_ARGS__, __FILE__, __LINE__)
 
 class MpiGroup;
+class BrokenState;
 
 // Process-wide MPI state: initialisation, the lock used when MPI is only SERIALIZED, and the live
 // groups (so finalize can stop them first).
@@ -51,6 +55,11 @@ struct MpiRuntime {
   std::mutex call_mutex;
   std::mutex groups_mutex;
   std::set<MpiGroup*> groups;
+  // The live groups' broken states by name, for a peer's break notice (peer_responder.h): apart
+  // from `groups`, whose mutex finalize holds while it stops the groups' threads, which the
+  // notice must be able to end.
+  std::mutex broken_mutex;
+  std::multimap<std::string, std::weak_ptr<BrokenState>> broken_by_name;
 
   std::unique_lock<std::mutex> lock() {
     return serialized ? std::unique_lock<std::mutex>(call_mutex) : std::unique_lock<std::mutex>();
@@ -58,6 +67,11 @@ struct MpiRuntime {
 };
 
 MpiRuntime& mpi_runtime();  // never destroyed: groups may outlive static destruction
+
+// Keeps `what` alive for good: the buffers of an operation that failed while MPI may still write
+// into them (a receive of a late peer, a collective that cannot be cancelled). Its group is broken,
+// so this happens at most once per failed operation.
+void keep_forever(std::shared_ptr<void> what);
 // Initialises MPI on first use (or adopts the program's MPI); throws once it was finalised.
 void ensure_mpi_initialized();
 

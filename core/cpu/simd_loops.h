@@ -1,6 +1,6 @@
 // Hot contiguous CPU loops built for AVX-512, AVX2 and the baseline and picked at load time
 // (GCC's target_clones): the library itself is built for the baseline x86-64, whose SSE2 is 4
-// floats wide and has no 32-to-16-bit pack. core/detail/elementwise_loops.h routes to them.
+// floats wide and has no 32-to-16-bit pack. core/cpu/elementwise_loops.h routes to them.
 //
 // - bf16 <-> f32 conversion runs, bitwise the scalar conversions of core/half.h (round to
 //   nearest even, NaN kept quiet with its sign and payload, subnormals kept): a bf16 cast or

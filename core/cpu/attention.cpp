@@ -5,12 +5,12 @@
 #include <limits>
 #include <vector>
 
+#include "core/cpu/simd_loops.h"
 #include "core/detail/kernel_tables.h"
 #include "core/detail/matmul.h"
 #include "core/detail/copy.h"
 #include "core/detail/elementwise.h"
 #include "core/detail/fast_math.h"
-#include "core/detail/simd_loops.h"
 #include "core/detail/index.h"
 #include "core/detail/reduce.h"
 #include "core/detail/views.h"

@@ -2,13 +2,13 @@
 // in-place argument checks, fill and where. Binary ops are in elementwise_binary.cpp, unary math
 // and the in-place ternaries in elementwise_unary.cpp, the raw backward kernels in
 // elementwise_backward.cpp (as cuda/ splits them), and the loops they all run in
-// core/detail/elementwise_loops.h. Casts and copies (copy_ included) are core/detail/copy.cpp.
+// core/cpu/elementwise_loops.h. Casts and copies (copy_ included) are core/detail/copy.cpp.
 #include "core/detail/elementwise.h"
 
 #include <algorithm>
 #include <string>
 
-#include "core/detail/elementwise_loops.h"
+#include "core/cpu/elementwise_loops.h"
 #include "core/detail/iter.h"
 
 namespace tandem::detail {

@@ -4,12 +4,12 @@
 #include <cstring>
 #include <vector>
 
+#include "core/cpu/onednn.h"
 #include "core/detail/checks.h"
 #include "core/detail/copy.h"
 #include "core/detail/kernel_tables.h"
 #include "core/detail/elementwise.h"
 #include "core/detail/matmul.h"
-#include "core/detail/onednn.h"
 #include "core/detail/reduce.h"
 #include "core/parallel.h"
 

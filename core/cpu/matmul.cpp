@@ -7,10 +7,10 @@
 #include <type_traits>
 #include <vector>
 
+#include "core/cpu/onednn.h"
 #include "core/detail/checks.h"
 #include "core/detail/copy.h"
 #include "core/detail/kernel_tables.h"
-#include "core/detail/onednn.h"
 #include "core/detail/reduce.h"
 #include "core/detail/wrapping.h"
 #include "core/threads.h"

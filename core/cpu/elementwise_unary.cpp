@@ -4,7 +4,7 @@
 #include <type_traits>
 
 #include "core/detail/elementwise.h"
-#include "core/detail/elementwise_loops.h"
+#include "core/cpu/elementwise_loops.h"
 
 namespace tandem::detail {
 

@@ -1,5 +1,5 @@
-// bf16 GEMM and f32 convolution through oneDNN (see core/detail/onednn.h).
-#include "core/detail/onednn.h"
+// bf16 GEMM and f32 convolution through oneDNN (see core/cpu/onednn.h).
+#include "core/cpu/onednn.h"
 
 #include <cstdlib>
 #include <cstring>

@@ -15,15 +15,15 @@
 #include <type_traits>
 #include <utility>
 
+#include "core/cpu/simd_loops.h"
 #include "core/detail/elementwise.h"
-#include "core/detail/simd_loops.h"
 #include "core/detail/iter.h"
 #include "core/parallel.h"
 
 namespace tandem::detail {
 
 // An operand of a bf16 block: bf16 runs are converted into f32 a block at a time by the SIMD
-// conversions of core/detail/simd_loops.h (the same bits as load()); other types are read where
+// conversions of core/cpu/simd_loops.h (the same bits as load()); other types are read where
 // they are.
 template <class T, int64_t K>
 struct StagedOperand {
@@ -81,14 +81,14 @@ void contig_loop_bf16(char* out, const std::array<const char*, sizeof...(In)>& i
 // before its stores even when out aliases an input (in-place ops), so the block vectorises
 // without runtime alias checks, also at -O2 (whose cheap cost model refuses versioned loops).
 // The functor is copied so its parameters cannot alias out either.
-// bf16 operands, and exact GELU in f32, take the SIMD loops of core/detail/simd_loops.h.
+// bf16 operands, and exact GELU in f32, take the SIMD loops of core/cpu/simd_loops.h.
 template <class Out, class... In, class F, size_t... I>
 TANDEM_INLINE void contig_loop(char* out, const std::array<const char*, sizeof...(In)>& in, int64_t n, const F& f_ref,
                                std::index_sequence<I...> seq) {
   if constexpr (std::is_same_v<Out, BFloat16> || (std::is_same_v<In, BFloat16> || ...)) {
     return contig_loop_bf16<Out, In...>(out, in, n, f_ref, seq);
   }
-  // Exact GELU and its gradient in f32: the SIMD clones of core/detail/simd_loops.h (same bits).
+  // Exact GELU and its gradient in f32: the SIMD clones of core/cpu/simd_loops.h (same bits).
   if constexpr (std::is_same_v<F, Gelu> && std::is_same_v<Out, float> && sizeof...(In) == 1 &&
                 (std::is_same_v<In, float> && ...)) {
     return gelu_f32_n(reinterpret_cast<const float*>(in[0]), reinterpret_cast<float*>(out), n);

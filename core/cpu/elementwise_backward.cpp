@@ -2,7 +2,7 @@
 // div_grad_other, extreme_grad, where_grad): fresh results in g's dtype, floating dtypes only.
 // autograd/elementwise_grad.cpp holds the backward rules that call them.
 #include "core/detail/elementwise.h"
-#include "core/detail/elementwise_loops.h"
+#include "core/cpu/elementwise_loops.h"
 
 namespace tandem::detail {
 

@@ -1,4 +1,4 @@
-#include "core/detail/simd_loops.h"
+#include "core/cpu/simd_loops.h"
 
 #include "core/detail/elementwise.h"
 #include "core/detail/simd_clones.h"
