@@ -1,6 +1,8 @@
 #include "dist/checkpoint.h"
 
 #include <cxxabi.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -26,9 +28,7 @@ constexpr const char* kFormat = "checkpoint";
 constexpr const char* kVersion = "1";
 
 std::string join(const std::vector<std::string>& items, const char* sep = ", ") {
-  std::string out;
-  for (const auto& s : items) out += (out.empty() ? "" : sep) + s;
-  return out;
+  return fmt::format("{}", fmt::join(items, sep));
 }
 
 std::vector<std::string> split_parts(const std::string& s) {
@@ -112,9 +112,11 @@ nn::TensorDict build(const TrainingState& state, int world_size, nn::Metadata& m
                from_vector<int64_t>({static_cast<int64_t>(rng.seed), static_cast<int64_t>(rng.offset)}));
     parts.emplace_back("rng");
   }
-  metadata["tandem.format"] = kFormat;
-  metadata["tandem.format_version"] = kVersion;
-  metadata["tandem.parts"] = join(parts, ",");
+  // insert_or_assign of std::string values: GCC 12 warns (-Wrestrict, a false positive) about
+  // assigning a const char* into a map's string.
+  metadata.insert_or_assign("tandem.format", std::string(kFormat));
+  metadata.insert_or_assign("tandem.format_version", std::string(kVersion));
+  metadata.insert_or_assign("tandem.parts", join(parts, ","));
   return all;
 }
 

@@ -63,18 +63,6 @@ KNOWN_DIFFERENCES = [
     ("docs/join-zero.md", 'if (pg->rank() == 0) nn::save_safetensors("optimizer.safetensors", opt.state_dict());',
      "the test's file name"),
     ("docs/join-zero.md", 'opt.load_state_dict(nn::load_safetensors("optimizer.safetensors"));', "the test's file name"),
-    # docs/join-zero.md, ZeRO under a Join: the test's case runs the Join example first, so it names
-    # these zopt / zddp / zmodel, and its loss is mse_loss
-    ("docs/join-zero.md", "dist::ZeroRedundancyOptimizer opt(model->parameters(), optim::AdamWOptions{.lr = 3e-4}, pg);",
-     "zopt, zmodel in the test"),
-    ("docs/join-zero.md", "optim::CosineAnnealingLR schedule(opt, /*t_max=*/1000);", "zopt in the test"),
-    ("docs/join-zero.md", "dist::Join join({&ddp, &opt});", "zddp, zopt in the test"),
-    ("docs/join-zero.md", "nn::cross_entropy(ddp(batch[0]), batch[1]).backward();", "mse_loss and zddp in the test"),
-    ("docs/join-zero.md", "nn::utils::clip_grad_norm_(model->parameters(), 1.0);", "zmodel in the test"),
-    # docs/join-zero.md, Checkpoints of a run: the test writes readme_run/ and resumes into fresh objects
-    ("docs/join-zero.md", 'dist::save_checkpoint("run/checkpoint.safetensors", state, pg);', "the test's path"),
-    ("docs/join-zero.md", 'dist::CheckpointInfo info = dist::load_checkpoint("run/checkpoint.safetensors", state);',
-     "the test's path, and it loads into a fresh TrainingState"),
     # docs/mpirun.md, the flight recorder: the test writes readme_flight.json
     ("docs/mpirun.md", 'std::string path = dist::dump_flight_recorder("after epoch 3", "flight.json");',
      "the test's file name"),

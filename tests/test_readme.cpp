@@ -685,23 +685,25 @@ TEST_CASE("README Join: a metric after join(); ZeRO with clipping and a schedule
     const double mean_loss = totals.to_vector<double>()[0] / totals.to_vector<double>()[1];
     means[group.rank()] = mean_loss;
 
-    manual_seed(0);
-    auto zmodel = std::make_shared<nn::Sequential>(nn::Linear(8, 2));
-    dist::DistributedDataParallel zddp(zmodel, pg);
-    dist::ZeroRedundancyOptimizer zopt(zmodel->parameters(), optim::AdamWOptions{.lr = 3e-4}, pg);
-    optim::CosineAnnealingLR schedule(zopt, /*t_max=*/1000);
     {
-      dist::Join join({&zddp, &zopt});
-      for (const TensorList& batch : loader) {  // uneven shards
-        zopt.zero_grad();
-        nn::mse_loss(zddp(batch[0]), batch[1]).backward();
-        nn::utils::clip_grad_norm_(zmodel->parameters(), 1.0);  // repeated by ranks that have joined
-        zopt.step();
-        schedule.step();
+      manual_seed(0);
+      auto model = std::make_shared<nn::Sequential>(nn::Linear(8, 2));  // the ZeRO example's own
+      dist::DistributedDataParallel ddp(model, pg);
+      dist::ZeroRedundancyOptimizer opt(model->parameters(), optim::AdamWOptions{.lr = 3e-4}, pg);
+      optim::CosineAnnealingLR schedule(opt, /*t_max=*/1000);
+      {
+        dist::Join join({&ddp, &opt});
+        for (const TensorList& batch : loader) {  // uneven shards
+          opt.zero_grad();
+          nn::mse_loss(ddp(batch[0]), batch[1]).backward();
+          nn::utils::clip_grad_norm_(model->parameters(), 1.0);  // repeated by ranks that have joined
+          opt.step();
+          schedule.step();
+        }
       }
+      weights[group.rank()] = model->at<nn::Linear>(0)->weight.detach().clone();
+      epochs[group.rank()] = schedule.last_epoch();
     }
-    weights[group.rank()] = zmodel->at<nn::Linear>(0)->weight.detach().clone();
-    epochs[group.rank()] = schedule.last_epoch();
   });
   REQUIRE(means[0] == means[1]);
   REQUIRE(means[1] == means[2]);
@@ -764,7 +766,6 @@ TEST_CASE("README sharded optimizer state: overlap_with_ddp", "[readme]") {
 
 // docs/join-zero.md, "Checkpoints of a run: dist::save_checkpoint / dist::load_checkpoint".
 TEST_CASE("README checkpoints", "[readme]") {
-  const std::string path = "readme_run/checkpoint.safetensors";
   std::vector<Tensor> before(2), after(2);
   dist::run_threads(2, [&](dist::ProcessGroup& group) {
     dist::ProcessGroupPtr pg(std::shared_ptr<void>(), &group);
@@ -785,21 +786,22 @@ TEST_CASE("README checkpoints", "[readme]") {
     dist::TrainingState state{.model = model.get(), .optimizer = &opt, .scheduler = &schedule};
     state.step = step;
     state.extra.insert_or_assign("position", from_vector<int64_t>({epoch, batch}));
-    dist::save_checkpoint("readme_run/checkpoint.safetensors", state, pg);  // every rank of pg
+    dist::save_checkpoint("run/checkpoint.safetensors", state, pg);  // every rank of pg
     before[group.rank()] = model->at<nn::Linear>(0)->weight.detach().clone();
-    // A later run, at any number of ranks, with the same objects built afresh:
+    // (In the test, the same process:) fresh objects, loaded from the file.
     manual_seed(5);
     auto fresh = std::make_shared<nn::Sequential>(nn::Linear(8, 4));
     dist::ZeroRedundancyOptimizer fresh_opt(fresh->parameters(), optim::AdamWOptions{.lr = 1e-2}, pg);
     optim::CosineAnnealingLR fresh_schedule(fresh_opt, /*t_max=*/10);
-    dist::TrainingState resumed{.model = fresh.get(), .optimizer = &fresh_opt, .scheduler = &fresh_schedule};
-    dist::CheckpointInfo info = dist::load_checkpoint("readme_run/checkpoint.safetensors", resumed);
+    state = dist::TrainingState{.model = fresh.get(), .optimizer = &fresh_opt, .scheduler = &fresh_schedule};
+    // A later run, at any number of ranks, with the same objects built afresh:
+    dist::CheckpointInfo info = dist::load_checkpoint("run/checkpoint.safetensors", state);
     after[group.rank()] = fresh->at<nn::Linear>(0)->weight.detach().clone();
-    if (info.step != 3 || info.world_size != 2 || resumed.extra["position"].to_vector<int64_t>()[1] != batch ||
+    if (info.step != 3 || info.world_size != 2 || state.extra["position"].to_vector<int64_t>()[1] != batch ||
         fresh_schedule.last_epoch() != 3)
       after[group.rank()] = Tensor();
   });
-  std::filesystem::remove_all("readme_run");
+  std::filesystem::remove_all("run");
   REQUIRE(after[0].defined());
   REQUIRE(after[1].defined());
   REQUIRE(after[0].equal(before[0]));

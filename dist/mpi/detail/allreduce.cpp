@@ -19,11 +19,23 @@ constexpr size_t kMaxMessage = size_t(1) << 30;
 // MPI guarantees tags up to 32767; two sizes 30,000 bytes apart apiece still collide.
 int allreduce_tag(size_t bytes) { return 1000 + static_cast<int>(bytes % 30000); }
 
-// A receive from `peer` is still pending and a message from it with another tag waits unmatched:
-// the peer runs another collective (its messages to us arrive in order, and none of this
-// collective's can come after one of a later collective). Checked every 64th unsuccessful poll.
-// MPI's runtime lock held.
-void check_no_foreign_message(const CollectiveComm& c, int peer, int tag) {
+// Whether one of the `n` receives is still pending (without completing any: their statuses are
+// read when all the requests complete).
+bool receive_pending(const MPI_Request* recvs, int n) {
+  for (int i = 0; i < n; ++i) {
+    int done = 1;
+    if (MPI_Request_get_status(recvs[i], &done, MPI_STATUS_IGNORE) == MPI_SUCCESS && !done) return true;
+  }
+  return false;
+}
+
+// A receive from `peer` (among the first `n` requests) is still pending and a message from it with
+// another tag waits unmatched: the peer runs another collective. Its messages to us arrive in
+// order, and it sends this collective's message for our pending receive before anything later;
+// only our sends being pending proves nothing (the peer may be in its next collective already).
+// Checked every 64th unsuccessful poll. MPI's runtime lock held.
+void check_no_foreign_message(const CollectiveComm& c, const MPI_Request* recvs, int n, int peer, int tag) {
+  if (!receive_pending(recvs, n)) return;
   int flag = 0;
   MPI_Status st;
   if (MPI_Iprobe(peer, MPI_ANY_TAG, c.comm(), &flag, &st) != MPI_SUCCESS || !flag || st.MPI_TAG == tag) return;
@@ -167,7 +179,9 @@ bool RingAllreduce::progress() {
     auto lk = mpi_runtime().lock();
     TANDEM_MPI_CHECK(MPI_Testall(static_cast<int>(reqs_.size()), reqs_.data(), &flag, statuses_.data()));
     if (!flag) {
-      if ((++polls_ & 63) == 0) check_no_foreign_message(c_, (c_.rank() + c_.size() - 1) % c_.size(), tag_);
+      if ((++polls_ & 63) == 0)
+        check_no_foreign_message(c_, reqs_.data(), static_cast<int>(recv_bytes_.size()),
+                                 (c_.rank() + c_.size() - 1) % c_.size(), tag_);
       return false;
     }
     check_received(statuses_.data(), recv_bytes_.data(), recv_bytes_.size());
@@ -219,7 +233,7 @@ bool SmallAllreduce::progress() {
     auto lk = mpi_runtime().lock();
     TANDEM_MPI_CHECK(MPI_Testall(nreq_, reqs_, &flag, statuses_));
     if (!flag) {  // MPI's own allreduce (no tmp_) checks its messages itself
-      if (tmp_ && (++polls_ & 63) == 0) check_no_foreign_message(c_, c_.rank() ^ mask_, tag_);
+      if (tmp_ && (++polls_ & 63) == 0) check_no_foreign_message(c_, reqs_, nrecv_, c_.rank() ^ mask_, tag_);
       return false;
     }
     if (tmp_) check_received(statuses_, recv_bytes_, static_cast<size_t>(nrecv_));
