@@ -378,4 +378,52 @@ inline void checkpoint_errors(ProcessGroupPtr g) {
   file.done();
 }
 
+// Rank 0 runs out of data first; after the Join its schedule (the one save_checkpoint writes, from
+// rank 0) is where the others' is, so a run resumed from that checkpoint goes on exactly as the
+// run that did not stop, and both as one process on the whole batch with the same schedule.
+inline void zero_join_resume(ProcessGroupPtr g) {
+  const int W = g->size(), R = g->rank();
+  const std::string what = fmt::format("zero join resume rank {}/{}", R, W);
+  const optim::AdamWOptions adamw{.lr = 0.02};
+  auto model = make_net_without_never(f64, R == 0 ? 7 : 100 + R);
+  DistributedDataParallel ddp(model, g);
+  ZeroRedundancyOptimizer zero(model->parameters(), adamw, g);
+  auto schedule = warmup_cosine(zero);
+  train_uneven(ddp, zero, *schedule, {&ddp, &zero}, {}, R);
+
+  SharedCheckpoint file(g, "zero_join_resume");
+  save_checkpoint(file.path, {.model = model.get(), .optimizer = &zero, .scheduler = schedule.get(), .rng = false}, g);
+  auto resumed_model = make_net_without_never(f64, 300 + R);
+  ZeroRedundancyOptimizer resumed(resumed_model->parameters(), adamw, g);
+  auto resumed_schedule = warmup_cosine(resumed);
+  TrainingState state{.model = resumed_model.get(), .optimizer = &resumed, .scheduler = resumed_schedule.get(),
+                      .rng = false};
+  load_checkpoint(file.path, state);
+  file.done();
+  DistributedDataParallel resumed_ddp(resumed_model, g);
+  expect(resumed_schedule->last_epoch() == W + 1, "{}: rank 0's checkpoint holds schedule epoch {}, the run is at {}",
+         what, resumed_schedule->last_epoch(), W + 1);
+
+  // The reference: one process, each iteration on the losses of the ranks that still had a batch.
+  auto reference = make_net_without_never(f64, 7);
+  optim::AdamW ref_opt(reference->parameters(), adamw);
+  auto ref_schedule = warmup_cosine(ref_opt);
+  std::vector<std::vector<TensorList>> batches;
+  for (int r = 0; r < W; ++r) batches.push_back(join_batches(r, r + 1));
+  train_uneven_reference(*reference, ref_opt, batches, [&] { ref_schedule->step(); });
+  expect_same_parameters(*model, *reference, 1e-12, what + " after the Join");
+  for (int step = 0; step < 3; ++step) {
+    step_each({{&ddp, &zero}, {&resumed_ddp, &resumed}}, 1,
+              [&](DistributedDataParallel& d, int) { return ddp_shard_loss(d, 20 + step, R); });
+    schedule->step();
+    resumed_schedule->step();
+    ref_opt.zero_grad();
+    reference_backward(W, 1, [&](int r, int) { return shard_loss(*reference, 20 + step, r, f64); });
+    ref_opt.step();
+    ref_schedule->step();
+    expect_same_parameters(*resumed_model, *model, 0, fmt::format("{} resumed vs uninterrupted, step {}", what, step));
+    expect_same_parameters(*model, *reference, 1e-12, fmt::format("{} vs one process, step {}", what, step));
+  }
+}
+
 }  // namespace ddp_cases

@@ -36,6 +36,29 @@ inline std::vector<TensorList> join_batches(int r, int64_t full) {
   return out;
 }
 
+// One process over the ranks' uneven batches (batches[r]: rank r's), each iteration on the losses
+// of the ranks that still have a batch, summed and divided by the initial world size: the
+// reference of a Join run. `after_step` runs after each step (a schedule's).
+inline void train_uneven_reference(nn::Module& reference, optim::Optimizer& opt,
+                                   const std::vector<std::vector<TensorList>>& batches,
+                                   const std::function<void()>& after_step = {}) {
+  const auto W = static_cast<double>(batches.size());
+  size_t longest = 0;
+  for (const auto& b : batches) longest = std::max(longest, b.size());
+  for (size_t i = 0; i < longest; ++i) {
+    opt.zero_grad();
+    Tensor total;
+    for (const auto& mine : batches) {
+      if (i >= mine.size()) continue;
+      Tensor l = mse_loss(reference(mine[i][0]), mine[i][1]);
+      total = total.defined() ? total + l : l;
+    }
+    (total / W).backward();
+    opt.step();
+    if (after_step) after_step();
+  }
+}
+
 struct JoinVariant {
   bool divide_by_initial_world_size = true;
   bool find_unused = false;

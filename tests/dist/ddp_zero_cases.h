@@ -323,18 +323,7 @@ inline void zero_with_join(ProcessGroupPtr g) {
   for (int r = 0; r < W; ++r) batches.push_back(join_batches(r, r));
   auto ref_opt = plain_optimizer(spec, reference->parameters());
   optim::StepLR ref_sched(*ref_opt, 1, 0.7);
-  for (size_t i = 0; i < batches.back().size(); ++i) {
-    ref_opt->zero_grad();
-    Tensor total;
-    for (int r = 0; r < W; ++r) {
-      if (i >= batches[r].size()) continue;
-      Tensor l = mse_loss((*reference)(batches[r][i][0]), batches[r][i][1]);
-      total = total.defined() ? total + l : l;
-    }
-    (total / static_cast<double>(W)).backward();
-    ref_opt->step();
-    ref_sched.step();
-  }
+  train_uneven_reference(*reference, *ref_opt, batches, [&] { ref_sched.step(); });
   expect_same_parameters(*model, *reference, 1e-12, what);
   // The state too: consolidated, it is the reference optimizer's.
   zero.consolidate_state_dict(0);

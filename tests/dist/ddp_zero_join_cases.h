@@ -17,7 +17,6 @@
 
 #include "ddp_join_cases.h"
 #include "ddp_zero_cases.h"
-#include "temp_dir.h"
 
 namespace ddp_cases {
 
@@ -136,86 +135,6 @@ inline void zero_join_clip_errors(ProcessGroupPtr g) {
     expect_join_error([&] { Join bad({&ddp, &other}); },
                       "under a Join every rank must build the same learning-rate schedulers on the optimizer: the "
                       "ranks hold between 1 and 2");
-  }
-}
-
-// Rank 0 runs out of data first; after the Join its schedule (the one a user checkpoints from rank
-// 0) is where the others' is, so a run resumed from rank 0's checkpoint goes on exactly as the run
-// that did not stop, and both as one process on the whole batch with the same schedule.
-inline void zero_join_resume(ProcessGroupPtr g) {
-  const int W = g->size(), R = g->rank();
-  const std::string what = fmt::format("zero join resume rank {}/{}", R, W);
-  const optim::AdamWOptions adamw{.lr = 0.02};
-  auto model = make_net_without_never(f64, R == 0 ? 7 : 100 + R);
-  DistributedDataParallel ddp(model, g);
-  ZeroRedundancyOptimizer zero(model->parameters(), adamw, g);
-  auto schedule = warmup_cosine(zero);
-  train_uneven(ddp, zero, *schedule, {&ddp, &zero}, {}, R);
-
-  // Rank 0's checkpoint, in a folder rank 0 names.
-  Tensor token = from_vector<int64_t>({R == 0 ? static_cast<int64_t>(::getpid()) : 0});
-  g->broadcast(token, 0)->wait();
-  const std::string path = (std::filesystem::temp_directory_path() /
-                            fmt::format("tandem_zero_join_resume_{}_{}.safetensors", token.item<int64_t>(), W))
-                               .string();
-  zero.consolidate_state_dict(0);
-  if (R == 0) {
-    nn::TensorDict all;
-    for (const auto& [k, t] : model->state_dict()) all.insert("model." + k, t);
-    for (const auto& [k, t] : zero.state_dict()) all.insert("optimizer." + k, t);
-    for (const auto& [k, t] : schedule->state_dict()) all.insert("lr_scheduler." + k, t);
-    nn::save_safetensors(path, all);
-  }
-  g->barrier()->wait();
-  auto resumed_model = make_net_without_never(f64, 300 + R);
-  const nn::TensorDict all = nn::load_safetensors(path);
-  g->barrier()->wait();
-  if (R == 0) std::filesystem::remove(path);
-  auto part = [&](const std::string& prefix) {
-    nn::TensorDict out;
-    for (const auto& [k, t] : all)
-      if (k.starts_with(prefix)) out.insert(k.substr(prefix.size()), t);
-    return out;
-  };
-  resumed_model->load_state_dict(part("model."));
-  DistributedDataParallel resumed_ddp(resumed_model, g);
-  ZeroRedundancyOptimizer resumed(resumed_model->parameters(), adamw, g);
-  auto resumed_schedule = warmup_cosine(resumed);
-  resumed.load_state_dict(part("optimizer."));
-  resumed_schedule->load_state_dict(part("lr_scheduler."));
-  expect(resumed_schedule->last_epoch() == W + 1, "{}: rank 0's checkpoint holds schedule epoch {}, the run is at {}",
-         what, resumed_schedule->last_epoch(), W + 1);
-
-  // The reference: one process, each iteration on the losses of the ranks that still had a batch.
-  auto reference = make_net_without_never(f64, 7);
-  optim::AdamW ref_opt(reference->parameters(), adamw);
-  auto ref_schedule = warmup_cosine(ref_opt);
-  std::vector<std::vector<TensorList>> batches;
-  for (int r = 0; r < W; ++r) batches.push_back(join_batches(r, r + 1));
-  for (size_t i = 0; i < batches.back().size(); ++i) {
-    ref_opt.zero_grad();
-    Tensor total;
-    for (int r = 0; r < W; ++r) {
-      if (i >= batches[r].size()) continue;
-      Tensor l = mse_loss((*reference)(batches[r][i][0]), batches[r][i][1]);
-      total = total.defined() ? total + l : l;
-    }
-    (total / static_cast<double>(W)).backward();
-    ref_opt.step();
-    ref_schedule->step();
-  }
-  expect_same_parameters(*model, *reference, 1e-12, what + " after the Join");
-  for (int step = 0; step < 3; ++step) {
-    step_each({{&ddp, &zero}, {&resumed_ddp, &resumed}}, 1,
-              [&](DistributedDataParallel& d, int) { return ddp_shard_loss(d, 20 + step, R); });
-    schedule->step();
-    resumed_schedule->step();
-    ref_opt.zero_grad();
-    reference_backward(W, 1, [&](int r, int) { return shard_loss(*reference, 20 + step, r, f64); });
-    ref_opt.step();
-    ref_schedule->step();
-    expect_same_parameters(*resumed_model, *model, 0, fmt::format("{} resumed vs uninterrupted, step {}", what, step));
-    expect_same_parameters(*model, *reference, 1e-12, fmt::format("{} vs one process, step {}", what, step));
   }
 }
 

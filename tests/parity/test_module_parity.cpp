@@ -26,6 +26,7 @@
 #include <tuple>
 #include <vector>
 
+#include "parity_generator.h"
 #include "tandem.h"
 
 #ifndef TANDEM_PARITY_PYTHON
@@ -38,60 +39,16 @@
 namespace fs = std::filesystem;
 using namespace tandem;
 using Json = nlohmann::json;
+using parity::Generated;
+using parity::torch_unavailable;
 
 namespace {
 
 constexpr double kTolerance = 1e-10;
 
-std::string env_or(const char* name, const std::string& fallback) {
-  const char* v = std::getenv(name);
-  return v && *v ? std::string(v) : fallback;
-}
-
-std::string shell_quote(const std::string& s) {
-  std::string out = "'";
-  for (char ch : s) out += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
-  return out + "'";
-}
-
-// Why PyTorch cannot be used here, or nullopt when it can.
-std::optional<std::string> torch_unavailable() {
-  const std::string python = TANDEM_PARITY_PYTHON;
-  if (!fs::exists(python)) return python + " does not exist";
-  const std::string probe = shell_quote(python) + " -c 'import torch' >/dev/null 2>&1";
-  if (std::system(probe.c_str()) != 0) return python + " cannot import torch (Debian: apt-get install python3-torch)";
-  return std::nullopt;
-}
-
-struct Generated {
-  fs::path dir;
-  bool temporary = false;
-  nn::TensorDict tensors;
-  Json manifest;
-  ~Generated() {
-    std::error_code ec;
-    if (temporary) fs::remove_all(dir, ec);
-  }
-};
-
 void generate(Generated& g) {
-  const std::string keep = env_or("TANDEM_PARITY_DIR", "");
-  if (keep.empty()) {
-    g.dir = fs::temp_directory_path() / ("tandem-module-parity-" + std::to_string(::getpid()));
-    g.temporary = true;
-  } else {
-    g.dir = keep;
-  }
-  fs::create_directories(g.dir);
-  const std::string cmd = shell_quote(TANDEM_PARITY_PYTHON) + " " + shell_quote(TANDEM_MODULE_PARITY_GENERATOR) +
-                          " --out " + shell_quote(g.dir.string()) + " --seed " +
-                          shell_quote(env_or("TANDEM_PARITY_SEED", "20240611"));
-  INFO("generator: " << cmd);
-  REQUIRE(std::system(cmd.c_str()) == 0);
-  g.tensors = nn::load_safetensors((g.dir / "module_cases.safetensors").string());
-  std::ifstream in(g.dir / "module_cases.json");
-  REQUIRE(in.good());
-  g.manifest = Json::parse(in);
+  parity::generate(g, TANDEM_MODULE_PARITY_GENERATOR, "tandem-module-parity", "", "module_cases.safetensors",
+                   "module_cases.json");
 }
 
 const Tensor& tensor_at(const nn::TensorDict& tensors, const std::string& key) {

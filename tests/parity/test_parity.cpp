@@ -53,6 +53,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "parity_generator.h"
 #include "tandem.h"
 
 #ifndef TANDEM_PARITY_PYTHON
@@ -65,69 +66,23 @@
 namespace fs = std::filesystem;
 using namespace tandem;
 using Json = nlohmann::json;
+using parity::env_or;
+using parity::Generated;
+using parity::shell_quote;
+using parity::torch_unavailable;
 
 namespace {
 
 // ---- the generated files ----
 
-std::string env_or(const char* name, const std::string& fallback) {
-  const char* v = std::getenv(name);
-  return v && *v ? std::string(v) : fallback;
-}
-
-std::string shell_quote(const std::string& s) {
-  std::string out = "'";
-  for (char ch : s) out += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
-  return out + "'";
-}
-
 // Case templates by default: 8000 cases, ~10 s of generation and replay on two cores.
 constexpr const char* kDefaultCount = "4000";
 
-struct Generated {
-  fs::path dir;
-  bool temporary = false;
-  nn::TensorDict tensors;
-  Json manifest;
-  double seconds = 0;
-  ~Generated() {
-    std::error_code ec;
-    if (temporary) fs::remove_all(dir, ec);
-  }
-};
-
-// Why PyTorch cannot be used here, or nullopt when it can.
-std::optional<std::string> torch_unavailable() {
-  const std::string python = TANDEM_PARITY_PYTHON;
-  if (!fs::exists(python)) return python + " does not exist";
-  const std::string probe = shell_quote(python) + " -c 'import torch' >/dev/null 2>&1";
-  if (std::system(probe.c_str()) != 0) return python + " cannot import torch (Debian: apt-get install python3-torch)";
-  return std::nullopt;
-}
-
 void generate(Generated& g) {
-  const std::string keep = env_or("TANDEM_PARITY_DIR", "");
-  if (keep.empty()) {
-    g.dir = fs::temp_directory_path() / ("tandem-parity-" + std::to_string(::getpid()));
-    g.temporary = true;
-  } else {
-    g.dir = keep;
-  }
-  fs::create_directories(g.dir);
-  std::string cmd = shell_quote(TANDEM_PARITY_PYTHON) + " " + shell_quote(TANDEM_PARITY_GENERATOR) +
-                    " --out " + shell_quote(g.dir.string()) + " --seed " +
-                    shell_quote(env_or("TANDEM_PARITY_SEED", "20240611")) + " --count " +
-                    shell_quote(env_or("TANDEM_PARITY_COUNT", kDefaultCount));
+  std::string args = " --count " + shell_quote(env_or("TANDEM_PARITY_COUNT", kDefaultCount));
   const std::string only = env_or("TANDEM_PARITY_ONLY", "");
-  if (!only.empty()) cmd += " --only " + shell_quote(only);
-  const auto start = std::chrono::steady_clock::now();
-  INFO("generator: " << cmd);
-  REQUIRE(std::system(cmd.c_str()) == 0);
-  g.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  g.tensors = nn::load_safetensors((g.dir / "cases.safetensors").string());
-  std::ifstream in(g.dir / "manifest.json");
-  REQUIRE(in.good());
-  g.manifest = Json::parse(in);
+  if (!only.empty()) args += " --only " + shell_quote(only);
+  parity::generate(g, TANDEM_PARITY_GENERATOR, "tandem-parity", args, "cases.safetensors", "manifest.json");
 }
 
 // ---- reading arguments ----

@@ -512,25 +512,20 @@ int main(int argc, char** argv) {
                       "the same with overlap_with_ddp (each partition stepped in backward as its bucket is reduced) "
                       "vs DDP + Adam"});
     }
-    auto checked = run_json(fmt::format("{} {} --worker fingerprint --runs {} 2>&1", bench::mpirun_prefix(2), self, runs));
-    if (checked) {
-      const double deep_on = figure(checked, "deep_on_ms"), deep_off = figure(checked, "deep_off_ms");
-      rows.push_back({"fingerprint_check_np2", figure(checked, "mlp_on_ms"), figure(checked, "mlp_off_ms"), "ms",
-                      "ratio <= 1.02 (the default then)",
-                      fmt::format("the bench MLP's DDP step with every collective's fingerprint compared first "
-                                  "(TANDEM_DIST_DEBUG=detail) vs without; 400 buckets a step: {:.3f} vs {:.3f} ms = "
-                                  "{:.3f}",
+    // A setting's cost, on and off in the same processes (paired_steps): the bench MLP's step, and
+    // in the note the 400-bucket step where a per-collective cost would show.
+    auto paired_row = [&](const char* worker, const char* name, const char* goal, const char* what) {
+      auto got = run_json(fmt::format("{} {} --worker {} --runs {} 2>&1", bench::mpirun_prefix(2), self, worker, runs));
+      if (!got) return;
+      const double deep_on = figure(got, "deep_on_ms"), deep_off = figure(got, "deep_off_ms");
+      rows.push_back({name, figure(got, "mlp_on_ms"), figure(got, "mlp_off_ms"), "ms", goal,
+                      fmt::format("the bench MLP's DDP step {}; 400 buckets a step: {:.3f} vs {:.3f} ms = {:.3f}", what,
                                   deep_on, deep_off, deep_on / deep_off)});
-    }
-    auto flight = run_json(fmt::format("{} {} --worker flight --runs {} 2>&1", bench::mpirun_prefix(2), self, runs));
-    if (flight) {
-      const double deep_on = figure(flight, "deep_on_ms"), deep_off = figure(flight, "deep_off_ms");
-      rows.push_back({"flight_recorder_np2", figure(flight, "mlp_on_ms"), figure(flight, "mlp_off_ms"), "ms",
-                      "ratio <= 1.05",
-                      fmt::format("the bench MLP's DDP step recording (2000 entries) vs the recorder off; 400 "
-                                  "buckets a step: {:.3f} vs {:.3f} ms = {:.3f}",
-                                  deep_on, deep_off, deep_on / deep_off)});
-    }
+    };
+    paired_row("fingerprint", "fingerprint_check_np2", "ratio <= 1.02 (the default then)",
+               "with every collective's fingerprint compared first (TANDEM_DIST_DEBUG=detail) vs without");
+    paired_row("flight", "flight_recorder_np2", "ratio <= 1.05",
+               "recording (2000 entries) vs the recorder off");
     if (!quick) {
       for (int np : {2, 4}) {
         auto worker_at = [&](const char* what) {

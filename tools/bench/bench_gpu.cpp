@@ -69,9 +69,12 @@ std::filesystem::path default_peer_script() {
 }
 
 // The PyTorch-CUDA peer's rows; nullopt (silently: its own stderr says why) where it cannot run.
-std::optional<nlohmann::json> run_peer(const std::string& script, int runs, bool quick) {
-  const char* py = std::getenv("TANDEM_PEER_PYTHON");
-  return bench::run_json(fmt::format("{} {} {}{}", py ? py : "python3", script, runs, quick ? " --quick" : ""));
+// The peer's Python: --peer-python, else $TANDEM_PEER_PYTHON, else the first python3 on PATH (on
+// the GPU machine, the one with PyTorch-CUDA; Debian's 1.13 has no CUDA).
+std::optional<nlohmann::json> run_peer(const std::string& python, const std::string& script, int runs, bool quick) {
+  const char* env = std::getenv("TANDEM_PEER_PYTHON");
+  const std::string py = !python.empty() ? python : env && *env ? env : "python3";
+  return bench::run_json(fmt::format("{} {} {}{}", py, script, runs, quick ? " --quick" : ""));
 }
 
 }  // namespace
@@ -89,6 +92,9 @@ int main(int argc, char** argv) {
   app.add_flag("--no-peer", no_peer, "do not run the PyTorch peer");
   app.add_flag("--quick", quick, "fewer calls per sample");
   app.add_option("--peer-script", peer_script, "path of bench_gpu_peer.py");
+  std::string peer_python;
+  app.add_option("--peer-python", peer_python,
+                 "the Python with PyTorch-CUDA that runs the peer (default: $TANDEM_PEER_PYTHON, else python3)");
   TANDEM_TOOL_PARSE(app, argc, argv);
 
 #ifndef TANDEM_WITH_CUDA
@@ -110,7 +116,8 @@ int main(int argc, char** argv) {
   }
   if (runs < 1) runs = 1;
   std::optional<nlohmann::json> peer;
-  if (!no_peer) peer = run_peer(peer_script.empty() ? default_peer_script().string() : peer_script, runs, quick);
+  if (!no_peer)
+    peer = run_peer(peer_python, peer_script.empty() ? default_peer_script().string() : peer_script, runs, quick);
   auto peer_value = [&](const std::string& key) -> std::optional<double> {
     if (peer && peer->contains(key) && (*peer)[key].is_number()) return (*peer)[key].get<double>();
     return std::nullopt;
